@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: set-up, build, every ctest test, then the unit and
+# sim tests labelled `sanitize` under ASan+UBSan and under TSan.
+# NCCLWATCH_SANITIZERS=0 skips the sanitizer builds (quicker local runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=${NCCLWATCH_TEST_JOBS:-2}
+
+scripts/setup.sh build
+ctest --test-dir build -j "$jobs" --output-on-failure --timeout 600
+
+if [ "${NCCLWATCH_SANITIZERS:-1}" != 0 ]; then
+  for san in address thread; do
+    scripts/setup.sh "build-$san" -DNCCLWATCH_SANITIZE=$san -DCMAKE_BUILD_TYPE=Debug
+    ctest --test-dir "build-$san" -L sanitize -j "$jobs" --output-on-failure --timeout 600
+  done
+fi
