@@ -1,0 +1,75 @@
+// One rank, one communicator, a tight ncclAllReduce loop: measures the host time per call.
+// Run on the sim's instant mode (NCCLSIM_INSTANT=1) so that the figure is the enqueue path
+// alone; bench/overhead.sh runs it with and without libncclwatch.so preloaded.
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+void check(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "overhead_loop: %s failed\n", what);
+    std::exit(2);
+  }
+}
+
+long resident_kib() {
+  FILE* status = std::fopen("/proc/self/status", "r");
+  if (status == nullptr) return -1;
+  char line[256];
+  long kib = -1;
+  while (std::fgets(line, sizeof line, status) != nullptr) {
+    if (std::strncmp(line, "VmRSS:", 6) == 0) kib = std::strtol(line + 6, nullptr, 10);
+  }
+  std::fclose(status);
+  return kib;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int batches = argc > 1 ? std::atoi(argv[1]) : 200;
+  int calls_per_batch = argc > 2 ? std::atoi(argv[2]) : 1000;
+  check(batches > 0 && calls_per_batch > 0, "arguments (BATCHES CALLS_PER_BATCH)");
+
+  check(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
+  ncclUniqueId id;
+  check(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId");
+  ncclComm_t comm;
+  check(ncclCommInitRank(&comm, 1, id, 0) == ncclSuccess, "ncclCommInitRank");
+  cudaStream_t stream;
+  check(cudaStreamCreate(&stream) == cudaSuccess, "cudaStreamCreate");
+  float* buffer;
+  check(cudaMalloc(&buffer, 1024 * sizeof(float)) == cudaSuccess, "cudaMalloc");
+
+  auto run_batch = [&] {
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls_per_batch; ++i) {
+      ncclAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream);
+    }
+    auto end = std::chrono::steady_clock::now();
+    // Drain outside the timed region so queued stream work never piles up.
+    check(cudaStreamSynchronize(stream) == cudaSuccess, "cudaStreamSynchronize");
+    return std::chrono::duration<double, std::nano>(end - start).count() / calls_per_batch;
+  };
+
+  for (int i = 0; i < 20; ++i) run_batch();  // warm caches, pools and lazy initialisation
+  std::vector<double> per_call_ns;
+  per_call_ns.reserve(batches);
+  for (int i = 0; i < batches; ++i) per_call_ns.push_back(run_batch());
+  std::sort(per_call_ns.begin(), per_call_ns.end());
+  auto at = [&](double q) { return per_call_ns[static_cast<size_t>(q * (per_call_ns.size() - 1))]; };
+
+  std::printf("median_ns=%.1f p10_ns=%.1f p90_ns=%.1f rss_kib=%ld calls=%ld\n", at(0.5), at(0.1),
+              at(0.9), resident_kib(), static_cast<long>(batches) * calls_per_batch);
+  check(ncclCommDestroy(comm) == ncclSuccess, "ncclCommDestroy");
+  return 0;
+}
