@@ -1,0 +1,34 @@
+// The sim's environment variables (docs/plan.md, docs/sim.md), parsed into plain values.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ncclsim {
+
+enum class FaultKind { kSlow, kStall, kCrash, kNetError };
+
+struct Fault {
+  FaultKind kind = FaultKind::kSlow;
+  int rank = 0;
+  uint64_t seq = 1;          // 1-based operation index on the communicator
+  int commIndex = 0;         // communicators in creation order within the process
+  bool systemError = false;  // neterror: ncclSystemError instead of ncclRemoteError
+  uint64_t delayUs = 1000;   // slow
+};
+
+struct SimConfig {
+  bool mismatchCorrupt = false;  // NCCLSIM_MISMATCH=corrupt
+  bool instant = false;          // NCCLSIM_INSTANT=1
+  bool debug = false;            // NCCLSIM_DEBUG=1
+  int debugWaitMs = 2000;        // NCCLSIM_DEBUG_WAIT_MS
+  std::vector<Fault> faults;     // NCCLSIM_FAULT
+};
+
+// Parses NCCLSIM_FAULT. On a malformed entry, returns false and says why in *error.
+bool parseFaults(const std::string& text, std::vector<Fault>* faults, std::string* error);
+
+// Builds the configuration from the given getenv-like lookup (tests pass their own).
+SimConfig parseSimConfig(const char* (*lookup)(const char*));
+
+}  // namespace ncclsim
