@@ -343,8 +343,10 @@ class TrainLoop {
     }
   }
 
-  int nextStage() const { return ((dpIndex_ + 1) % dp_) * tp_ + tpRank_; }
-  int previousStage() const { return ((dpIndex_ + dp_ - 1) % dp_) * tp_ + tpRank_; }
+  // Pipeline peers come from the layout and this rank's TP rank, as in Megatron-style code: a
+  // rank whose TP group is wrong (the color bug) computes peers that no longer match.
+  int nextStage() const { return (((dpIndex_ + 1) % dp_) * tp_ + tpRank_) % env_.world; }
+  int previousStage() const { return (((dpIndex_ + dp_ - 1) % dp_) * tp_ + tpRank_) % env_.world; }
 
   void issuePipeline(int step) {
     int sendTo = nextStage();
