@@ -66,7 +66,9 @@ int main(int argc, char** argv) {
   per_call_ns.reserve(batches);
   for (int i = 0; i < batches; ++i) per_call_ns.push_back(run_batch());
   std::sort(per_call_ns.begin(), per_call_ns.end());
-  auto at = [&](double q) { return per_call_ns[static_cast<size_t>(q * (per_call_ns.size() - 1))]; };
+  auto at = [&](double q) {
+    return per_call_ns[static_cast<size_t>(q * (per_call_ns.size() - 1))];
+  };
 
   std::printf("median_ns=%.1f p10_ns=%.1f p90_ns=%.1f rss_kib=%ld calls=%ld\n", at(0.5), at(0.1),
               at(0.9), resident_kib(), static_cast<long>(batches) * calls_per_batch);

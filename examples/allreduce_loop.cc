@@ -46,21 +46,25 @@ int main(int argc, char** argv) {
   std::vector<float> host(count, static_cast<float>(env.rank + 1));
   float* buffer = nullptr;
   EXAMPLE_CUDA_CHECK(env, cudaMalloc(reinterpret_cast<void**>(&buffer), count * sizeof(float)));
-  EXAMPLE_CUDA_CHECK(env, cudaMemcpy(buffer, host.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+  EXAMPLE_CUDA_CHECK(
+      env, cudaMemcpy(buffer, host.data(), count * sizeof(float), cudaMemcpyHostToDevice));
   for (int i = 0; i < iterations; ++i) {
     // Averaging keeps the values fixed: every rank holds the mean after the first iteration.
     EXAMPLE_NCCL_CHECK(env, ncclAllReduce(buffer, buffer, count, ncclFloat, ncclAvg, comm, stream));
   }
-  EXAMPLE_CUDA_CHECK(env, cudaMemcpyAsync(host.data(), buffer, count * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  EXAMPLE_CUDA_CHECK(env, cudaMemcpyAsync(host.data(), buffer, count * sizeof(float),
+                                          cudaMemcpyDeviceToHost, stream));
   EXAMPLE_CUDA_CHECK(env, cudaStreamSynchronize(stream));
   const float mean = (env.world + 1) / 2.0f;
   for (size_t i = 0; i < count; ++i) {
     if (host[i] != mean) {
-      std::fprintf(stderr, "allreduce_loop: rank %d: [%zu] = %g, expected %g\n", env.rank, i, host[i], mean);
+      std::fprintf(stderr, "allreduce_loop: rank %d: [%zu] = %g, expected %g\n", env.rank, i,
+                   host[i], mean);
       return 3;
     }
   }
   EXAMPLE_NCCL_CHECK(env, ncclCommDestroy(comm));
-  if (env.rank == 0) std::printf("allreduce_loop: %d iterations on %d ranks ok\n", iterations, env.world);
+  if (env.rank == 0)
+    std::printf("allreduce_loop: %d iterations on %d ranks ok\n", iterations, env.world);
   return 0;
 }

@@ -37,8 +37,20 @@ constexpr const char* kUsage =
     "  color (at the split; step ignored), order, exit, crash, slow (ms=N per call).\n"
     "Every kind but slow makes the job hang, as it would on GPUs.\n";
 
-enum class BugKind { kSkip, kOp, kCount, kDtype, kRoot, kExtra, kPeer, kColor, kOrder, kExit,
-                     kCrash, kSlow };
+enum class BugKind {
+  kSkip,
+  kOp,
+  kCount,
+  kDtype,
+  kRoot,
+  kExtra,
+  kPeer,
+  kColor,
+  kOrder,
+  kExit,
+  kCrash,
+  kSlow
+};
 
 struct Bug {
   BugKind kind;
@@ -169,7 +181,8 @@ class TrainLoop {
  private:
   const Bug* bugAt(BugKind kind, int step) const {
     for (const Bug& bug : options_.bugs) {
-      if (bug.kind == kind && bug.rank == env_.rank && (kind == BugKind::kColor || bug.step == step)) {
+      if (bug.kind == kind && bug.rank == env_.rank &&
+          (kind == BugKind::kColor || bug.step == step)) {
         return &bug;
       }
     }
@@ -194,15 +207,15 @@ class TrainLoop {
   }
 
   void upload(Buffer& buffer) {
-    EXAMPLE_CUDA_CHECK(env_, cudaMemcpyAsync(buffer.device, buffer.host.data(),
-                                             buffer.count() * sizeof(float),
-                                             cudaMemcpyHostToDevice, stream_));
+    EXAMPLE_CUDA_CHECK(
+        env_, cudaMemcpyAsync(buffer.device, buffer.host.data(), buffer.count() * sizeof(float),
+                              cudaMemcpyHostToDevice, stream_));
   }
 
   void download(Buffer& buffer) {
-    EXAMPLE_CUDA_CHECK(env_, cudaMemcpyAsync(buffer.host.data(), buffer.device,
-                                             buffer.count() * sizeof(float),
-                                             cudaMemcpyDeviceToHost, stream_));
+    EXAMPLE_CUDA_CHECK(
+        env_, cudaMemcpyAsync(buffer.host.data(), buffer.device, buffer.count() * sizeof(float),
+                              cudaMemcpyDeviceToHost, stream_));
   }
 
   void setUp() {
@@ -255,8 +268,7 @@ class TrainLoop {
   }
 
   bool fail(int step, const char* what, size_t index, float got, float want) {
-    std::fprintf(stderr,
-                 "train_loop: rank %d step %d: %s wrong at [%zu]: got %g, expected %g\n",
+    std::fprintf(stderr, "train_loop: rank %d step %d: %s wrong at [%zu]: got %g, expected %g\n",
                  env_.rank, step, what, index, got, want);
     return false;
   }
@@ -277,9 +289,9 @@ class TrainLoop {
     bool reordered = bugAt(BugKind::kOrder, step) != nullptr;
     if (reordered) issueBarrier(step);  // the world before the TP comm: opposite order
     pace(step);
-    EXAMPLE_NCCL_CHECK(env_, ncclAllReduce(activations_.device, activations_.device,
-                                           activations_.count(), ncclFloat, ncclSum, tpComm_,
-                                           stream_));
+    EXAMPLE_NCCL_CHECK(env_,
+                       ncclAllReduce(activations_.device, activations_.device, activations_.count(),
+                                     ncclFloat, ncclSum, tpComm_, stream_));
     issueBuckets(step);
     pace(step);
     EXAMPLE_NCCL_CHECK(env_, ncclAllGather(shard_.device, gathered_.device, shard_.count(),
@@ -290,8 +302,8 @@ class TrainLoop {
     issuePipeline(step);
     pace(step);
     int root = bugAt(BugKind::kRoot, step) && env_.world > 1 ? 1 : 0;  // a wrong root
-    EXAMPLE_NCCL_CHECK(env_, ncclBroadcast(learningRate_.device, learningRate_.device, 1,
-                                           ncclFloat, root, world_, stream_));
+    EXAMPLE_NCCL_CHECK(env_, ncclBroadcast(learningRate_.device, learningRate_.device, 1, ncclFloat,
+                                           root, world_, stream_));
     if (!reordered) issueBarrier(step);
     for (Buffer* buffer : {&activations_, &buckets_[0], &buckets_[1], &buckets_[2], &gathered_,
                            &shard_, &pipeIn_, &learningRate_, &barrier_}) {
@@ -302,7 +314,8 @@ class TrainLoop {
   }
 
   void fillInputs(int step) {
-    for (size_t i = 0; i < activations_.count(); ++i) activations_.host[i] = value(env_.rank, step, i, 1);
+    for (size_t i = 0; i < activations_.count(); ++i)
+      activations_.host[i] = value(env_.rank, step, i, 1);
     for (size_t b = 0; b < buckets_.size(); ++b) {
       for (size_t i = 0; i < buckets_[b].count(); ++i) {
         buckets_[b].host[i] = value(env_.rank, step, i, 10 * static_cast<int>(b));
@@ -310,11 +323,14 @@ class TrainLoop {
       upload(buckets_[b]);
     }
     for (size_t i = 0; i < shard_.count(); ++i) shard_.host[i] = value(env_.rank, step, i, 7);
-    for (size_t i = 0; i < scatterIn_.count(); ++i) scatterIn_.host[i] = value(env_.rank, step, i, 2);
-    for (size_t i = 0; i < pipeOut_.count(); ++i) pipeOut_.host[i] = env_.rank * 1000.0f + step + i % 3;
+    for (size_t i = 0; i < scatterIn_.count(); ++i)
+      scatterIn_.host[i] = value(env_.rank, step, i, 2);
+    for (size_t i = 0; i < pipeOut_.count(); ++i)
+      pipeOut_.host[i] = env_.rank * 1000.0f + step + i % 3;
     learningRate_.host[0] = env_.rank == 0 ? 0.5f * (step + 1) : -1.0f;
     barrier_.host[0] = 1.0f;
-    for (Buffer* buffer : {&activations_, &shard_, &scatterIn_, &pipeOut_, &learningRate_, &barrier_}) {
+    for (Buffer* buffer :
+         {&activations_, &shard_, &scatterIn_, &pipeOut_, &learningRate_, &barrier_}) {
       upload(*buffer);
     }
   }
@@ -329,8 +345,8 @@ class TrainLoop {
       if (b == 0 && bugAt(BugKind::kCount, step)) count -= 1;
       if (b == 0 && bugAt(BugKind::kDtype, step)) dtype = ncclHalf;  // half the bytes
       if (b == 0 && bugAt(BugKind::kOp, step)) {
-        EXAMPLE_NCCL_CHECK(env_, ncclBroadcast(bucket.device, bucket.device, count, dtype, 0,
-                                               dpComm_, stream_));
+        EXAMPLE_NCCL_CHECK(
+            env_, ncclBroadcast(bucket.device, bucket.device, count, dtype, 0, dpComm_, stream_));
       } else {
         EXAMPLE_NCCL_CHECK(env_, ncclAllReduce(bucket.device, bucket.device, count, dtype, ncclSum,
                                                dpComm_, stream_));
@@ -353,8 +369,8 @@ class TrainLoop {
     if (bugAt(BugKind::kPeer, step)) sendTo = (sendTo + tp_) % env_.world;  // wrong peer
     pace(step);
     EXAMPLE_NCCL_CHECK(env_, ncclGroupStart());
-    EXAMPLE_NCCL_CHECK(env_, ncclSend(pipeOut_.device, pipeOut_.count(), ncclFloat, sendTo, world_,
-                                      stream_));
+    EXAMPLE_NCCL_CHECK(
+        env_, ncclSend(pipeOut_.device, pipeOut_.count(), ncclFloat, sendTo, world_, stream_));
     EXAMPLE_NCCL_CHECK(env_, ncclRecv(pipeIn_.device, pipeIn_.count(), ncclFloat, previousStage(),
                                       world_, stream_));
     EXAMPLE_NCCL_CHECK(env_, ncclGroupEnd());
@@ -371,13 +387,16 @@ class TrainLoop {
     for (size_t i = 0; i < activations_.count(); ++i) {
       float want = 0;
       for (int r = tpFirst; r < tpFirst + tp_; ++r) want += value(r, step, i, 1);
-      if (activations_.host[i] != want) return fail(step, "TP allreduce", i, activations_.host[i], want);
+      if (activations_.host[i] != want)
+        return fail(step, "TP allreduce", i, activations_.host[i], want);
     }
     for (size_t b = 0; b < buckets_.size(); ++b) {
       for (size_t i = 0; i < buckets_[b].count(); ++i) {
         float want = 0;
-        for (int d = 0; d < dp_; ++d) want += value(d * tp_ + dpLane(), step, i, 10 * static_cast<int>(b));
-        if (buckets_[b].host[i] != want) return fail(step, "DP bucket allreduce", i, buckets_[b].host[i], want);
+        for (int d = 0; d < dp_; ++d)
+          want += value(d * tp_ + dpLane(), step, i, 10 * static_cast<int>(b));
+        if (buckets_[b].host[i] != want)
+          return fail(step, "DP bucket allreduce", i, buckets_[b].host[i], want);
       }
     }
     for (size_t i = 0; i < gathered_.count(); ++i) {
@@ -440,7 +459,8 @@ int main(int argc, char** argv) {
   Options options = parseOptions(argc, argv);
   LaunchEnv env = examples::readLaunchEnv();
   for (const Bug& bug : options.bugs) {
-    if (bug.rank >= env.world) usageError("--bug rank " + std::to_string(bug.rank) + " is not below the world size");
+    if (bug.rank >= env.world)
+      usageError("--bug rank " + std::to_string(bug.rank) + " is not below the world size");
   }
   TrainLoop loop(env, options);
   return loop.run();

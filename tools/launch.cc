@@ -23,7 +23,9 @@ using Clock = std::chrono::steady_clock;
 
 volatile sig_atomic_t g_forwardSignal = 0;
 
-void rememberSignal(int signal) { g_forwardSignal = signal; }
+void rememberSignal(int signal) {
+  g_forwardSignal = signal;
+}
 
 struct Rank {
   int index = 0;

@@ -16,11 +16,13 @@ constexpr const char* kExamples = R"(Examples:
 void addLaunch(CLI::App& app, ncclwatch::launch::Options& options, int& exitCode) {
   CLI::App* launch = app.add_subcommand(
       "launch", "Start N ranks of PROGRAM on this machine with torchrun's variables");
-  launch->add_option("-n,--ranks", options.ranks, "number of ranks")->required()->check(
-      CLI::Range(1, 4096));
+  launch->add_option("-n,--ranks", options.ranks, "number of ranks")
+      ->required()
+      ->check(CLI::Range(1, 4096));
   double graceSeconds = 5.0;
-  launch->add_option("--grace", graceSeconds,
-                     "seconds between SIGTERM and SIGKILL when stopping ranks (default 5)")
+  launch
+      ->add_option("--grace", graceSeconds,
+                   "seconds between SIGTERM and SIGKILL when stopping ranks (default 5)")
       ->check(CLI::Range(0.0, 3600.0));
   bool noPrefix = false;
   launch->add_flag("--no-prefix", noPrefix, "do not prefix output lines with [rank R]");

@@ -138,7 +138,8 @@ ncclUniqueId fetchIdOverTcp(const LaunchEnv& launch) {
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* found = nullptr;
     int lookup = getaddrinfo(host, port.c_str(), &hints, &found);
-    if (lookup != 0) die(launch, std::string("resolving MASTER_ADDR=") + host, gai_strerror(lookup));
+    if (lookup != 0)
+      die(launch, std::string("resolving MASTER_ADDR=") + host, gai_strerror(lookup));
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     setTimeouts(fd, 10);
     ncclUniqueId id;
@@ -224,9 +225,11 @@ LaunchEnv readLaunchEnv() {
     }
   }
   if (launch.jobKey.empty() && env("SLURM_JOB_ID")) {
-    launch.jobKey = std::string(env("SLURM_JOB_ID")) + "." + (env("SLURM_STEP_ID") ? env("SLURM_STEP_ID") : "0");
+    launch.jobKey = std::string(env("SLURM_JOB_ID")) + "." +
+                    (env("SLURM_STEP_ID") ? env("SLURM_STEP_ID") : "0");
   }
-  if (launch.jobKey.empty() && env("MASTER_PORT")) launch.jobKey = std::string("port") + env("MASTER_PORT");
+  if (launch.jobKey.empty() && env("MASTER_PORT"))
+    launch.jobKey = std::string("port") + env("MASTER_PORT");
   if (launch.jobKey.empty()) launch.jobKey = "single";
   for (char& c : launch.jobKey) {
     if (c == '/' || c == ' ') c = '_';  // it becomes part of a file name

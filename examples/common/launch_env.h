@@ -32,14 +32,14 @@ ncclUniqueId shareUniqueId(const LaunchEnv& env);
 
 }  // namespace examples
 
-#define EXAMPLE_CUDA_CHECK(env, call)                                             \
-  do {                                                                            \
-    cudaError_t status_ = (call);                                                 \
+#define EXAMPLE_CUDA_CHECK(env, call)                                                     \
+  do {                                                                                    \
+    cudaError_t status_ = (call);                                                         \
     if (status_ != cudaSuccess) ::examples::die(env, #call, cudaGetErrorString(status_)); \
   } while (0)
 
-#define EXAMPLE_NCCL_CHECK(env, call)                                             \
-  do {                                                                            \
-    ncclResult_t status_ = (call);                                                \
+#define EXAMPLE_NCCL_CHECK(env, call)                                                     \
+  do {                                                                                    \
+    ncclResult_t status_ = (call);                                                        \
     if (status_ != ncclSuccess) ::examples::die(env, #call, ncclGetErrorString(status_)); \
   } while (0)

@@ -16,17 +16,17 @@ namespace {
 
 thread_local CUcontext t_context = nullptr;
 
-#define REQUIRE_INIT                                            \
-  do {                                                          \
-    if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;      \
+#define REQUIRE_INIT                                       \
+  do {                                                     \
+    if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED; \
   } while (0)
 
-#define RESOLVE_STREAM(var, handle)                             \
-  std::shared_ptr<Stream> var = resolveStream(handle);          \
+#define RESOLVE_STREAM(var, handle)                    \
+  std::shared_ptr<Stream> var = resolveStream(handle); \
   if (!var) return CUDA_ERROR_INVALID_HANDLE
 
-#define RESOLVE_EVENT(var, handle)                              \
-  std::shared_ptr<Event> var = resolveEvent(handle);            \
+#define RESOLVE_EVENT(var, handle)                   \
+  std::shared_ptr<Event> var = resolveEvent(handle); \
   if (!var) return CUDA_ERROR_INVALID_HANDLE
 
 struct ErrorText {
@@ -64,11 +64,12 @@ const ErrorText* findError(CUresult code) {
   return nullptr;
 }
 
-bool validDevice(CUdevice device) { return device >= 0 && device < deviceCount(); }
+bool validDevice(CUdevice device) {
+  return device >= 0 && device < deviceCount();
+}
 
 // Work on "device memory" is plain host memory access: the heap is ordinary shared memory.
-CUresult copyOnStream(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream handle,
-                      bool wait) {
+CUresult copyOnStream(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream handle, bool wait) {
   RESOLVE_STREAM(stream, handle);
   void* to = reinterpret_cast<void*>(dst);
   const void* from = reinterpret_cast<const void*>(src);
@@ -142,19 +143,45 @@ CUDASIM_API CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribu
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!validDevice(device)) return CUDA_ERROR_INVALID_DEVICE;
   switch (attribute) {
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = 9; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = 0; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = 1; break;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *value = 32; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *value = device; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *value = 0; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *value = 0; break;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *value = 1; break;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: *value = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: *value = 1; break;
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: *value = 1; break;
-    default: *value = 0; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+      *value = 9;
+      break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+      *value = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+      *value = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
+      *value = 32;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+      *value = 1024;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+      *value = device;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
+      *value = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
+      *value = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+      *value = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+      *value = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+      *value = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+      *value = 1;
+      break;
+    default:
+      *value = 0;
+      break;
   }
   return CUDA_SUCCESS;
 }
@@ -547,28 +574,60 @@ struct ProcEntry {
   int minimumCudaVersion;  // callers asking for an older ABI get VERSION_NOT_SUFFICIENT
 };
 
-#define PROC(name, version) {#name, reinterpret_cast<void*>(&name), version}
+#define PROC(name, version) \
+  { #name, reinterpret_cast < void*>(&name), version }
 const ProcEntry kProcs[] = {
-    PROC(cuInit, 2000), PROC(cuDriverGetVersion, 2020), PROC(cuDeviceGet, 2000),
-    PROC(cuDeviceGetCount, 2000), PROC(cuDeviceGetName, 2000), PROC(cuDeviceTotalMem, 3020),
-    PROC(cuDeviceGetAttribute, 2000), PROC(cuDevicePrimaryCtxRetain, 7000),
-    PROC(cuDevicePrimaryCtxRelease, 11000), PROC(cuCtxGetCurrent, 4000),
-    PROC(cuCtxSetCurrent, 4000), PROC(cuCtxGetDevice, 2000), PROC(cuCtxSynchronize, 2000),
-    PROC(cuMemAlloc, 3020), PROC(cuMemAllocManaged, 6000), PROC(cuMemAllocHost, 3020),
-    PROC(cuMemHostAlloc, 2020), PROC(cuMemFree, 3020), PROC(cuMemFreeHost, 2000),
-    PROC(cuMemGetInfo, 3020), PROC(cuPointerGetAttribute, 4000), PROC(cuMemcpy, 4000),
-    PROC(cuMemcpyAsync, 4000), PROC(cuMemsetD8, 3020), PROC(cuMemsetD8Async, 3020),
-    PROC(cuStreamCreate, 2000), PROC(cuStreamCreateWithPriority, 5050),
-    PROC(cuStreamDestroy, 4000), PROC(cuStreamGetFlags, 5050), PROC(cuStreamQuery, 2000),
-    PROC(cuStreamSynchronize, 2000), PROC(cuStreamWaitEvent, 3020),
-    PROC(cuLaunchHostFunc, 10000), PROC(cuStreamBeginCapture, 10010),
-    PROC(cuStreamEndCapture, 10000), PROC(cuStreamIsCapturing, 10000),
-    PROC(cuStreamGetCaptureInfo, 12030), PROC(cuThreadExchangeStreamCaptureMode, 10010),
-    PROC(cuGraphInstantiate, 11040), PROC(cuGraphLaunch, 10000), PROC(cuGraphDestroy, 10000),
-    PROC(cuGraphExecDestroy, 10000), PROC(cuEventCreate, 2000), PROC(cuEventRecord, 2000),
-    PROC(cuEventRecordWithFlags, 11010), PROC(cuEventQuery, 2000),
-    PROC(cuEventSynchronize, 2000), PROC(cuEventDestroy, 4000),
-    PROC(cuEventElapsedTime, 12080), PROC(cuGetErrorString, 6000), PROC(cuGetErrorName, 6000),
+    PROC(cuInit, 2000),
+    PROC(cuDriverGetVersion, 2020),
+    PROC(cuDeviceGet, 2000),
+    PROC(cuDeviceGetCount, 2000),
+    PROC(cuDeviceGetName, 2000),
+    PROC(cuDeviceTotalMem, 3020),
+    PROC(cuDeviceGetAttribute, 2000),
+    PROC(cuDevicePrimaryCtxRetain, 7000),
+    PROC(cuDevicePrimaryCtxRelease, 11000),
+    PROC(cuCtxGetCurrent, 4000),
+    PROC(cuCtxSetCurrent, 4000),
+    PROC(cuCtxGetDevice, 2000),
+    PROC(cuCtxSynchronize, 2000),
+    PROC(cuMemAlloc, 3020),
+    PROC(cuMemAllocManaged, 6000),
+    PROC(cuMemAllocHost, 3020),
+    PROC(cuMemHostAlloc, 2020),
+    PROC(cuMemFree, 3020),
+    PROC(cuMemFreeHost, 2000),
+    PROC(cuMemGetInfo, 3020),
+    PROC(cuPointerGetAttribute, 4000),
+    PROC(cuMemcpy, 4000),
+    PROC(cuMemcpyAsync, 4000),
+    PROC(cuMemsetD8, 3020),
+    PROC(cuMemsetD8Async, 3020),
+    PROC(cuStreamCreate, 2000),
+    PROC(cuStreamCreateWithPriority, 5050),
+    PROC(cuStreamDestroy, 4000),
+    PROC(cuStreamGetFlags, 5050),
+    PROC(cuStreamQuery, 2000),
+    PROC(cuStreamSynchronize, 2000),
+    PROC(cuStreamWaitEvent, 3020),
+    PROC(cuLaunchHostFunc, 10000),
+    PROC(cuStreamBeginCapture, 10010),
+    PROC(cuStreamEndCapture, 10000),
+    PROC(cuStreamIsCapturing, 10000),
+    PROC(cuStreamGetCaptureInfo, 12030),
+    PROC(cuThreadExchangeStreamCaptureMode, 10010),
+    PROC(cuGraphInstantiate, 11040),
+    PROC(cuGraphLaunch, 10000),
+    PROC(cuGraphDestroy, 10000),
+    PROC(cuGraphExecDestroy, 10000),
+    PROC(cuEventCreate, 2000),
+    PROC(cuEventRecord, 2000),
+    PROC(cuEventRecordWithFlags, 11010),
+    PROC(cuEventQuery, 2000),
+    PROC(cuEventSynchronize, 2000),
+    PROC(cuEventDestroy, 4000),
+    PROC(cuEventElapsedTime, 12080),
+    PROC(cuGetErrorString, 6000),
+    PROC(cuGetErrorName, 6000),
 };
 #undef PROC
 }  // namespace

@@ -3,11 +3,11 @@
 // (the parent's worker threads do not exist in the child).
 #include "engine.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#include <fcntl.h>
 
 #include <algorithm>
 #include <atomic>
@@ -39,7 +39,7 @@ struct Heap {
   int fd = -1;
   char* base = nullptr;
   size_t bytes = 0;
-  std::map<size_t, size_t> freeBlocks;     // offset -> bytes
+  std::map<size_t, size_t> freeBlocks;       // offset -> bytes
   std::map<size_t, Allocation> allocations;  // offset -> allocation
   size_t inUse = 0;
   bool failed = false;
@@ -215,7 +215,9 @@ Heap& heap() {
 
 // ---- devices -------------------------------------------------------------------------------
 
-int deviceCount() { return state().devices; }
+int deviceCount() {
+  return state().devices;
+}
 
 CUcontext primaryContext(int device) {
   State& s = state();
@@ -232,10 +234,18 @@ int contextDevice(CUcontext context) {
   return static_cast<int>(tag - &s.contextTags.front());
 }
 
-int currentDevice() { return t_device < deviceCount() ? t_device : 0; }
-void setCurrentDevice(int device) { t_device = device; }
-bool initialized() { return state().initialized.load(); }
-void markInitialized() { state().initialized.store(true); }
+int currentDevice() {
+  return t_device < deviceCount() ? t_device : 0;
+}
+void setCurrentDevice(int device) {
+  t_device = device;
+}
+bool initialized() {
+  return state().initialized.load();
+}
+void markInitialized() {
+  state().initialized.store(true);
+}
 
 // ---- streams -------------------------------------------------------------------------------
 
@@ -335,8 +345,8 @@ uint64_t enqueue(const std::shared_ptr<Stream>& stream, std::function<void()> wo
 void waitFor(const Dependency& dependency) {
   if (!dependency.stream) return;
   std::unique_lock<std::mutex> lock(dependency.stream->mutex);
-  dependency.stream->changed.wait(lock,
-                                  [&] { return dependency.stream->completed >= dependency.ticket; });
+  dependency.stream->changed.wait(
+      lock, [&] { return dependency.stream->completed >= dependency.ticket; });
 }
 
 bool streamIdle(const std::shared_ptr<Stream>& stream) {
@@ -626,9 +636,9 @@ void launchGraph(const std::shared_ptr<Graph>& graph, const std::shared_ptr<Stre
 void* allocate(size_t bytes, MemoryKind kind) {
   Heap& h = heap();
   if (h.base == nullptr) return nullptr;
-  size_t rounded = std::max<size_t>(kAllocationAlignment,
-                                    (bytes + kAllocationAlignment - 1) / kAllocationAlignment *
-                                        kAllocationAlignment);
+  size_t rounded =
+      std::max<size_t>(kAllocationAlignment, (bytes + kAllocationAlignment - 1) /
+                                                 kAllocationAlignment * kAllocationAlignment);
   std::lock_guard<std::mutex> lock(h.mutex);
   for (auto it = h.freeBlocks.begin(); it != h.freeBlocks.end(); ++it) {
     if (it->second < rounded) continue;
@@ -691,7 +701,9 @@ bool locate(const void* pointer, MemoryKind* kind, int* device) {
   return true;
 }
 
-size_t heapBytes() { return heap().bytes; }
+size_t heapBytes() {
+  return heap().bytes;
+}
 
 size_t heapBytesInUse() {
   Heap& h = heap();
@@ -706,7 +718,7 @@ size_t heapBytesInUse() {
 #include "cudasim_ext.h"
 
 extern "C" __attribute__((visibility("default"))) int cudasimHeapLocate(const void* ptr,
-                                                                         cudasimHeapRef* out) {
+                                                                        cudasimHeapRef* out) {
   using namespace cudasim;
   Heap& h = heap();
   const char* p = static_cast<const char*>(ptr);

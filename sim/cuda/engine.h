@@ -54,8 +54,8 @@ struct Capture {
 
 struct Stream : std::enable_shared_from_this<Stream> {
   int device = 0;
-  unsigned flags = 0;      // CU_STREAM_DEFAULT or CU_STREAM_NON_BLOCKING
-  bool isLegacy = false;   // the device's legacy default stream
+  unsigned flags = 0;     // CU_STREAM_DEFAULT or CU_STREAM_NON_BLOCKING
+  bool isLegacy = false;  // the device's legacy default stream
   int priority = 0;
 
   std::mutex mutex;
@@ -79,9 +79,9 @@ struct Event {
 
 // ---- devices and contexts -------------------------------------------------------------------
 int deviceCount();
-CUcontext primaryContext(int device);        // a stable, non-null handle per device
-int contextDevice(CUcontext context);        // -1 if not one of ours
-int currentDevice();                         // this thread's current context's device
+CUcontext primaryContext(int device);  // a stable, non-null handle per device
+int contextDevice(CUcontext context);  // -1 if not one of ours
+int currentDevice();                   // this thread's current context's device
 void setCurrentDevice(int device);
 bool initialized();
 void markInitialized();

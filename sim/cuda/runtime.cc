@@ -15,21 +15,36 @@ thread_local bool t_contextBound = false;
 
 cudaError_t toRuntime(CUresult result) {
   switch (result) {
-    case CUDA_SUCCESS: return cudaSuccess;
-    case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
-    case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
-    case CUDA_ERROR_NOT_INITIALIZED: return cudaErrorInitializationError;
-    case CUDA_ERROR_INVALID_DEVICE: return cudaErrorInvalidDevice;
-    case CUDA_ERROR_INVALID_CONTEXT: return cudaErrorDeviceUninitialized;
-    case CUDA_ERROR_INVALID_HANDLE: return cudaErrorInvalidResourceHandle;
-    case CUDA_ERROR_NOT_FOUND: return cudaErrorSymbolNotFound;
-    case CUDA_ERROR_NOT_READY: return cudaErrorNotReady;
-    case CUDA_ERROR_ILLEGAL_STATE: return cudaErrorIllegalState;
-    case CUDA_ERROR_NOT_SUPPORTED: return cudaErrorNotSupported;
-    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: return cudaErrorStreamCaptureUnsupported;
-    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: return cudaErrorStreamCaptureInvalidated;
-    case CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: return cudaErrorStreamCaptureWrongThread;
-    default: return cudaErrorUnknown;
+    case CUDA_SUCCESS:
+      return cudaSuccess;
+    case CUDA_ERROR_INVALID_VALUE:
+      return cudaErrorInvalidValue;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      return cudaErrorMemoryAllocation;
+    case CUDA_ERROR_NOT_INITIALIZED:
+      return cudaErrorInitializationError;
+    case CUDA_ERROR_INVALID_DEVICE:
+      return cudaErrorInvalidDevice;
+    case CUDA_ERROR_INVALID_CONTEXT:
+      return cudaErrorDeviceUninitialized;
+    case CUDA_ERROR_INVALID_HANDLE:
+      return cudaErrorInvalidResourceHandle;
+    case CUDA_ERROR_NOT_FOUND:
+      return cudaErrorSymbolNotFound;
+    case CUDA_ERROR_NOT_READY:
+      return cudaErrorNotReady;
+    case CUDA_ERROR_ILLEGAL_STATE:
+      return cudaErrorIllegalState;
+    case CUDA_ERROR_NOT_SUPPORTED:
+      return cudaErrorNotSupported;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+      return cudaErrorStreamCaptureUnsupported;
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED:
+      return cudaErrorStreamCaptureInvalidated;
+    case CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD:
+      return cudaErrorStreamCaptureWrongThread;
+    default:
+      return cudaErrorUnknown;
   }
 }
 
@@ -39,7 +54,9 @@ cudaError_t finish(cudaError_t error) {
   return error;
 }
 
-cudaError_t finish(CUresult result) { return finish(toRuntime(result)); }
+cudaError_t finish(CUresult result) {
+  return finish(toRuntime(result));
+}
 
 // Binds the thread's current device's primary context, initializing the driver on first use,
 // as the runtime does implicitly on the first call of each thread.
@@ -54,9 +71,9 @@ cudaError_t bindContext() {
   return cudaSuccess;
 }
 
-#define BIND_OR_RETURN                          \
-  do {                                          \
-    cudaError_t bound = bindContext();          \
+#define BIND_OR_RETURN                              \
+  do {                                              \
+    cudaError_t bound = bindContext();              \
     if (bound != cudaSuccess) return finish(bound); \
   } while (0)
 
@@ -73,8 +90,7 @@ constexpr ErrorText kErrors[] = {
     {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
     {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
     {cudaErrorDeviceUninitialized, "cudaErrorDeviceUninitialized", "invalid device context"},
-    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle",
-     "invalid resource handle"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {cudaErrorSymbolNotFound, "cudaErrorSymbolNotFound", "named symbol not found"},
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
     {cudaErrorIllegalState, "cudaErrorIllegalState",
@@ -100,9 +116,15 @@ const ErrorText* findError(cudaError_t code) {
   return nullptr;
 }
 
-CUdeviceptr devicePointer(const void* pointer) { return reinterpret_cast<CUdeviceptr>(pointer); }
-CUstream driverStream(cudaStream_t stream) { return reinterpret_cast<CUstream>(stream); }
-CUevent driverEvent(cudaEvent_t event) { return reinterpret_cast<CUevent>(event); }
+CUdeviceptr devicePointer(const void* pointer) {
+  return reinterpret_cast<CUdeviceptr>(pointer);
+}
+CUstream driverStream(cudaStream_t stream) {
+  return reinterpret_cast<CUstream>(stream);
+}
+CUevent driverEvent(cudaEvent_t event) {
+  return reinterpret_cast<CUevent>(event);
+}
 
 bool validCopyKind(cudaMemcpyKind kind) {
   return kind >= cudaMemcpyHostToHost && kind <= cudaMemcpyDefault;
@@ -118,7 +140,9 @@ CUDASIM_API cudaError_t cudaGetLastError(void) {
   return error;
 }
 
-CUDASIM_API cudaError_t cudaPeekAtLastError(void) { return t_lastError; }
+CUDASIM_API cudaError_t cudaPeekAtLastError(void) {
+  return t_lastError;
+}
 
 CUDASIM_API const char* cudaGetErrorString(cudaError_t error) {
   const ErrorText* entry = findError(error);
@@ -302,9 +326,9 @@ CUDASIM_API cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* a
   cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, devicePointer(pointer));
   cuPointerGetAttribute(&attributes->device, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                         devicePointer(pointer));
-  attributes->type = managed ? cudaMemoryTypeManaged
-                             : (memoryType == CU_MEMORYTYPE_HOST ? cudaMemoryTypeHost
-                                                                 : cudaMemoryTypeDevice);
+  attributes->type =
+      managed ? cudaMemoryTypeManaged
+              : (memoryType == CU_MEMORYTYPE_HOST ? cudaMemoryTypeHost : cudaMemoryTypeDevice);
   attributes->devicePointer = const_cast<void*>(pointer);
   attributes->hostPointer = const_cast<void*>(pointer);
   return cudaSuccess;
@@ -400,7 +424,8 @@ CUDASIM_API cudaError_t cudaLaunchKernel(const void*, dim3, dim3, void**, size_t
 
 // ---- capture -------------------------------------------------------------------------------
 
-CUDASIM_API cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+CUDASIM_API cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
+                                               enum cudaStreamCaptureMode mode) {
   BIND_OR_RETURN;
   return finish(cuStreamBeginCapture(driverStream(stream), static_cast<CUstreamCaptureMode>(mode)));
 }
@@ -413,8 +438,8 @@ CUDASIM_API cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* g
 CUDASIM_API cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
                                               enum cudaStreamCaptureStatus* status) {
   BIND_OR_RETURN;
-  return finish(cuStreamIsCapturing(driverStream(stream),
-                                    reinterpret_cast<CUstreamCaptureStatus*>(status)));
+  return finish(
+      cuStreamIsCapturing(driverStream(stream), reinterpret_cast<CUstreamCaptureStatus*>(status)));
 }
 
 CUDASIM_API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream,
@@ -424,11 +449,11 @@ CUDASIM_API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream,
                                                  const cudaGraphEdgeData** edgeData,
                                                  size_t* numDependencies) {
   BIND_OR_RETURN;
-  return finish(cuStreamGetCaptureInfo(
-      driverStream(stream), reinterpret_cast<CUstreamCaptureStatus*>(status),
-      reinterpret_cast<cuuint64_t*>(id), reinterpret_cast<CUgraph*>(graph),
-      reinterpret_cast<const CUgraphNode**>(dependencies),
-      reinterpret_cast<const CUgraphEdgeData**>(edgeData), numDependencies));
+  return finish(
+      cuStreamGetCaptureInfo(driverStream(stream), reinterpret_cast<CUstreamCaptureStatus*>(status),
+                             reinterpret_cast<cuuint64_t*>(id), reinterpret_cast<CUgraph*>(graph),
+                             reinterpret_cast<const CUgraphNode**>(dependencies),
+                             reinterpret_cast<const CUgraphEdgeData**>(edgeData), numDependencies));
 }
 
 CUDASIM_API cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode) {

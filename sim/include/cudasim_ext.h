@@ -11,9 +11,9 @@ extern "C" {
 // Where a sim allocation lives: device memory is carved out of a per-process memfd heap, which a
 // peer process on the same host maps through /proc/<pid>/fd/<fd>.
 typedef struct {
-  int pid;                    // owning process
-  int fd;                     // memfd of the heap, in the owning process
-  unsigned long long offset;  // byte offset of ptr inside the heap
+  int pid;                        // owning process
+  int fd;                         // memfd of the heap, in the owning process
+  unsigned long long offset;      // byte offset of ptr inside the heap
   unsigned long long bytesToEnd;  // bytes from ptr to the end of its allocation
 } cudasimHeapRef;
 

@@ -16,7 +16,9 @@ using namespace std::chrono_literals;
 using testsupport::Job;
 using testsupport::JobSpec;
 
-std::string example(const char* name) { return testsupport::buildDir() + "/examples/" + name; }
+std::string example(const char* name) {
+  return testsupport::buildDir() + "/examples/" + name;
+}
 
 JobSpec trainLoop(int ranks, std::vector<std::string> args) {
   JobSpec spec;
@@ -51,9 +53,9 @@ TEST_P(CleanRun, EveryStepVerified) {
   Job job(trainLoop(ranks, {"--steps", "4"}));
   ASSERT_TRUE(job.waitExit(90s)) << allOutput(job);
   for (int rank = 0; rank < ranks; ++rank) EXPECT_EQ(job.exitStatus(rank), 0) << allOutput(job);
-  EXPECT_NE(job.output(0).find("train_loop: 4 steps verified on " + std::to_string(ranks) +
-                               " ranks"),
-            std::string::npos)
+  EXPECT_NE(
+      job.output(0).find("train_loop: 4 steps verified on " + std::to_string(ranks) + " ranks"),
+      std::string::npos)
       << job.output(0);
   EXPECT_EQ(lastVerifiedStep(job.output(0)), 3);
 }
@@ -72,7 +74,9 @@ struct HangCase {
   bool bugRankDies;  // exit and crash end the bug rank; the others hang
 };
 
-void PrintTo(const HangCase& hang, std::ostream* out) { *out << hang.kind; }
+void PrintTo(const HangCase& hang, std::ostream* out) {
+  *out << hang.kind;
+}
 
 class InjectedBug : public ::testing::TestWithParam<HangCase> {};
 
@@ -107,9 +111,8 @@ TEST_P(InjectedBug, HangsForReal) {
 INSTANTIATE_TEST_SUITE_P(
     Kinds, InjectedBug,
     ::testing::Values(HangCase{"skip", false}, HangCase{"op", false}, HangCase{"count", false},
-                      HangCase{"dtype", false}, HangCase{"root", false},
-                      HangCase{"extra", false}, HangCase{"peer", false},
-                      HangCase{"color", false}, HangCase{"order", false},
+                      HangCase{"dtype", false}, HangCase{"root", false}, HangCase{"extra", false},
+                      HangCase{"peer", false}, HangCase{"color", false}, HangCase{"order", false},
                       HangCase{"exit", true}, HangCase{"crash", true}),
     [](const ::testing::TestParamInfo<HangCase>& info) { return std::string(info.param.kind); });
 

@@ -286,7 +286,8 @@ TEST(SimCudaCapture, UnsafeQueryInvalidatesGlobalCaptureUnlessThreadLocal) {
 
   // In global mode the same query is prohibited and breaks the capture.
   ASSERT_EQ(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal), cudaSuccess);
-  std::thread careless([&] { EXPECT_EQ(cudaStreamQuery(other), cudaErrorStreamCaptureUnsupported); });
+  std::thread careless(
+      [&] { EXPECT_EQ(cudaStreamQuery(other), cudaErrorStreamCaptureUnsupported); });
   careless.join();
   cudaStreamCaptureStatus status;
   ASSERT_EQ(cudaStreamIsCapturing(capturing, &status), cudaSuccess);
@@ -302,9 +303,9 @@ TEST(SimCudaDriver, ProcAddressResolvesTheCuda13Abi) {
   ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
   void* function = nullptr;
   CUdriverProcAddressQueryResult status;
-  ASSERT_EQ(cuGetProcAddress("cuEventDestroy", &function, 13000, CU_GET_PROC_ADDRESS_DEFAULT,
-                             &status),
-            CUDA_SUCCESS);
+  ASSERT_EQ(
+      cuGetProcAddress("cuEventDestroy", &function, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status),
+      CUDA_SUCCESS);
   EXPECT_EQ(status, CU_GET_PROC_ADDRESS_SUCCESS);
   EXPECT_EQ(function, reinterpret_cast<void*>(&cuEventDestroy_v2));
   ASSERT_EQ(cuGetProcAddress("cuStreamGetCaptureInfo", &function, 13000,
@@ -315,9 +316,9 @@ TEST(SimCudaDriver, ProcAddressResolvesTheCuda13Abi) {
                              CU_GET_PROC_ADDRESS_DEFAULT, &status),
             CUDA_ERROR_NOT_FOUND);
   EXPECT_EQ(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
-  EXPECT_EQ(cuGetProcAddress("cuNoSuchThing", &function, 13000, CU_GET_PROC_ADDRESS_DEFAULT,
-                             &status),
-            CUDA_ERROR_NOT_FOUND);
+  EXPECT_EQ(
+      cuGetProcAddress("cuNoSuchThing", &function, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status),
+      CUDA_ERROR_NOT_FOUND);
   EXPECT_EQ(status, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
   const char* text = nullptr;
   ASSERT_EQ(cuGetErrorString(CUDA_ERROR_NOT_READY, &text), CUDA_SUCCESS);

@@ -52,8 +52,12 @@ double processCpuSeconds(pid_t pid) {
 
 }  // namespace
 
-std::string simLibDir() { return NCCLWATCH_SIM_LIB_DIR; }
-std::string buildDir() { return NCCLWATCH_BUILD_DIR; }
+std::string simLibDir() {
+  return NCCLWATCH_SIM_LIB_DIR;
+}
+std::string buildDir() {
+  return NCCLWATCH_BUILD_DIR;
+}
 
 Job::Job(JobSpec spec) : directory_(makeDirectory()) {
   static std::atomic<int> jobCounter{0};

@@ -55,9 +55,10 @@ TEST(LaunchPorts, PairIsFree) {
 }
 
 TEST(LaunchRun, SetsTorchrunVariablesAndPrefixesOutput) {
-  CommandResult result = runCommand(
-      kLaunch + " -n 3 -- sh -c 'echo rank=$RANK world=$WORLD_SIZE local=$LOCAL_RANK "
-                "addr=$MASTER_ADDR job=${NCCLWATCH_JOB:+set}'");
+  CommandResult result =
+      runCommand(kLaunch +
+                 " -n 3 -- sh -c 'echo rank=$RANK world=$WORLD_SIZE local=$LOCAL_RANK "
+                 "addr=$MASTER_ADDR job=${NCCLWATCH_JOB:+set}'");
   EXPECT_EQ(result.exitCode, 0) << result.output;
   for (int rank = 0; rank < 3; ++rank) {
     std::string line = "[rank " + std::to_string(rank) + "] rank=" + std::to_string(rank) +
@@ -70,8 +71,7 @@ TEST(LaunchRun, FirstFailureStopsTheOthersWithinTheGrace) {
   auto start = std::chrono::steady_clock::now();
   CommandResult result = runCommand(
       kLaunch + " -n 3 --grace 1 -- sh -c 'if [ $RANK = 1 ]; then exit 5; fi; exec sleep 60'");
-  double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(result.exitCode, 5) << result.output;
   EXPECT_LT(seconds, 10.0);
   EXPECT_NE(result.output.find("[ncclwatch] rank 1 exited with code 5; stopping the other ranks"),
@@ -80,12 +80,12 @@ TEST(LaunchRun, FirstFailureStopsTheOthersWithinTheGrace) {
 }
 
 TEST(LaunchRun, RanksIgnoringSigtermAreKilledAfterTheGrace) {
-  CommandResult result = runCommand(
-      kLaunch + " -n 2 --grace 0.5 -- sh -c 'trap \"\" TERM; if [ $RANK = 0 ]; then exit 3; fi; "
-                "while true; do sleep 0.1; done'");
+  CommandResult result =
+      runCommand(kLaunch +
+                 " -n 2 --grace 0.5 -- sh -c 'trap \"\" TERM; if [ $RANK = 0 ]; then exit 3; fi; "
+                 "while true; do sleep 0.1; done'");
   EXPECT_EQ(result.exitCode, 3) << result.output;
-  EXPECT_NE(result.output.find("rank 1 was killed by SIGKILL"), std::string::npos)
-      << result.output;
+  EXPECT_NE(result.output.find("rank 1 was killed by SIGKILL"), std::string::npos) << result.output;
 }
 
 TEST(LaunchRun, UsageErrorsAreOneLineAndExitTwo) {
