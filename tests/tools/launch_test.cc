@@ -80,10 +80,10 @@ TEST(LaunchRun, FirstFailureStopsTheOthersWithinTheGrace) {
 }
 
 TEST(LaunchRun, RanksIgnoringSigtermAreKilledAfterTheGrace) {
-  CommandResult result =
-      runCommand(kLaunch +
-                 " -n 2 --grace 0.5 -- sh -c 'trap \"\" TERM; if [ $RANK = 0 ]; then exit 3; fi; "
-                 "while true; do sleep 0.1; done'");
+  CommandResult result = runCommand(
+      kLaunch +
+      " -n 2 --grace 0.5 -- sh -c 'trap \"\" TERM; if [ $RANK = 0 ]; then sleep 0.5; exit 3; fi; "
+      "while true; do sleep 0.1; done'");
   EXPECT_EQ(result.exitCode, 3) << result.output;
   EXPECT_NE(result.output.find("rank 1 was killed by SIGKILL"), std::string::npos) << result.output;
 }

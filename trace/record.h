@@ -1,0 +1,89 @@
+// The call record: one fixed-size, trivially copyable slot per NCCL call, written by the
+// interposer on the hot path and read back from the ring file by the CLI.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+namespace ncclwatch::trace {
+
+// Every NCCL host call ncclwatch records. Values are part of the file format: append only.
+enum class OpKind : uint8_t {
+  kUnknown = 0,
+  kAllReduce,
+  kBroadcast,
+  kReduce,
+  kAllGather,
+  kReduceScatter,
+  kAlltoAll,
+  kGather,
+  kScatter,
+  kSend,
+  kRecv,
+  kGroupStart,
+  kGroupEnd,
+  kInit,
+  kSplit,
+  kShrink,
+  kFinalize,
+  kDestroy,
+  kAbort,
+  kRevoke,
+  kRegister,
+  kDeregister,
+  kCount  // keep last
+};
+
+// issued → started → completed, or failed / aborted. Values are part of the file format.
+enum class RecordState : uint8_t {
+  kEmpty = 0,
+  kIssued,
+  kStarted,
+  kCompleted,
+  kFailed,
+  kAborted,
+};
+
+// Flags of a record.
+enum RecordFlags : uint8_t {
+  kRecordCaptured = 1 << 0,  // issued during stream capture: no completion events
+  kRecordInGroup = 1 << 1,   // issued between ncclGroupStart and ncclGroupEnd
+  kRecordNoEvents = 1 << 2,  // completion not tracked (events off or unavailable)
+};
+
+const char* opName(OpKind op);
+bool isCollective(OpKind op);
+bool isPointToPoint(OpKind op);
+bool isLifecycle(OpKind op);
+
+// 128 bytes, naturally aligned, no padding holes: written with plain stores into a shared
+// mapping and read by another process, so its layout is the file format (docs/format.md).
+struct CallRecord {
+  uint64_t commHash;       // NCCL's commHash of the communicator
+  uint64_t seq;            // 1-based, per comm, over every operation issued on it
+  uint64_t p2pSeq;         // 1-based, per (comm, peer, direction); 0 for non-p2p
+  uint64_t ncclSeqNumber;  // NCCL's per-type counter (collectives or p2p), 0-based
+  uint64_t count;          // elements
+  uint64_t fingerprint;    // hash of (op, count, dtype, redop, root) or (op, peer, count, dtype)
+  uint64_t rollingHash;    // over this comm's fingerprints up to and including this one
+  uint64_t stream;         // cudaStream_t as an integer
+  int64_t issueNs;         // CLOCK_MONOTONIC at the call
+  int64_t startNs;         // first seen started (before-event complete), 0 if not yet
+  int64_t completeNs;      // first seen completed (after-event complete), 0 if not yet
+  uint64_t callSite;       // return address in the caller of the NCCL function
+  int32_t rootOrPeer;      // root for rooted collectives, peer for p2p, -1 otherwise
+  int32_t result;          // ncclResult_t the call returned
+  int32_t threadId;        // gettid() of the caller
+  uint16_t groupDepth;     // ncclGroupStart nesting at the call
+  OpKind op;
+  uint8_t dtype;  // ncclDataType_t
+  uint8_t redop;  // ncclRedOp_t (values >= 5: PreMulSum handles)
+  RecordState state;
+  uint8_t flags;         // RecordFlags
+  uint8_t reserved[13];  // zero; room for later fields without a format break
+};
+
+static_assert(sizeof(CallRecord) == 128);
+static_assert(std::is_trivially_copyable_v<CallRecord>);
+static_assert(std::is_standard_layout_v<CallRecord>);
+
+}  // namespace ncclwatch::trace
