@@ -78,8 +78,12 @@ struct CallRecord {
   uint8_t dtype;  // ncclDataType_t
   uint8_t redop;  // ncclRedOp_t (values >= 5: PreMulSum handles)
   RecordState state;
-  uint8_t flags;         // RecordFlags
-  uint8_t reserved[13];  // zero; room for later fields without a format break
+  uint8_t flags;     // RecordFlags
+  uint8_t reserved;  // zero
+  // Seqlock word of the ring slot: odd while a writer is inside, even when stable, 0 if never
+  // written. A reader copies the record between two equal even reads of it.
+  uint32_t slotVersion;
+  uint64_t ringIndex;  // absolute position in the ring: tells a record from a stale slot
 };
 
 static_assert(sizeof(CallRecord) == 128);

@@ -98,6 +98,8 @@ TEST(Record, LayoutIsTheFileFormat) {
   EXPECT_EQ(offsetof(CallRecord, rootOrPeer), 96u);
   EXPECT_EQ(offsetof(CallRecord, op), 110u);
   EXPECT_EQ(offsetof(CallRecord, state), 113u);
+  EXPECT_EQ(offsetof(CallRecord, slotVersion), 116u);
+  EXPECT_EQ(offsetof(CallRecord, ringIndex), 120u);
   EXPECT_STREQ(opName(OpKind::kReduceScatter), "ReduceScatter");
   EXPECT_TRUE(isCollective(OpKind::kScatter));
   EXPECT_FALSE(isCollective(OpKind::kSend));

@@ -1,0 +1,235 @@
+// The ring file: what a writer appends can be read back exactly, wrap-around keeps the newest
+// records, concurrent writers never tear a record, a SIGKILLed writer's file still reads, and
+// damaged files are salvaged with exact problem reports.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "trace/ring_reader.h"
+#include "trace/ring_writer.h"
+
+namespace {
+
+using namespace ncclwatch::trace;
+
+std::string tempPath(const std::string& name) {
+  const char* base = std::getenv("TMPDIR");
+  return std::string(base ? base : "/tmp") + "/ring-test-" + std::to_string(getpid()) + "-" + name +
+         ".ncclwatch";
+}
+
+CallRecord makeRecord(uint64_t seq, OpKind op = OpKind::kAllReduce) {
+  CallRecord record{};
+  record.commHash = 0xabcdef;
+  record.seq = seq;
+  record.count = seq * 10;
+  record.op = op;
+  record.dtype = 7;
+  record.state = RecordState::kIssued;
+  record.issueNs = static_cast<int64_t>(seq) * 1000;
+  record.rootOrPeer = -1;
+  return record;
+}
+
+std::vector<std::byte> fileBytes(const std::string& path) {
+  std::ifstream stream(path, std::ios::binary);
+  std::vector<char> chars((std::istreambuf_iterator<char>(stream)),
+                          std::istreambuf_iterator<char>());
+  std::vector<std::byte> bytes(chars.size());
+  std::memcpy(bytes.data(), chars.data(), chars.size());
+  return bytes;
+}
+
+TEST(Ring, AppendUpdateAndReadBack) {
+  std::string path = tempPath("basic");
+  RingWriter writer;
+  std::string error;
+  ASSERT_TRUE(writer.open(path, 100, {3, 8, 3, "hostA", "job1"}, &error)) << error;
+  EXPECT_EQ(writer.capacity(), 128u);
+  struct stat info {};
+  ASSERT_EQ(stat(path.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0600u);
+  CommInfo comm{};
+  comm.commHash = 0xabcdef;
+  comm.nranks = 8;
+  comm.rank = 3;
+  writer.addComm(comm);
+  uint64_t first = writer.append(makeRecord(1));
+  writer.append(makeRecord(2, OpKind::kSend));
+  EXPECT_TRUE(writer.updateState(first, RecordState::kCompleted, 1500, 2500));
+  writer.setNcclLibrary(22809, "/usr/lib/libnccl.so.2");
+
+  TraceFile file = readTraceFile(path);
+  ASSERT_TRUE(file.usable);
+  EXPECT_TRUE(file.problems.empty()) << file.problems[0].what;
+  EXPECT_EQ(file.header.rank, 3);
+  EXPECT_EQ(file.header.world, 8);
+  EXPECT_STREQ(file.header.host, "hostA");
+  EXPECT_EQ(file.header.ncclVersion, 22809);
+  EXPECT_EQ(file.header.cleanShutdown, 0u);
+  ASSERT_EQ(file.comms.size(), 1u);
+  ASSERT_EQ(file.records.size(), 2u);
+  EXPECT_EQ(file.records[0].seq, 1u);
+  EXPECT_EQ(file.records[0].state, RecordState::kCompleted);
+  EXPECT_EQ(file.records[0].startNs, 1500);
+  EXPECT_EQ(file.records[0].completeNs, 2500);
+  EXPECT_EQ(file.records[1].op, OpKind::kSend);
+  EXPECT_EQ(file.emptySlots, 126u);
+  writer.markCleanShutdown();
+  EXPECT_EQ(readTraceFile(path).header.cleanShutdown, 1u);
+  unlink(path.c_str());
+}
+
+TEST(Ring, WrapAroundKeepsTheNewestAndRefusesStaleUpdates) {
+  std::string path = tempPath("wrap");
+  RingWriter writer;
+  ASSERT_TRUE(writer.open(path, 16, {}, nullptr));
+  uint64_t oldest = writer.append(makeRecord(1));
+  for (uint64_t seq = 2; seq <= 50; ++seq) writer.append(makeRecord(seq));
+  EXPECT_FALSE(writer.updateState(oldest, RecordState::kCompleted, 1, 2));
+  TraceFile file = readTraceFile(path);
+  ASSERT_EQ(file.records.size(), 16u);
+  EXPECT_EQ(file.records.front().seq, 35u);
+  EXPECT_EQ(file.records.back().seq, 50u);
+  EXPECT_EQ(file.header.nextIndex, 50u);
+  unlink(path.c_str());
+}
+
+TEST(Ring, ConcurrentWritersNeverTearARecord) {
+  std::string path = tempPath("threads");
+  RingWriter writer;
+  ASSERT_TRUE(writer.open(path, 4096, {}, nullptr));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&writer, t] {
+      for (uint64_t i = 0; i < 1000; ++i) {
+        CallRecord record = makeRecord(i + 1);
+        record.threadId = t;
+        record.count = record.seq * 10;  // a per-record invariant a torn copy would break
+        writer.append(record);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  TraceFile file = readTraceFile(path);
+  EXPECT_TRUE(file.problems.empty());
+  ASSERT_EQ(file.records.size(), 4000u);
+  std::vector<int> perThread(4, 0);
+  for (const CallRecord& record : file.records) {
+    EXPECT_EQ(record.count, record.seq * 10);
+    ++perThread.at(record.threadId);
+  }
+  EXPECT_EQ(perThread, (std::vector<int>{1000, 1000, 1000, 1000}));
+  unlink(path.c_str());
+}
+
+TEST(Ring, SurvivesSigkillOfTheWriter) {
+  std::string path = tempPath("killed");
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    RingWriter writer;
+    if (!writer.open(path, 64, {5, 8, 5, "h", "j"}, nullptr)) _exit(1);
+    for (uint64_t seq = 1; seq <= 20; ++seq) writer.append(makeRecord(seq));
+    char byte = 1;
+    (void)!write(ready[1], &byte, 1);
+    pause();  // killed here, never shutting down cleanly
+    _exit(0);
+  }
+  char byte;
+  ASSERT_EQ(read(ready[0], &byte, 1), 1);
+  kill(child, SIGKILL);
+  int status;
+  waitpid(child, &status, 0);
+  TraceFile file = readTraceFile(path);
+  ASSERT_TRUE(file.usable);
+  EXPECT_EQ(file.header.cleanShutdown, 0u);
+  EXPECT_EQ(file.header.rank, 5);
+  ASSERT_EQ(file.records.size(), 20u);
+  EXPECT_EQ(file.records.back().seq, 20u);
+  unlink(path.c_str());
+}
+
+TEST(Ring, ForkChildNeverWritesIntoTheParentsRing) {
+  std::string path = tempPath("fork");
+  RingWriter writer;
+  ASSERT_TRUE(writer.open(path, 32, {}, nullptr));
+  writer.append(makeRecord(1));
+  pid_t child = fork();
+  if (child == 0) {
+    writer.forgetAfterFork();
+    _exit(writer.isOpen() ? 1 : 0);
+  }
+  int status;
+  waitpid(child, &status, 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  writer.append(makeRecord(2));
+  EXPECT_EQ(readTraceFile(path).records.size(), 2u);
+  unlink(path.c_str());
+}
+
+class Salvage : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = tempPath("salvage");
+    RingWriter writer;
+    ASSERT_TRUE(writer.open(path_, 32, {1, 2, 1, "h", "j"}, nullptr));
+    for (uint64_t seq = 1; seq <= 10; ++seq) writer.append(makeRecord(seq));
+    writer.close();
+    bytes_ = fileBytes(path_);
+    unlink(path_.c_str());
+  }
+  std::string path_;
+  std::vector<std::byte> bytes_;
+};
+
+TEST_F(Salvage, TruncatedFileKeepsTheSlotsItHolds) {
+  size_t keep = kRingHeaderBytes + 6 * sizeof(CallRecord) + 17;  // a partial 7th slot
+  TraceFile file = parseTrace(std::span(bytes_.data(), keep), "t");
+  ASSERT_TRUE(file.usable);
+  EXPECT_EQ(file.records.size(), 6u);
+  ASSERT_EQ(file.problems.size(), 1u);
+  EXPECT_EQ(file.problems[0].what, "file truncated: 6 of 32 record slots present");
+  EXPECT_EQ(file.problems[0].offset, kRingHeaderBytes + 6 * sizeof(CallRecord));
+}
+
+TEST_F(Salvage, CorruptRecordsAreNamedAndSkipped) {
+  auto* slot3 = reinterpret_cast<CallRecord*>(bytes_.data() + kRingHeaderBytes) + 3;
+  slot3->op = static_cast<OpKind>(200);
+  auto* slot5 = reinterpret_cast<CallRecord*>(bytes_.data() + kRingHeaderBytes) + 5;
+  slot5->slotVersion = 7;  // odd: its writer died inside
+  TraceFile file = parseTrace(bytes_, "t");
+  EXPECT_EQ(file.records.size(), 8u);
+  ASSERT_EQ(file.problems.size(), 2u);
+  EXPECT_EQ(file.problems[0].what, "slot 3: op out of range");
+  EXPECT_EQ(file.problems[0].offset, kRingHeaderBytes + 3 * sizeof(CallRecord));
+  EXPECT_EQ(file.problems[1].what, "slot 5 torn: its writer was inside it");
+}
+
+TEST_F(Salvage, BadHeadersAreRejectedWithTheField) {
+  std::vector<std::byte> wrongMagic = bytes_;
+  wrongMagic[0] = std::byte{'X'};
+  TraceFile file = parseTrace(wrongMagic, "t");
+  EXPECT_FALSE(file.usable);
+  EXPECT_EQ(file.problems.at(0).what, "magic is not NCCLWTCH: not an ncclwatch trace");
+  std::vector<std::byte> badCapacity = bytes_;
+  reinterpret_cast<RingHeader*>(badCapacity.data())->capacity = 33;
+  file = parseTrace(badCapacity, "t");
+  ASSERT_TRUE(file.usable);
+  EXPECT_EQ(file.problems.at(0).what, "capacity 33 is not a power of two in range");
+  EXPECT_EQ(file.records.size(), 10u);  // the records still come back
+  file = parseTrace(std::span(bytes_.data(), 100), "t");
+  EXPECT_FALSE(file.usable);
+  EXPECT_EQ(readTraceFile("/nonexistent/x.ncclwatch").problems.at(0).what,
+            "cannot open: No such file or directory");
+}
+
+}  // namespace
