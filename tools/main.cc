@@ -4,7 +4,10 @@
 
 #include <cstdio>
 
+#include <iostream>
+
 #include "launch.h"
+#include "show.h"
 
 namespace {
 
@@ -35,6 +38,18 @@ void addLaunch(CLI::App& app, ncclwatch::launch::Options& options, int& exitCode
   });
 }
 
+void addShow(CLI::App& app, int& exitCode) {
+  CLI::App* show =
+      app.add_subcommand("show", "Print one ring file: header, communicators, records");
+  static std::string path;
+  static bool json = false;
+  show->add_option("file", path, "a .ncclwatch ring file")->required();
+  show->add_flag("--json", json, "print JSON instead of a table");
+  show->footer("Exit code: 0 read cleanly, 1 problems found (still printed), 2 not a trace.");
+  show->callback(
+      [&exitCode] { exitCode = ncclwatch::show::run(path, json, std::cout, std::cerr); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -44,6 +59,7 @@ int main(int argc, char** argv) {
   int exitCode = 0;
   ncclwatch::launch::Options launchOptions;
   addLaunch(app, launchOptions, exitCode);
+  addShow(app, exitCode);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& help) {
