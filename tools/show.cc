@@ -124,12 +124,14 @@ void printTable(const TraceFile& file, std::ostream& out) {
   out << line;
   for (const CallRecord& r : file.records) {
     bool hasRedop = trace::hasReduction(r.op);
+    bool movesData = trace::isCollective(r.op) || trace::isPointToPoint(r.op);
     std::snprintf(line, sizeof line,
                   "  %6" PRIu64 "  %-16s  %5" PRIu64 "  %-13s  %10" PRIu64
                   "  %-8s  %-6s  %5d  %-9s  %10s  %10s  %10s  %d%s\n",
                   r.ringIndex, hex(r.commHash).c_str(), r.seq, trace::opName(r.op), r.count,
-                  dtypeName(r.dtype), hasRedop ? redopName(r.redop).c_str() : "-", r.rootOrPeer,
-                  stateName(r.state), milliseconds(r.issueNs, h.anchorMonotonicNs).c_str(),
+                  movesData ? dtypeName(r.dtype) : "-", hasRedop ? redopName(r.redop).c_str() : "-",
+                  r.rootOrPeer, stateName(r.state),
+                  milliseconds(r.issueNs, h.anchorMonotonicNs).c_str(),
                   milliseconds(r.startNs, h.anchorMonotonicNs).c_str(),
                   milliseconds(r.completeNs, h.anchorMonotonicNs).c_str(), r.result,
                   (r.flags & trace::kRecordCaptured) ? " captured" : "");

@@ -126,6 +126,15 @@ bool RingWriter::updateState(uint64_t index, RecordState state, int64_t startNs,
   return true;
 }
 
+bool RingWriter::updateResult(uint64_t index, int32_t result) {
+  CallRecord* target = slot(index);
+  if (std::atomic_ref<uint64_t>(target->ringIndex).load(std::memory_order_relaxed) != index) {
+    return false;
+  }
+  writeSlot(target, [&] { target->result = result; });
+  return true;
+}
+
 void RingWriter::addComm(const CommInfo& comm) {
   uint32_t index = atomicField(header_->commCount).fetch_add(1, std::memory_order_relaxed);
   if (index >= kCommTableCapacity) {

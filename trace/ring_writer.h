@@ -41,6 +41,9 @@ class RingWriter {
   // Changes the state of record `index` if it has not been overwritten since; false if it was.
   bool updateState(uint64_t index, RecordState state, int64_t startNs, int64_t completeNs);
 
+  // Stores the ncclResult_t a call returned, if record `index` has not been overwritten.
+  bool updateResult(uint64_t index, int32_t result);
+
   // Records a communicator in the header's table; counts it as dropped when the table is full.
   void addComm(const CommInfo& comm);
   void setRank(int rank, int world, int localRank);

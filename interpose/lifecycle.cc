@@ -1,0 +1,172 @@
+#include "interpose/lifecycle.h"
+
+#include "trace/identity.h"
+
+namespace ncclwatch::interpose {
+namespace {
+
+using trace::OpKind;
+
+bool accepted(ncclResult_t result) {
+  return result == ncclSuccess || result == ncclInProgress;
+}
+
+// Size, rank and device of a new communicator, asked through our own forwarding wrappers
+// (a non-blocking comm still initializing may not answer yet: then they stay unknown).
+void describeComm(ncclComm_t comm, CommCreation* creation) {
+  int value = 0;
+  if (ncclCommCount(comm, &value) == ncclSuccess) creation->nranks = value;
+  if (ncclCommUserRank(comm, &value) == ncclSuccess) creation->rank = value;
+  if (ncclCommCuDevice(comm, &value) == ncclSuccess) creation->device = value;
+}
+
+// Records a lifecycle call on an existing communicator (it takes its place in the comm's
+// sequence), makes it, and stores a failure.
+template <typename CallReal>
+ncclResult_t recordOnComm(ncclComm_t comm, OpKind op, int detail, CallReal&& callReal) {
+  CallDescription call;
+  call.op = op;
+  call.rootOrPeer = detail;
+  call.callSite = 0;
+  return recordAndCall(comm, call, callReal);
+}
+
+// A root communicator: its hash comes from the unique id, known even when init fails, so a
+// failed init is still recorded under the communicator it was meant to create.
+ncclResult_t finishRootInit(ncclResult_t result, ncclComm_t comm, const ncclUniqueId& id,
+                            int nranks, int rank) {
+  Recorder* recorder = Recorder::get();
+  if (recorder == nullptr) return result;
+  CommCreation creation;
+  creation.comm = comm;
+  creation.hash = trace::rootCommHash(&id, sizeof id);
+  creation.nranks = nranks;
+  creation.rank = rank;
+  CommEntry* entry = nullptr;
+  if (accepted(result) && comm != nullptr) {
+    describeComm(comm, &creation);
+    entry = recorder->add(creation);
+  }
+  CallDescription call;
+  call.op = OpKind::kInit;
+  call.count = static_cast<uint64_t>(nranks);
+  call.rootOrPeer = rank;
+  call.countsInSequence = false;
+  call.commHash = creation.hash;
+  recorder->finish(recorder->issue(entry, call), result);
+  return result;
+}
+
+// A split or shrink child of `parent`.
+void addChild(ncclComm_t child, CommEntry* parent, uint64_t hash, OpKind kind, int color,
+              int splitIndex, int shrinkIndex) {
+  Recorder* recorder = Recorder::get();
+  if (recorder == nullptr || child == nullptr) return;
+  CommCreation creation;
+  creation.comm = child;
+  creation.hash = hash;
+  creation.parentHash = parent != nullptr ? parent->hash : 0;
+  creation.color = color;
+  creation.splitIndex = splitIndex;
+  creation.shrinkIndex = shrinkIndex;
+  creation.kind = kind;
+  describeComm(child, &creation);
+  CommEntry* entry = recorder->add(creation);
+  CallDescription call;
+  call.op = OpKind::kInit;
+  call.count = static_cast<uint64_t>(creation.nranks);
+  call.rootOrPeer = creation.rank;
+  call.countsInSequence = false;
+  call.commHash = hash;
+  recorder->issue(entry, call);
+}
+
+}  // namespace
+
+ncclResult_t lifecycle_ncclCommInitRank(decltype(&::pncclCommInitRank) real, ncclComm_t* comm,
+                                        int nranks, ncclUniqueId commId, int rank) {
+  ncclResult_t result = real(comm, nranks, commId, rank);
+  return finishRootInit(result, comm != nullptr ? *comm : nullptr, commId, nranks, rank);
+}
+
+ncclResult_t lifecycle_ncclCommInitRankConfig(decltype(&::pncclCommInitRankConfig) real,
+                                              ncclComm_t* comm, int nranks, ncclUniqueId commId,
+                                              int rank, ncclConfig_t* config) {
+  ncclResult_t result = real(comm, nranks, commId, rank, config);
+  return finishRootInit(result, comm != nullptr ? *comm : nullptr, commId, nranks, rank);
+}
+
+ncclResult_t lifecycle_ncclCommInitRankScalable(decltype(&::pncclCommInitRankScalable) real,
+                                                ncclComm_t* newcomm, int nranks, int myrank,
+                                                int nId, ncclUniqueId* commIds,
+                                                ncclConfig_t* config) {
+  ncclResult_t result = real(newcomm, nranks, myrank, nId, commIds, config);
+  if (commIds == nullptr || nId < 1) return result;
+  return finishRootInit(result, newcomm != nullptr ? *newcomm : nullptr, commIds[0], nranks,
+                        myrank);
+}
+
+ncclResult_t lifecycle_ncclCommInitAll(decltype(&::pncclCommInitAll) real, ncclComm_t* comms,
+                                       int ndev, const int* devlist) {
+  ncclResult_t result = real(comms, ndev, devlist);
+  ncclUniqueId id;
+  if (!takeNestedUniqueId(&id) || comms == nullptr) return result;
+  for (int i = 0; i < ndev; ++i) {
+    finishRootInit(result, accepted(result) ? comms[i] : nullptr, id, ndev, i);
+  }
+  return result;
+}
+
+ncclResult_t lifecycle_ncclCommSplit(decltype(&::pncclCommSplit) real, ncclComm_t comm, int color,
+                                     int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  Recorder* recorder = Recorder::get();
+  CommEntry* parent = recorder != nullptr ? recorder->find(comm) : nullptr;
+  // NCCL counts every split of the parent, NCCL_SPLIT_NOCOLOR included.
+  int splitIndex = parent != nullptr ? parent->splitCount.fetch_add(1) + 1 : 0;
+  ncclResult_t result = recordOnComm(comm, OpKind::kSplit, color,
+                                     [&] { return real(comm, color, key, newcomm, config); });
+  if (accepted(result) && newcomm != nullptr && *newcomm != nullptr && parent != nullptr) {
+    addChild(*newcomm, parent, trace::splitCommHash(parent->hash, splitIndex, color),
+             OpKind::kSplit, color, splitIndex, 0);
+  }
+  return result;
+}
+
+ncclResult_t lifecycle_ncclCommShrink(decltype(&::pncclCommShrink) real, ncclComm_t comm,
+                                      int* excludeRanksList, int excludeRanksCount,
+                                      ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
+  Recorder* recorder = Recorder::get();
+  CommEntry* parent = recorder != nullptr ? recorder->find(comm) : nullptr;
+  int shrinkIndex = parent != nullptr ? parent->shrinkCount.fetch_add(1) + 1 : 0;
+  ncclResult_t result = recordOnComm(comm, OpKind::kShrink, excludeRanksCount, [&] {
+    return real(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags);
+  });
+  if (accepted(result) && newcomm != nullptr && *newcomm != nullptr && parent != nullptr) {
+    addChild(*newcomm, parent, trace::shrinkCommHash(parent->hash), OpKind::kShrink, -1, 0,
+             shrinkIndex);
+  }
+  return result;
+}
+
+ncclResult_t lifecycle_ncclCommFinalize(decltype(&::pncclCommFinalize) real, ncclComm_t comm) {
+  return recordOnComm(comm, OpKind::kFinalize, -1, [&] { return real(comm); });
+}
+
+ncclResult_t lifecycle_ncclCommDestroy(decltype(&::pncclCommDestroy) real, ncclComm_t comm) {
+  ncclResult_t result = recordOnComm(comm, OpKind::kDestroy, -1, [&] { return real(comm); });
+  if (Recorder* recorder = Recorder::get()) recorder->forget(comm);
+  return result;
+}
+
+ncclResult_t lifecycle_ncclCommAbort(decltype(&::pncclCommAbort) real, ncclComm_t comm) {
+  ncclResult_t result = recordOnComm(comm, OpKind::kAbort, -1, [&] { return real(comm); });
+  if (Recorder* recorder = Recorder::get()) recorder->forget(comm);
+  return result;
+}
+
+ncclResult_t lifecycle_ncclCommRevoke(decltype(&::pncclCommRevoke) real, ncclComm_t comm,
+                                      int revokeFlags) {
+  return recordOnComm(comm, OpKind::kRevoke, revokeFlags, [&] { return real(comm, revokeFlags); });
+}
+
+}  // namespace ncclwatch::interpose

@@ -1,0 +1,56 @@
+// What the wrappers do around the real call: record it, and for communicator lifecycle calls
+// keep the registry in step (identity of new communicators, split counters, destruction).
+#pragma once
+#include <nccl.h>
+
+#include "interpose/recorder.h"
+
+namespace ncclwatch::interpose {
+
+// Records a collective or p2p call, then makes it. Recording never throws into the host and
+// never takes a lock across the real call.
+template <typename CallReal>
+ncclResult_t recordAndCall(ncclComm_t comm, const CallDescription& call, CallReal&& callReal) {
+  Recorder* recorder = nullptr;
+  uint64_t index = 0;
+  try {
+    recorder = Recorder::get();
+    if (recorder != nullptr) index = recorder->issue(recorder->find(comm), call);
+  } catch (...) {
+    recorder = nullptr;
+  }
+  ncclResult_t result = callReal();
+  if (recorder != nullptr) recorder->finish(index, result);
+  return result;
+}
+
+// After a forwarded call: ncclCommInitAll gets its unique id through our ncclGetUniqueId.
+inline void afterForward(ncclResult_t result, bool nested, ncclUniqueId* id) {
+  if (nested && result == ncclSuccess && id != nullptr) rememberNestedUniqueId(*id);
+}
+template <typename Result, typename... Args>
+void afterForward(Result, bool, Args&&...) {}
+
+ncclResult_t lifecycle_ncclCommInitRank(decltype(&::pncclCommInitRank) real, ncclComm_t* comm,
+                                        int nranks, ncclUniqueId commId, int rank);
+ncclResult_t lifecycle_ncclCommInitRankConfig(decltype(&::pncclCommInitRankConfig) real,
+                                              ncclComm_t* comm, int nranks, ncclUniqueId commId,
+                                              int rank, ncclConfig_t* config);
+ncclResult_t lifecycle_ncclCommInitAll(decltype(&::pncclCommInitAll) real, ncclComm_t* comms,
+                                       int ndev, const int* devlist);
+ncclResult_t lifecycle_ncclCommInitRankScalable(decltype(&::pncclCommInitRankScalable) real,
+                                                ncclComm_t* newcomm, int nranks, int myrank,
+                                                int nId, ncclUniqueId* commIds,
+                                                ncclConfig_t* config);
+ncclResult_t lifecycle_ncclCommSplit(decltype(&::pncclCommSplit) real, ncclComm_t comm, int color,
+                                     int key, ncclComm_t* newcomm, ncclConfig_t* config);
+ncclResult_t lifecycle_ncclCommShrink(decltype(&::pncclCommShrink) real, ncclComm_t comm,
+                                      int* excludeRanksList, int excludeRanksCount,
+                                      ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags);
+ncclResult_t lifecycle_ncclCommFinalize(decltype(&::pncclCommFinalize) real, ncclComm_t comm);
+ncclResult_t lifecycle_ncclCommDestroy(decltype(&::pncclCommDestroy) real, ncclComm_t comm);
+ncclResult_t lifecycle_ncclCommAbort(decltype(&::pncclCommAbort) real, ncclComm_t comm);
+ncclResult_t lifecycle_ncclCommRevoke(decltype(&::pncclCommRevoke) real, ncclComm_t comm,
+                                      int revokeFlags);
+
+}  // namespace ncclwatch::interpose

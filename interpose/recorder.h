@@ -1,0 +1,103 @@
+// The in-process recorder behind the wrappers: configuration, the ring file, and the
+// communicator registry that gives every call its (comm, seq). Created lazily on the first
+// recorded NCCL call, never in a constructor; a fork() child starts over with its own file.
+#pragma once
+#include <nccl.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "trace/record.h"
+
+namespace ncclwatch::interpose {
+
+// One communicator as the recorder tracks it. Entries are never freed (a destroyed comm's slot
+// becomes a tombstone), so a pointer held across the real NCCL call stays valid.
+struct CommEntry {
+  std::atomic<ncclComm_t> key{nullptr};
+  uint64_t hash = 0;
+  uint64_t parentHash = 0;
+  int nranks = 0;
+  int rank = 0;
+  std::atomic<uint64_t> seq{0};          // every operation issued on the comm
+  std::atomic<uint64_t> collectives{0};  // NCCL's per-type counters
+  std::atomic<uint64_t> pointToPoint{0};
+  std::atomic<int> splitCount{0};   // NCCL's per-parent split counter (NOCOLOR counts)
+  std::atomic<int> shrinkCount{0};  // ours: NCCL gives two shrinks the same hash
+  std::atomic<uint64_t> rollingHash{0};
+  std::atomic<uint64_t>* sendSeq = nullptr;  // per peer, nranks entries
+  std::atomic<uint64_t>* recvSeq = nullptr;
+};
+
+struct CommCreation {
+  ncclComm_t comm = nullptr;
+  uint64_t hash = 0;
+  uint64_t parentHash = 0;
+  int nranks = 0;
+  int rank = 0;
+  int device = -1;
+  int color = -1;
+  int splitIndex = 0;
+  int shrinkIndex = 0;
+  trace::OpKind kind = trace::OpKind::kInit;
+};
+
+// What a recorded call looks like before it is issued.
+struct CallDescription {
+  trace::OpKind op = trace::OpKind::kUnknown;
+  uint64_t count = 0;
+  int dtype = 0;
+  int redop = 0;
+  int rootOrPeer = -1;
+  uint64_t stream = 0;
+  uint64_t callSite = 0;
+  bool countsInSequence = true;  // false for init: a comm's seq starts with its first operation
+  uint64_t commHash = 0;         // used when there is no CommEntry (e.g. a failed init)
+};
+
+class Recorder {
+ public:
+  // The process's recorder, or null when recording is off (NCCLWATCH_ENABLE=0) or the trace
+  // file could not be created (said once on stderr).
+  static Recorder* get();
+
+  CommEntry* find(ncclComm_t comm);
+  CommEntry* add(const CommCreation& creation);
+  void forget(ncclComm_t comm);
+
+  // Appends the call's record (seq, fingerprint, p2p sequence...) and returns its ring index.
+  uint64_t issue(CommEntry* comm, const CallDescription& call);
+  // After the real call returned: a failure marks the record failed with its result.
+  void finish(uint64_t index, ncclResult_t result);
+
+  const char* tracePath() const;
+
+ private:
+  Recorder() = default;
+  bool open();
+  friend struct RecorderAccess;
+};
+
+// Thread-local nesting of NCCL calls: NCCL calls some of its own exported functions through
+// the PLT (ncclBcast → ncclBroadcast, GetAsyncError inside every collective); only the
+// outermost call is the user's.
+class CallScope {
+ public:
+  CallScope();
+  ~CallScope();
+  bool outermost() const { return outermost_; }
+
+ private:
+  bool outermost_;
+};
+
+int groupDepth();
+void enterGroup();
+void leaveGroup();
+
+// The unique id that NCCL's ncclCommInitAll obtained through our ncclGetUniqueId wrapper, so
+// that its communicators get their real commHash.
+void rememberNestedUniqueId(const ncclUniqueId& id);
+bool takeNestedUniqueId(ncclUniqueId* id);
+
+}  // namespace ncclwatch::interpose

@@ -1,0 +1,216 @@
+// libncclwatch.so as a user meets it: it exports nothing but NCCL's API and its own C API,
+// loads with nothing but libc and libstdc++, wraps every host function NCCL exports, and records
+// exactly the calls a program makes, with communicator ids that agree across ranks.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "job.h"
+#include "trace/ring_reader.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using ncclwatch::trace::CallRecord;
+using ncclwatch::trace::OpKind;
+using ncclwatch::trace::TraceFile;
+
+std::string command(const std::string& line) {
+  FILE* pipe = popen(line.c_str(), "r");
+  std::string out;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
+  pclose(pipe);
+  return out;
+}
+
+std::set<std::string> exportedNames(const std::string& library) {
+  std::istringstream lines(command("nm -D --defined-only " + library + " | awk '{print $3}'"));
+  std::set<std::string> names;
+  for (std::string name; std::getline(lines, name);) {
+    if (!name.empty()) names.insert(name);
+  }
+  return names;
+}
+
+const std::string kPreload = NCCLWATCH_PRELOAD;
+
+TEST(ExportSurface, OnlyNcclApiAndOurCApi) {
+  std::regex allowed("^(nccl[A-Z][A-Za-z0-9_]*|ncclProfiler_v[0-9]+|ncclwatch[A-Za-z0-9_]*)$");
+  std::set<std::string> names = exportedNames(kPreload);
+  ASSERT_FALSE(names.empty());
+  for (const std::string& name : names) {
+    EXPECT_TRUE(std::regex_match(name, allowed)) << name << " must not be exported";
+    EXPECT_NE(name.rfind("pnccl", 0), 0u) << "pnccl* belong to NCCL";
+  }
+  std::istringstream needed(
+      command("readelf -d " + kPreload + " | sed -n 's/.*Shared library: \\[\\(.*\\)\\]/\\1/p'"));
+  std::regex allowedLibrary("^(libc|libm|libstdc\\+\\+|libgcc_s|ld-linux-x86-64)\\.so.*");
+  for (std::string library; std::getline(needed, library);) {
+    EXPECT_TRUE(std::regex_match(library, allowedLibrary)) << library << " would load into hosts";
+  }
+}
+
+TEST(ExportSurface, EveryHostFunctionOfRealNcclIsWrapped) {
+  std::set<std::string> ours = exportedNames(kPreload);
+  // The device-API host helpers need no recording: a kernel does that communication.
+  std::regex deviceApi("^nccl(DevComm|Team|Lsa|Gin|LLA2A).*|^ncclResetDebugInitInternal$");
+  int checked = 0;
+  for (const std::string& name :
+       exportedNames(std::string(NCCLWATCH_REAL_CUDA_LIB_DIR) + "/libnccl.so.2")) {
+    if (name.rfind("nccl", 0) != 0 || std::regex_match(name, deviceApi)) continue;
+    EXPECT_TRUE(ours.count(name)) << name << " is not wrapped";
+    ++checked;
+  }
+  EXPECT_EQ(checked, 41);
+}
+
+testsupport::JobSpec preloaded(const std::string& program, int ranks, const std::string& logDir,
+                               std::vector<std::string> args = {}) {
+  testsupport::JobSpec spec;
+  spec.program = program;
+  spec.args = std::move(args);
+  spec.ranks = ranks;
+  spec.env = {{"LD_PRELOAD", kPreload}, {"NCCLWATCH_DIR", logDir}};
+  return spec;
+}
+
+std::vector<TraceFile> readAll(const std::string& directory) {
+  std::vector<TraceFile> files;
+  for (const auto& entry : std::filesystem::directory_iterator(directory)) {
+    if (entry.path().extension() == ".ncclwatch") {
+      files.push_back(ncclwatch::trace::readTraceFile(entry.path()));
+    }
+  }
+  std::sort(files.begin(), files.end(),
+            [](const TraceFile& a, const TraceFile& b) { return a.header.rank < b.header.rank; });
+  return files;
+}
+
+std::string freshDirectory(const std::string& name) {
+  std::string directory =
+      std::string(testing::TempDir()) + "/nw-" + name + "-" + std::to_string(getpid());
+  std::filesystem::remove_all(directory);
+  return directory;
+}
+
+TEST(Recording, BcastIsRecordedOnce) {
+  std::string logs = freshDirectory("bcast");
+  testsupport::Job job(preloaded(NCCLWATCH_BCAST_PROBE, 1, logs));
+  ASSERT_TRUE(job.waitExit(30s));
+  ASSERT_EQ(job.exitStatus(0), 0) << job.output(0);
+  std::vector<TraceFile> files = readAll(logs);
+  ASSERT_EQ(files.size(), 1u);
+  std::map<OpKind, int> counts;
+  for (const CallRecord& record : files[0].records) ++counts[record.op];
+  EXPECT_EQ(counts[OpKind::kBroadcast], 1);
+  EXPECT_EQ(counts[OpKind::kInit], 1);
+  EXPECT_EQ(counts[OpKind::kDestroy], 1);
+  EXPECT_EQ(files[0].header.cleanShutdown, 1u);
+}
+
+// train_loop on 8 ranks, 3 steps: each rank's file holds exactly the calls it made, with
+// contiguous sequences per communicator and communicator ids that agree across ranks.
+TEST(Recording, TrainLoopFilesHoldExactlyTheCallsMade) {
+  constexpr int kRanks = 8, kSteps = 3, kTp = 2;
+  std::string logs = freshDirectory("train");
+  testsupport::Job job(preloaded(std::string(NCCLWATCH_BUILD_DIR) + "/examples/train_loop", kRanks,
+                                 logs, {"--steps", std::to_string(kSteps), "--quiet"}));
+  ASSERT_TRUE(job.waitExit(120s));
+  for (int rank = 0; rank < kRanks; ++rank) ASSERT_EQ(job.exitStatus(rank), 0) << job.output(rank);
+  std::vector<TraceFile> files = readAll(logs);
+  ASSERT_EQ(files.size(), static_cast<size_t>(kRanks));
+  std::map<int, uint64_t> worldHashByRank, tpHashByRank, dpHashByRank;
+  for (const TraceFile& file : files) {
+    SCOPED_TRACE("rank " + std::to_string(file.header.rank));
+    EXPECT_TRUE(file.problems.empty());
+    EXPECT_EQ(file.header.cleanShutdown, 1u);
+    std::map<OpKind, int> counts;
+    std::map<uint64_t, uint64_t> lastSeq;
+    for (const CallRecord& record : file.records) {
+      ++counts[record.op];
+      EXPECT_EQ(record.result, 0);
+      if (record.op == OpKind::kInit) continue;
+      EXPECT_EQ(record.seq, lastSeq[record.commHash] + 1) << "sequence gap";
+      lastSeq[record.commHash] = record.seq;
+    }
+    // Per step: TP allreduce, 3 bucket allreduces, barrier allreduce; allgather; reducescatter;
+    // one send and one receive; the learning-rate broadcast. Plus the start broadcast.
+    EXPECT_EQ(counts[OpKind::kAllReduce], 5 * kSteps);
+    EXPECT_EQ(counts[OpKind::kAllGather], kSteps);
+    EXPECT_EQ(counts[OpKind::kReduceScatter], kSteps);
+    EXPECT_EQ(counts[OpKind::kSend], kSteps);
+    EXPECT_EQ(counts[OpKind::kRecv], kSteps);
+    EXPECT_EQ(counts[OpKind::kBroadcast], kSteps + 1);
+    EXPECT_EQ(counts[OpKind::kInit], 3);
+    EXPECT_EQ(counts[OpKind::kSplit], 2);
+    EXPECT_EQ(counts[OpKind::kDestroy], 3);
+    ASSERT_EQ(file.comms.size(), 3u);
+    worldHashByRank[file.header.rank] = file.comms[0].commHash;
+    tpHashByRank[file.header.rank] = file.comms[1].commHash;
+    dpHashByRank[file.header.rank] = file.comms[2].commHash;
+    EXPECT_EQ(file.comms[1].parentHash, file.comms[0].commHash);
+  }
+  for (int rank = 0; rank < kRanks; ++rank) {
+    EXPECT_EQ(worldHashByRank[rank], worldHashByRank[0]);
+    // Split children agree exactly within their group and differ across groups.
+    EXPECT_EQ(tpHashByRank[rank], tpHashByRank[rank - rank % kTp]);
+    EXPECT_EQ(dpHashByRank[rank], dpHashByRank[rank % kTp]);
+    if (rank >= kTp) {
+      EXPECT_NE(tpHashByRank[rank], tpHashByRank[0]);
+    }
+  }
+  EXPECT_NE(dpHashByRank[0], dpHashByRank[1]);
+}
+
+// A rank SIGKILLed in a hang leaves a file that reads, holding its calls up to the kill.
+TEST(Recording, SigkilledRankFileStillReads) {
+  std::string logs = freshDirectory("killed");
+  testsupport::Job job(preloaded(std::string(NCCLWATCH_BUILD_DIR) + "/examples/train_loop", 4, logs,
+                                 {"--steps", "5", "--bug", "skip:rank=1,step=2"}));
+  ASSERT_TRUE(job.waitUntilQuiet(1500ms, 60s));
+  job.signalAll(SIGKILL);
+  ASSERT_TRUE(job.waitExit(10s));
+  std::vector<TraceFile> files = readAll(logs);
+  ASSERT_EQ(files.size(), 4u);
+  for (const TraceFile& file : files) {
+    EXPECT_TRUE(file.usable);
+    EXPECT_EQ(file.header.cleanShutdown, 0u);
+    EXPECT_GT(file.records.size(), 20u);
+  }
+  std::string shown = command(std::string(NCCLWATCH_BINARY) + " show " + files[1].path);
+  EXPECT_NE(shown.find("ended: not cleanly"), std::string::npos) << shown;
+  EXPECT_NE(shown.find("AllReduce"), std::string::npos);
+}
+
+// Plain real NCCL, no sim: init fails without a GPU driver; the error passes through unchanged
+// and is recorded under the communicator it was meant to create.
+TEST(RealNccl, InitErrorPassesThroughAndIsRecorded) {
+  std::string logs = freshDirectory("real");
+  testsupport::JobSpec spec =
+      preloaded(std::string(NCCLWATCH_BUILD_DIR) + "/examples/nccl_probe", 1, logs);
+  spec.useSim = false;
+  spec.env.push_back({"LD_LIBRARY_PATH", NCCLWATCH_REAL_CUDA_LIB_DIR});
+  testsupport::Job job(spec);
+  ASSERT_TRUE(job.waitExit(60s));
+  EXPECT_NE(job.output(0).find("ncclCommInitRank: 1 (unhandled cuda error"), std::string::npos)
+      << job.output(0);
+  std::vector<TraceFile> files = readAll(logs);
+  ASSERT_EQ(files.size(), 1u);
+  ASSERT_EQ(files[0].records.size(), 1u);
+  EXPECT_EQ(files[0].records[0].op, OpKind::kInit);
+  EXPECT_EQ(files[0].records[0].result, 1);
+  EXPECT_EQ(files[0].records[0].state, ncclwatch::trace::RecordState::kFailed);
+  EXPECT_NE(files[0].records[0].commHash, 0u);
+  EXPECT_EQ(files[0].header.ncclVersion, 22809);
+}
+
+}  // namespace
