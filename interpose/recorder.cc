@@ -22,11 +22,18 @@ namespace {
 constexpr size_t kCommTableSize = 4096;  // open addressing; far above any real process's count
 constexpr uint32_t kDefaultRingRecords = 32768;  // 4 MiB of records
 
-struct State {
+}  // namespace
+
+// The process's recorder and everything it owns.
+struct RecorderState final : Recorder {
   trace::RingWriter writer;
   CommEntry comms[kCommTableSize];
   std::mutex addMutex;  // serializes adds (init/split paths only, never the hot path)
 };
+
+namespace {
+
+using State = RecorderState;
 
 std::atomic<State*> g_state{nullptr};
 std::atomic<bool> g_disabled{false};
@@ -145,11 +152,11 @@ bool takeNestedUniqueId(ncclUniqueId* id) {
 
 Recorder* Recorder::get() {
   if (State* state = g_state.load(std::memory_order_acquire)) {
-    return reinterpret_cast<Recorder*>(state);
+    return state;
   }
   if (g_disabled.load(std::memory_order_relaxed)) return nullptr;
   std::lock_guard<std::mutex> lock(g_initMutex);
-  if (State* state = g_state.load()) return reinterpret_cast<Recorder*>(state);
+  if (State* state = g_state.load()) return state;
   const char* enable = envText("NCCLWATCH_ENABLE");
   if (enable != nullptr && (std::strcmp(enable, "0") == 0 || std::strcmp(enable, "off") == 0)) {
     g_disabled.store(true);
@@ -182,11 +189,11 @@ Recorder* Recorder::get() {
   ncclGetVersion(&version);  // through our own forwarding wrapper
   state->writer.setNcclLibrary(version, "");
   g_state.store(state, std::memory_order_release);
-  return reinterpret_cast<Recorder*>(state);
+  return state;
 }
 
 CommEntry* Recorder::find(ncclComm_t comm) {
-  auto* state = reinterpret_cast<State*>(this);
+  auto* state = static_cast<State*>(this);
   size_t start = slotFor(comm);
   for (size_t probe = 0; probe < kCommTableSize; ++probe) {
     CommEntry& entry = state->comms[(start + probe) & (kCommTableSize - 1)];
@@ -198,7 +205,7 @@ CommEntry* Recorder::find(ncclComm_t comm) {
 }
 
 CommEntry* Recorder::add(const CommCreation& creation) {
-  auto* state = reinterpret_cast<State*>(this);
+  auto* state = static_cast<State*>(this);
   std::lock_guard<std::mutex> lock(state->addMutex);
   if (CommEntry* existing = find(creation.comm)) return existing;
   size_t start = slotFor(creation.comm);
@@ -241,7 +248,7 @@ void Recorder::forget(ncclComm_t comm) {
 }
 
 uint64_t Recorder::issue(CommEntry* comm, const CallDescription& call) {
-  auto* state = reinterpret_cast<State*>(this);
+  auto* state = static_cast<State*>(this);
   trace::CallRecord record{};
   record.op = call.op;
   record.count = call.count;
@@ -285,13 +292,13 @@ uint64_t Recorder::issue(CommEntry* comm, const CallDescription& call) {
 
 void Recorder::finish(uint64_t index, ncclResult_t result) {
   if (result == ncclSuccess || result == ncclInProgress) return;
-  auto* state = reinterpret_cast<State*>(this);
+  auto* state = static_cast<State*>(this);
   state->writer.updateState(index, trace::RecordState::kFailed, 0, 0);
   state->writer.updateResult(index, static_cast<int32_t>(result));
 }
 
 const char* Recorder::tracePath() const {
-  return reinterpret_cast<const State*>(this)->writer.path().c_str();
+  return static_cast<const State*>(this)->writer.path().c_str();
 }
 
 }  // namespace ncclwatch::interpose

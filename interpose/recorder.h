@@ -74,8 +74,7 @@ class Recorder {
 
  private:
   Recorder() = default;
-  bool open();
-  friend struct RecorderAccess;
+  friend struct RecorderState;  // the one concrete recorder, defined in recorder.cc
 };
 
 // Thread-local nesting of NCCL calls: NCCL calls some of its own exported functions through

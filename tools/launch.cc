@@ -103,18 +103,14 @@ void drain(int& fd, std::string& pending, const std::string& prefix, FILE* out, 
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n == 0 || (n < 0 && errno != EAGAIN) || atEnd) {
-      if (n == 0 || atEnd) {
-        if (!pending.empty()) {
-          pending.push_back('\n');
-          std::string lines = takeCompleteLines(pending, prefix);
-          std::fwrite(lines.data(), 1, lines.size(), out);
-        }
-        if (n == 0) {
-          close(fd);
-          fd = -1;
-        }
-      }
+    if ((n == 0 || atEnd) && !pending.empty()) {  // the rank's last line had no newline
+      pending.push_back('\n');
+      std::string lines = takeCompleteLines(pending, prefix);
+      std::fwrite(lines.data(), 1, lines.size(), out);
+    }
+    if (n == 0 || (n < 0 && errno != EAGAIN)) {  // end of output, or a broken pipe
+      close(fd);
+      fd = -1;
     }
     break;
   }
