@@ -135,6 +135,27 @@ TEST(SkipBug, EachRankWaitsWhereExpected) {
   for (int rank = 0; rank < 8; ++rank) EXPECT_TRUE(job.alive(rank));
 }
 
+// The same bug with one data-parallel group spanning the world (--tp 1): the seven others wait
+// inside the very collective rank 3 skipped, and rank 3 waits in its next call.
+TEST(SkipBug, TheOtherSevenWaitInsideThatCollective) {
+  JobSpec spec = trainLoop(8, {"--tp", "1", "--steps", "8", "--bug", "skip:rank=3,step=5"});
+  spec.env = {{"NCCLSIM_DEBUG", "1"}, {"NCCLSIM_DEBUG_WAIT_MS", "500"}};
+  Job job(spec);
+  ASSERT_TRUE(job.waitForOutput(3, "AllReduce(2048 x float sum) waits: mismatch", 60s))
+      << allOutput(job);
+  for (int rank = 0; rank < 8; ++rank) {
+    if (rank == 3) continue;
+    EXPECT_TRUE(job.waitForOutput(
+        rank, "AllReduce(4096 x float sum) waits: mismatch with rank 3 AllReduce(2048", 10s))
+        << job.output(rank);
+  }
+  EXPECT_EQ(lastVerifiedStep(job.output(0)), 4);
+  double before = job.cpuSeconds();
+  std::this_thread::sleep_for(2s);
+  EXPECT_LT((job.cpuSeconds() - before) / 2.0, 0.05);
+  for (int rank = 0; rank < 8; ++rank) EXPECT_TRUE(job.alive(rank));
+}
+
 TEST(Scale, SixtyFourRankAllReduceLoop) {
   JobSpec spec;
   spec.program = example("allreduce_loop");
