@@ -19,24 +19,14 @@ uint64_t combine(uint64_t seed, uint64_t value) {
 
 }  // namespace
 
-bool hasReduction(OpKind op) {
-  return op == OpKind::kAllReduce || op == OpKind::kReduce || op == OpKind::kReduceScatter;
-}
-
-bool hasRoot(OpKind op) {
-  return op == OpKind::kBroadcast || op == OpKind::kReduce || op == OpKind::kGather ||
-         op == OpKind::kScatter;
-}
-
 uint64_t fingerprint(const CallShape& shape) {
-  uint64_t h = combine(0, static_cast<uint64_t>(shape.op));
-  h = combine(h, shape.count);
-  h = combine(h, shape.dtype);
-  if (hasReduction(shape.op)) h = combine(h, shape.redop);
+  // The small fields share one word, so the whole shape costs two mixes on the hot path.
+  uint64_t packed = static_cast<uint64_t>(shape.op) | static_cast<uint64_t>(shape.dtype) << 8;
+  if (hasReduction(shape.op)) packed |= static_cast<uint64_t>(shape.redop) << 16;
   if (hasRoot(shape.op) || isPointToPoint(shape.op)) {
-    h = combine(h, static_cast<uint64_t>(static_cast<uint32_t>(shape.rootOrPeer)));
+    packed |= static_cast<uint64_t>(static_cast<uint32_t>(shape.rootOrPeer)) << 32;
   }
-  return h;
+  return mix(mix(packed) ^ shape.count);
 }
 
 uint64_t rollingHash(uint64_t previous, uint64_t fingerprintValue) {

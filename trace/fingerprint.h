@@ -27,7 +27,12 @@ inline constexpr uint64_t kRollingSeed = 0x6e63636c77617463ull;  // "ncclwatc"
 uint64_t rollingHash(uint64_t previous, uint64_t fingerprint);
 
 // Whether the op's fingerprint includes a reduction operator / a root.
-bool hasReduction(OpKind op);
-bool hasRoot(OpKind op);
+inline constexpr bool hasReduction(OpKind op) {
+  return op == OpKind::kAllReduce || op == OpKind::kReduce || op == OpKind::kReduceScatter;
+}
+inline constexpr bool hasRoot(OpKind op) {
+  return op == OpKind::kBroadcast || op == OpKind::kReduce || op == OpKind::kGather ||
+         op == OpKind::kScatter;
+}
 
 }  // namespace ncclwatch::trace

@@ -53,14 +53,4 @@ const char* opName(OpKind op) {
   return "Unknown";
 }
 
-bool isCollective(OpKind op) {
-  return op >= OpKind::kAllReduce && op <= OpKind::kScatter;
-}
-bool isPointToPoint(OpKind op) {
-  return op == OpKind::kSend || op == OpKind::kRecv;
-}
-bool isLifecycle(OpKind op) {
-  return op >= OpKind::kInit && op <= OpKind::kRevoke;
-}
-
 }  // namespace ncclwatch::trace

@@ -51,9 +51,16 @@ enum RecordFlags : uint8_t {
 };
 
 const char* opName(OpKind op);
-bool isCollective(OpKind op);
-bool isPointToPoint(OpKind op);
-bool isLifecycle(OpKind op);
+// Inline: the recorder asks these on every call.
+inline constexpr bool isCollective(OpKind op) {
+  return op >= OpKind::kAllReduce && op <= OpKind::kScatter;
+}
+inline constexpr bool isPointToPoint(OpKind op) {
+  return op == OpKind::kSend || op == OpKind::kRecv;
+}
+inline constexpr bool isLifecycle(OpKind op) {
+  return op >= OpKind::kInit && op <= OpKind::kRevoke;
+}
 
 // 128 bytes, naturally aligned, no padding holes: written with plain stores into a shared
 // mapping and read by another process, so its layout is the file format (docs/format.md).
