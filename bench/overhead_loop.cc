@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -38,7 +39,12 @@ long resident_kib() {
 int main(int argc, char** argv) {
   int batches = argc > 1 ? std::atoi(argv[1]) : 200;
   int calls_per_batch = argc > 2 ? std::atoi(argv[2]) : 1000;
-  check(batches > 0 && calls_per_batch > 0, "arguments (BATCHES CALLS_PER_BATCH)");
+  // A pause after each batch, outside the timed region: it gives ncclwatch's watchdog time to
+  // see the batch's completion events and return their pairs to the pool, as a training step's
+  // compute would.
+  int pause_us = argc > 3 ? std::atoi(argv[3]) : 0;
+  check(batches > 0 && calls_per_batch > 0 && pause_us >= 0,
+        "arguments (BATCHES CALLS_PER_BATCH [PAUSE_US])");
 
   check(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
   ncclUniqueId id;
@@ -58,6 +64,7 @@ int main(int argc, char** argv) {
     auto end = std::chrono::steady_clock::now();
     // Drain outside the timed region so queued stream work never piles up.
     check(cudaStreamSynchronize(stream) == cudaSuccess, "cudaStreamSynchronize");
+    if (pause_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
     return std::chrono::duration<double, std::nano>(end - start).count() / calls_per_batch;
   };
 

@@ -46,6 +46,7 @@ ncclResult_t finishRootInit(ncclResult_t result, ncclComm_t comm, const ncclUniq
   if (accepted(result) && comm != nullptr) {
     describeComm(comm, &creation);
     entry = recorder->add(creation);
+    recorder->communicatorCreated();
   }
   CallDescription call;
   call.op = OpKind::kInit;
@@ -53,7 +54,7 @@ ncclResult_t finishRootInit(ncclResult_t result, ncclComm_t comm, const ncclUniq
   call.rootOrPeer = rank;
   call.countsInSequence = false;
   call.commHash = creation.hash;
-  recorder->finish(recorder->issue(entry, call), result);
+  recorder->finish(recorder->issue(entry, call), comm, result);
   return result;
 }
 
@@ -72,13 +73,14 @@ void addChild(ncclComm_t child, CommEntry* parent, uint64_t hash, OpKind kind, i
   creation.kind = kind;
   describeComm(child, &creation);
   CommEntry* entry = recorder->add(creation);
+  recorder->communicatorCreated();
   CallDescription call;
   call.op = OpKind::kInit;
   call.count = static_cast<uint64_t>(creation.nranks);
   call.rootOrPeer = creation.rank;
   call.countsInSequence = false;
   call.commHash = hash;
-  recorder->issue(entry, call);
+  recorder->finish(recorder->issue(entry, call), child, ncclSuccess);
 }
 
 }  // namespace
@@ -159,6 +161,9 @@ ncclResult_t lifecycle_ncclCommDestroy(decltype(&::pncclCommDestroy) real, ncclC
 }
 
 ncclResult_t lifecycle_ncclCommAbort(decltype(&::pncclCommAbort) real, ncclComm_t comm) {
+  if (Recorder* recorder = Recorder::get()) {
+    if (CommEntry* entry = recorder->find(comm)) recorder->communicatorAborted(entry->hash);
+  }
   ncclResult_t result = recordOnComm(comm, OpKind::kAbort, -1, [&] { return real(comm); });
   if (Recorder* recorder = Recorder::get()) recorder->forget(comm);
   return result;
@@ -167,6 +172,30 @@ ncclResult_t lifecycle_ncclCommAbort(decltype(&::pncclCommAbort) real, ncclComm_
 ncclResult_t lifecycle_ncclCommRevoke(decltype(&::pncclCommRevoke) real, ncclComm_t comm,
                                       int revokeFlags) {
   return recordOnComm(comm, OpKind::kRevoke, revokeFlags, [&] { return real(comm, revokeFlags); });
+}
+
+ncclResult_t groupEnd(decltype(&::pncclGroupEnd) real) {
+  leaveGroup();
+  Recorder* recorder = nullptr;
+  if (groupDepth() == 0) {
+    try {
+      recorder = Recorder::get();
+    } catch (...) {
+      recorder = nullptr;
+    }
+  }
+  if (recorder != nullptr) recorder->beforeGroupEnd();
+  ncclResult_t result = real();
+  if (recorder != nullptr) recorder->afterGroupEnd(result);
+  return result;
+}
+
+void afterForward(ncclResult_t result, bool nested, ncclComm_t comm, ncclResult_t* asyncError) {
+  if (nested || result != ncclSuccess || asyncError == nullptr) return;
+  try {
+    if (Recorder* recorder = Recorder::get()) recorder->asyncErrorPolled(comm, *asyncError);
+  } catch (...) {
+  }
 }
 
 }  // namespace ncclwatch::interpose

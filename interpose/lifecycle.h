@@ -3,6 +3,7 @@
 #pragma once
 #include <nccl.h>
 
+#include "interpose/nvtx_ranges.h"
 #include "interpose/recorder.h"
 
 namespace ncclwatch::interpose {
@@ -12,24 +13,37 @@ namespace ncclwatch::interpose {
 template <typename CallReal>
 ncclResult_t recordAndCall(ncclComm_t comm, const CallDescription& call, CallReal&& callReal) {
   Recorder* recorder = nullptr;
-  uint64_t index = 0;
+  IssuedCall issued;
   try {
     recorder = Recorder::get();
-    if (recorder != nullptr) index = recorder->issue(recorder->find(comm), call);
+    if (recorder != nullptr) issued = recorder->issue(recorder->find(comm), call);
   } catch (...) {
     recorder = nullptr;
   }
+  bool ranged = recorder != nullptr && nvtxRangesEnabled();
+  if (ranged) nvtxPushCall(call.op, issued.commHash, issued.seq, call.count, call.dtype);
   ncclResult_t result = callReal();
-  if (recorder != nullptr) recorder->finish(index, result);
+  if (ranged) nvtxPopCall();
+  if (recorder != nullptr) recorder->finish(issued, comm, result);
   return result;
 }
 
-// After a forwarded call: ncclCommInitAll gets its unique id through our ncclGetUniqueId.
+// After a forwarded call: ncclCommInitAll gets its unique id through our ncclGetUniqueId, and
+// a non-blocking communicator's deferred completion events wait for ncclCommGetAsyncError.
 inline void afterForward(ncclResult_t result, bool nested, ncclUniqueId* id) {
   if (nested && result == ncclSuccess && id != nullptr) rememberNestedUniqueId(*id);
 }
+void afterForward(ncclResult_t result, bool nested, ncclComm_t comm, ncclResult_t* asyncError);
 template <typename Result, typename... Args>
 void afterForward(Result, bool, Args&&...) {}
+
+// ncclGroupStart/End as the user calls them: nesting per thread, and at the outermost
+// ncclGroupEnd completion events for the streams the group's calls used.
+inline ncclResult_t groupStart(decltype(&::pncclGroupStart) real) {
+  enterGroup();
+  return real();
+}
+ncclResult_t groupEnd(decltype(&::pncclGroupEnd) real);
 
 ncclResult_t lifecycle_ncclCommInitRank(decltype(&::pncclCommInitRank) real, ncclComm_t* comm,
                                         int nranks, ncclUniqueId commId, int rank);

@@ -6,21 +6,54 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <strings.h>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
+#include <span>
 #include <string>
 
 #include "trace/fingerprint.h"
 #include "trace/ring_writer.h"
+#include "watchdog/agent.h"
 
 namespace ncclwatch::interpose {
 namespace {
 
 constexpr size_t kCommTableSize = 4096;  // open addressing; far above any real process's count
 constexpr uint32_t kDefaultRingRecords = 32768;  // 4 MiB of records
+constexpr int kDefaultPollMs = 100;
+constexpr int kMaxBatchCalls = 512;   // records of one ncclGroupStart/End with events
+constexpr int kMaxBatchStreams = 32;  // distinct streams of one group with events
+
+// Calls whose "after" events wait for one moment: the outermost ncclGroupEnd, or a non-blocking
+// communicator's ncclCommGetAsyncError reporting the enqueue done.
+struct BatchCall {
+  uint64_t index;
+  uint64_t stream;
+  uint64_t commHash;
+  bool failed;
+};
+struct StreamTicket {
+  uint64_t stream;
+  watchdog::Ticket ticket;
+};
+struct Batch {
+  BatchCall calls[kMaxBatchCalls];
+  StreamTicket streams[kMaxBatchStreams];
+  int callCount = 0;
+  int streamCount = 0;
+  ncclComm_t comm = nullptr;  // the communicator to wait on while deferred
+};
+// Per application thread, allocated at its first group or deferred call (never on later calls).
+struct ThreadBatches {
+  Batch group;
+  Batch deferred;
+  bool haveDeferred = false;
+};
 
 }  // namespace
 
@@ -29,6 +62,9 @@ struct RecorderState final : Recorder {
   trace::RingWriter writer;
   CommEntry comms[kCommTableSize];
   std::mutex addMutex;  // serializes adds (init/split paths only, never the hot path)
+  watchdog::AgentOptions agentOptions;
+  // Set once the watchdog thread runs with completion tracking; read on every call.
+  std::atomic<watchdog::CompletionTracker*> completion{nullptr};
 };
 
 namespace {
@@ -48,6 +84,20 @@ NCCLWATCH_TLS int t_groupDepth = 0;
 NCCLWATCH_TLS int t_threadId = 0;
 NCCLWATCH_TLS bool t_haveNestedId = false;
 NCCLWATCH_TLS ncclUniqueId t_nestedId;
+NCCLWATCH_TLS ThreadBatches* t_batches = nullptr;
+pthread_key_t g_batchesKey;
+std::once_flag g_batchesKeyOnce;
+
+ThreadBatches* threadBatches() {
+  if (t_batches != nullptr) return t_batches;
+  std::call_once(g_batchesKeyOnce, [] {
+    pthread_key_create(&g_batchesKey,
+                       [](void* batches) { delete static_cast<ThreadBatches*>(batches); });
+  });
+  t_batches = new (std::nothrow) ThreadBatches();
+  if (t_batches != nullptr) pthread_setspecific(g_batchesKey, t_batches);
+  return t_batches;
+}
 
 int64_t monotonicNs() {
   timespec now{};
@@ -87,18 +137,43 @@ std::string jobId() {
   return "job-" + std::to_string(getpid());
 }
 
-uint32_t ringRecords() {
-  const char* text = envText("NCCLWATCH_RING_RECORDS");
-  if (text == nullptr) return kDefaultRingRecords;
+// A whole number in [low, high] from the environment; a bad value is said once and replaced.
+unsigned long envCount(const char* name, unsigned long low, unsigned long high,
+                       unsigned long fallback) {
+  const char* text = envText(name);
+  if (text == nullptr) return fallback;
   char* end = nullptr;
+  errno = 0;
   unsigned long value = std::strtoul(text, &end, 10);
-  if (*end != '\0' || value < trace::kMinRingCapacity || value > trace::kMaxRingCapacity) {
-    std::fprintf(stderr,
-                 "[ncclwatch] NCCLWATCH_RING_RECORDS=%s is not a count in [%u, %u]; using %u\n",
-                 text, trace::kMinRingCapacity, trace::kMaxRingCapacity, kDefaultRingRecords);
-    return kDefaultRingRecords;
+  if (*end != '\0' || errno != 0 || *text == '-' || value < low || value > high) {
+    std::fprintf(stderr, "[ncclwatch] %s=%s is not a whole number in [%lu, %lu]; using %lu\n", name,
+                 text, low, high, fallback);
+    return fallback;
   }
-  return static_cast<uint32_t>(value);
+  return value;
+}
+
+// on/off settings: 1/on/yes/true or 0/off/no/false.
+bool envSwitch(const char* name, bool fallback) {
+  const char* text = envText(name);
+  if (text == nullptr) return fallback;
+  for (const char* on : {"1", "on", "yes", "true"}) {
+    if (strcasecmp(text, on) == 0) return true;
+  }
+  for (const char* off : {"0", "off", "no", "false"}) {
+    if (strcasecmp(text, off) == 0) return false;
+  }
+  std::fprintf(stderr, "[ncclwatch] %s=%s is not on or off; using %s\n", name, text,
+               fallback ? "on" : "off");
+  return fallback;
+}
+
+trace::TraceMode traceMode() {
+  const char* text = envText("NCCLWATCH_TRACE");
+  if (text == nullptr || std::strcmp(text, "ring") == 0) return trace::TraceMode::kRing;
+  if (std::strcmp(text, "full") == 0) return trace::TraceMode::kFull;
+  std::fprintf(stderr, "[ncclwatch] NCCLWATCH_TRACE=%s is not ring or full; using ring\n", text);
+  return trace::TraceMode::kRing;
 }
 
 size_t slotFor(ncclComm_t comm) {
@@ -157,8 +232,7 @@ Recorder* Recorder::get() {
   if (g_disabled.load(std::memory_order_relaxed)) return nullptr;
   std::lock_guard<std::mutex> lock(g_initMutex);
   if (State* state = g_state.load()) return state;
-  const char* enable = envText("NCCLWATCH_ENABLE");
-  if (enable != nullptr && (std::strcmp(enable, "0") == 0 || std::strcmp(enable, "off") == 0)) {
+  if (!envSwitch("NCCLWATCH_ENABLE", true)) {
     g_disabled.store(true);
     return nullptr;
   }
@@ -177,7 +251,12 @@ Recorder* Recorder::get() {
   if (!makeDirectories(directory)) {
     error = directory + ": cannot create the log folder: " + std::strerror(errno);
   } else {
-    state->writer.open(path, ringRecords(), info, &error);
+    trace::RingOptions options;
+    options.capacity =
+        static_cast<uint32_t>(envCount("NCCLWATCH_RING_RECORDS", trace::kMinRingCapacity,
+                                       trace::kMaxRingCapacity, kDefaultRingRecords));
+    options.mode = traceMode();
+    state->writer.open(path, options, info, &error);
   }
   if (!state->writer.isOpen()) {
     std::fprintf(stderr, "[ncclwatch] recording off: %s\n", error.c_str());
@@ -185,6 +264,9 @@ Recorder* Recorder::get() {
     g_disabled.store(true);
     return nullptr;
   }
+  state->agentOptions.events = envSwitch("NCCLWATCH_EVENTS", true);
+  state->agentOptions.pollMs =
+      static_cast<int>(envCount("NCCLWATCH_POLL_MS", 1, 60000, kDefaultPollMs));
   int version = 0;
   ncclGetVersion(&version);  // through our own forwarding wrapper
   state->writer.setNcclLibrary(version, "");
@@ -247,8 +329,90 @@ void Recorder::forget(ncclComm_t comm) {
   }
 }
 
-uint64_t Recorder::issue(CommEntry* comm, const CallDescription& call) {
+namespace {
+
+bool tracksCompletion(trace::OpKind op) {
+  return trace::isCollective(op) || trace::isPointToPoint(op);
+}
+
+bool batchHasRoom(const Batch& batch, uint64_t stream) {
+  if (batch.callCount == kMaxBatchCalls) return false;
+  for (int i = 0; i < batch.streamCount; ++i) {
+    if (batch.streams[i].stream == stream) return true;
+  }
+  return batch.streamCount < kMaxBatchStreams;
+}
+
+// Adds a call to a batch; false when the batch is full (the call then goes untracked).
+bool addToBatch(Batch& batch, const IssuedCall& issued) {
+  if (!batchHasRoom(batch, issued.stream)) return false;
+  bool knownStream = false;
+  for (int i = 0; i < batch.streamCount; ++i)
+    knownStream |= batch.streams[i].stream == issued.stream;
+  if (!knownStream) batch.streams[batch.streamCount++] = {issued.stream, watchdog::kNoTicket};
+  batch.calls[batch.callCount++] = {issued.index, issued.stream, issued.commHash, false};
+  return true;
+}
+
+// Records the "after" event of each stream of the batch and hands its calls to the poller.
+void submitBatch(watchdog::CompletionTracker& completion, Batch& batch) {
+  for (int s = 0; s < batch.streamCount; ++s) {
+    StreamTicket& stream = batch.streams[s];
+    if (stream.ticket == watchdog::kNoTicket) continue;
+    uint64_t indices[kMaxBatchCalls];
+    size_t count = 0;
+    uint64_t commHash = 0;
+    for (int c = 0; c < batch.callCount; ++c) {
+      const BatchCall& call = batch.calls[c];
+      if (call.stream != stream.stream || call.failed) continue;
+      indices[count++] = call.index;
+      commHash = call.commHash;
+    }
+    if (count == 0 || !completion.recordAfter(stream.ticket, stream.stream)) {
+      if (count == 0) completion.abandon(stream.ticket);
+      continue;
+    }
+    completion.submit(stream.ticket, std::span<const uint64_t>(indices, count), commHash, true);
+  }
+  batch.callCount = 0;
+  batch.streamCount = 0;
+  batch.comm = nullptr;
+}
+
+// Single calls are deferred as a batch of one, with the ticket already taken.
+void deferCall(watchdog::CompletionTracker& completion, const IssuedCall& issued, ncclComm_t comm) {
+  ThreadBatches* batches = threadBatches();
+  if (batches == nullptr) {
+    completion.abandon(issued.ticket);
+    return;
+  }
+  if (batches->haveDeferred && batches->deferred.comm != comm) {
+    submitBatch(completion, batches->deferred);  // best effort: one deferral at a time
+  }
+  Batch& batch = batches->deferred;
+  batches->haveDeferred = true;
+  batch.comm = comm;
+  if (!addToBatch(batch, issued)) {
+    completion.abandon(issued.ticket);
+    return;
+  }
+  for (int s = 0; s < batch.streamCount; ++s) {
+    if (batch.streams[s].stream != issued.stream) continue;
+    if (batch.streams[s].ticket != watchdog::kNoTicket) {
+      completion.abandon(issued.ticket);  // the stream's first deferred call holds the pair
+    } else {
+      batch.streams[s].ticket = issued.ticket;
+    }
+  }
+}
+
+}  // namespace
+
+IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
   auto* state = static_cast<State*>(this);
+  IssuedCall issued;
+  issued.op = call.op;
+  issued.stream = call.stream;
   trace::CallRecord record{};
   record.op = call.op;
   record.count = call.count;
@@ -261,40 +425,166 @@ uint64_t Recorder::issue(CommEntry* comm, const CallDescription& call) {
   record.threadId = threadId();
   record.groupDepth = static_cast<uint16_t>(t_groupDepth);
   record.state = trace::RecordState::kIssued;
-  record.flags = trace::kRecordNoEvents | (t_groupDepth > 0 ? trace::kRecordInGroup : 0);
+  record.flags = t_groupDepth > 0 ? trace::kRecordInGroup : 0;
   record.commHash = call.commHash;
   if (comm != nullptr) {
     record.commHash = comm->hash;
-    if (call.countsInSequence) record.seq = comm->seq.fetch_add(1, std::memory_order_relaxed) + 1;
+    // NCCL requires the calls on one communicator to be serialized, so the per-comm counters
+    // need no read-modify-write: a relaxed load and store keep them cheap and untorn.
+    if (call.countsInSequence) {
+      record.seq = comm->seq.load(std::memory_order_relaxed) + 1;
+      comm->seq.store(record.seq, std::memory_order_relaxed);
+    }
     bool p2p = trace::isPointToPoint(call.op);
     if (trace::isCollective(call.op)) {
-      record.ncclSeqNumber = comm->collectives.fetch_add(1, std::memory_order_relaxed);
+      record.ncclSeqNumber = comm->collectives.load(std::memory_order_relaxed);
+      comm->collectives.store(record.ncclSeqNumber + 1, std::memory_order_relaxed);
     } else if (p2p) {
-      record.ncclSeqNumber = comm->pointToPoint.fetch_add(1, std::memory_order_relaxed);
+      record.ncclSeqNumber = comm->pointToPoint.load(std::memory_order_relaxed);
+      comm->pointToPoint.store(record.ncclSeqNumber + 1, std::memory_order_relaxed);
     }
     if (p2p && call.rootOrPeer >= 0 && call.rootOrPeer < comm->nranks) {
-      auto* perPeer = call.op == trace::OpKind::kSend ? comm->sendSeq : comm->recvSeq;
-      record.p2pSeq = perPeer[call.rootOrPeer].fetch_add(1, std::memory_order_relaxed) + 1;
+      auto& perPeer =
+          (call.op == trace::OpKind::kSend ? comm->sendSeq : comm->recvSeq)[call.rootOrPeer];
+      record.p2pSeq = perPeer.load(std::memory_order_relaxed) + 1;
+      perPeer.store(record.p2pSeq, std::memory_order_relaxed);
     }
     if (trace::isCollective(call.op) || p2p) {
       record.fingerprint =
           trace::fingerprint({call.op, call.count, record.dtype, record.redop, call.rootOrPeer});
-      // One thread issues a comm's calls in order (NCCL requires it), so load-then-store is
-      // enough; the atomic only keeps concurrent misuse from tearing the value.
       uint64_t rolling =
           trace::rollingHash(comm->rollingHash.load(std::memory_order_relaxed), record.fingerprint);
       comm->rollingHash.store(rolling, std::memory_order_relaxed);
       record.rollingHash = rolling;
     }
   }
-  return state->writer.append(record);
+  issued.commHash = record.commHash;
+  issued.seq = record.seq;
+
+  // Completion: events around the call, or at the outermost GroupEnd for grouped calls.
+  watchdog::CompletionTracker* completion = state->completion.load(std::memory_order_acquire);
+  bool tracked = false;
+  if (completion != nullptr && tracksCompletion(call.op)) {
+    watchdog::StreamCheck check = completion->checkStream(call.stream);
+    if (check == watchdog::StreamCheck::kCaptured) {
+      record.flags |= trace::kRecordCaptured;
+    } else if (check == watchdog::StreamCheck::kTrackable) {
+      if (t_groupDepth > 0) {
+        ThreadBatches* batches = threadBatches();
+        tracked = issued.inGroupBatch =
+            batches != nullptr && batchHasRoom(batches->group, call.stream);
+      } else {
+        issued.ticket = completion->recordBefore(call.stream);
+        tracked = issued.ticket != watchdog::kNoTicket;
+      }
+    }
+  }
+  if (!tracked) record.flags |= trace::kRecordNoEvents;
+  issued.index = state->writer.append(record);
+  if (issued.inGroupBatch) addToBatch(t_batches->group, issued);
+  return issued;
 }
 
-void Recorder::finish(uint64_t index, ncclResult_t result) {
-  if (result == ncclSuccess || result == ncclInProgress) return;
+void Recorder::finish(const IssuedCall& issued, ncclComm_t comm, ncclResult_t result) {
   auto* state = static_cast<State*>(this);
-  state->writer.updateState(index, trace::RecordState::kFailed, 0, 0);
-  state->writer.updateResult(index, static_cast<int32_t>(result));
+  watchdog::CompletionTracker* completion = state->completion.load(std::memory_order_acquire);
+  bool failed = result != ncclSuccess && result != ncclInProgress;
+  if (failed) {
+    state->writer.updateState(issued.index, trace::RecordState::kFailed, 0, 0);
+    state->writer.updateResult(issued.index, static_cast<int32_t>(result));
+  }
+  if (issued.ticket != watchdog::kNoTicket && completion != nullptr) {
+    if (failed) {
+      completion->abandon(issued.ticket);
+    } else if (result == ncclInProgress) {
+      deferCall(*completion, issued, comm);
+    } else if (completion->recordAfter(issued.ticket, issued.stream)) {
+      completion->submit(issued.ticket, std::span<const uint64_t>(&issued.index, 1),
+                         issued.commHash, true);
+    }
+  } else if (issued.inGroupBatch && failed) {
+    Batch& batch = t_batches->group;
+    for (int c = batch.callCount - 1; c >= 0; --c) {
+      if (batch.calls[c].index == issued.index) batch.calls[c].failed = true;
+    }
+  } else if (issued.inGroupBatch) {
+    t_batches->group.comm = comm;
+  } else if (!failed && !tracksCompletion(issued.op) && result == ncclSuccess) {
+    // Lifecycle calls are host-synchronous: done when they return.
+    int64_t now = monotonicNs();
+    state->writer.updateState(issued.index, trace::RecordState::kCompleted, now, now);
+  }
+}
+
+void Recorder::communicatorCreated() {
+  auto* state = static_cast<State*>(this);
+  watchdog::Agent* agent = watchdog::Agent::start(state->writer, state->agentOptions);
+  if (watchdog::CompletionTracker* completion = agent->completion()) {
+    completion->prepareCurrentContext();
+    state->completion.store(completion, std::memory_order_release);
+  }
+}
+
+void Recorder::beforeGroupEnd() {
+  auto* state = static_cast<State*>(this);
+  watchdog::CompletionTracker* completion = state->completion.load(std::memory_order_acquire);
+  if (completion == nullptr || t_batches == nullptr) return;
+  Batch& batch = t_batches->group;
+  for (int s = 0; s < batch.streamCount; ++s) {
+    batch.streams[s].ticket = completion->recordBefore(batch.streams[s].stream);
+  }
+}
+
+void Recorder::afterGroupEnd(ncclResult_t result) {
+  auto* state = static_cast<State*>(this);
+  watchdog::CompletionTracker* completion = state->completion.load(std::memory_order_acquire);
+  if (completion == nullptr || t_batches == nullptr) return;
+  Batch& batch = t_batches->group;
+  if (result == ncclInProgress) {
+    // A non-blocking group enqueues later: its after events wait for ncclCommGetAsyncError.
+    if (t_batches->haveDeferred) submitBatch(*completion, t_batches->deferred);
+    std::swap(t_batches->group, t_batches->deferred);
+    t_batches->haveDeferred = true;
+    t_batches->group.callCount = t_batches->group.streamCount = 0;
+    return;
+  }
+  if (result != ncclSuccess) {
+    for (int s = 0; s < batch.streamCount; ++s) {
+      if (batch.streams[s].ticket != watchdog::kNoTicket)
+        completion->abandon(batch.streams[s].ticket);
+    }
+    for (int c = 0; c < batch.callCount; ++c) {
+      state->writer.updateState(batch.calls[c].index, trace::RecordState::kFailed, 0, 0);
+      state->writer.updateResult(batch.calls[c].index, static_cast<int32_t>(result));
+    }
+    batch.callCount = batch.streamCount = 0;
+    return;
+  }
+  submitBatch(*completion, batch);
+}
+
+void Recorder::asyncErrorPolled(ncclComm_t comm, ncclResult_t asyncError) {
+  if (t_batches == nullptr || !t_batches->haveDeferred || t_batches->deferred.comm != comm) return;
+  if (asyncError == ncclInProgress) return;
+  auto* state = static_cast<State*>(this);
+  watchdog::CompletionTracker* completion = state->completion.load(std::memory_order_acquire);
+  Batch& batch = t_batches->deferred;
+  if (asyncError != ncclSuccess) {
+    for (int c = 0; c < batch.callCount; ++c) {
+      batch.calls[c].failed = true;
+      state->writer.updateState(batch.calls[c].index, trace::RecordState::kFailed, 0, 0);
+      state->writer.updateResult(batch.calls[c].index, static_cast<int32_t>(asyncError));
+    }
+  }
+  if (completion != nullptr) submitBatch(*completion, batch);
+  t_batches->haveDeferred = false;
+}
+
+void Recorder::communicatorAborted(uint64_t commHash) {
+  auto* state = static_cast<State*>(this);
+  if (watchdog::CompletionTracker* completion = state->completion.load()) {
+    completion->markAborted(commHash);
+  }
 }
 
 const char* Recorder::tracePath() const {

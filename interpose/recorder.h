@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "trace/record.h"
+#include "watchdog/completion.h"
 
 namespace ncclwatch::interpose {
 
@@ -55,6 +56,17 @@ struct CallDescription {
   uint64_t commHash = 0;         // used when there is no CommEntry (e.g. a failed init)
 };
 
+// What issue() decided for a call, carried to finish() after the real call returned.
+struct IssuedCall {
+  uint64_t index = 0;  // ring index of the record
+  uint64_t commHash = 0;
+  uint64_t seq = 0;
+  uint64_t stream = 0;
+  trace::OpKind op = trace::OpKind::kUnknown;
+  watchdog::Ticket ticket = watchdog::kNoTicket;  // events recorded around this call alone
+  bool inGroupBatch = false;                      // events come at the outermost ncclGroupEnd
+};
+
 class Recorder {
  public:
   // The process's recorder, or null when recording is off (NCCLWATCH_ENABLE=0) or the trace
@@ -65,10 +77,24 @@ class Recorder {
   CommEntry* add(const CommCreation& creation);
   void forget(ncclComm_t comm);
 
-  // Appends the call's record (seq, fingerprint, p2p sequence...) and returns its ring index.
-  uint64_t issue(CommEntry* comm, const CallDescription& call);
-  // After the real call returned: a failure marks the record failed with its result.
-  void finish(uint64_t index, ncclResult_t result);
+  // Appends the call's record (seq, fingerprint, p2p sequence...) and, for a collective or
+  // p2p call outside a group, records the "before" completion event on its stream.
+  IssuedCall issue(CommEntry* comm, const CallDescription& call);
+  // After the real call returned: records the "after" event (or defers it while a non-blocking
+  // comm is still enqueueing), marks a host-synchronous lifecycle call completed and a failure
+  // failed with its result.
+  void finish(const IssuedCall& issued, ncclComm_t comm, ncclResult_t result);
+
+  // A new communicator exists: the watchdog thread starts (once) and the current CUDA context
+  // gets its event pool.
+  void communicatorCreated();
+  // Around the outermost ncclGroupEnd: events for every stream the group's calls used.
+  void beforeGroupEnd();
+  void afterGroupEnd(ncclResult_t result);
+  // ncclCommGetAsyncError said `comm` finished enqueueing: deferred events are recorded now.
+  void asyncErrorPolled(ncclComm_t comm, ncclResult_t asyncError);
+  // ncclCommAbort: the comm's pending records end as aborted.
+  void communicatorAborted(uint64_t commHash);
 
   const char* tracePath() const;
 

@@ -78,8 +78,8 @@ namespace ni = ncclwatch::interpose;
   extern "C" NCCLWATCH_EXPORT ncclResult_t name() { \
     NCCLWATCH_RESOLVE(name, ncclSystemError);       \
     ni::CallScope scope;                            \
-    if (scope.outermost()) ni::hook();              \
-    return real();                                  \
+    if (!scope.outermost()) return real();          \
+    return ni::hook(real);                          \
   }
 
 // ncclResetDebugInit is deprecated in nccl.h, yet still exported: it is wrapped like the rest.

@@ -84,6 +84,15 @@ const char* stateName(trace::RecordState state) {
   return "?";
 }
 
+// The table's trailing notes: how far a record's state can be trusted.
+std::string flagNotes(uint8_t flags) {
+  std::string notes;
+  if (flags & trace::kRecordInGroup) notes += " group";
+  if (flags & trace::kRecordCaptured) notes += " captured";
+  if (flags & trace::kRecordNoEvents) notes += " untracked";
+  return notes;
+}
+
 void printTable(const TraceFile& file, std::ostream& out) {
   const trace::RingHeader& h = file.header;
   char line[512];
@@ -134,7 +143,7 @@ void printTable(const TraceFile& file, std::ostream& out) {
                   milliseconds(r.issueNs, h.anchorMonotonicNs).c_str(),
                   milliseconds(r.startNs, h.anchorMonotonicNs).c_str(),
                   milliseconds(r.completeNs, h.anchorMonotonicNs).c_str(), r.result,
-                  (r.flags & trace::kRecordCaptured) ? " captured" : "");
+                  flagNotes(r.flags).c_str());
     out << line;
   }
 }
@@ -175,6 +184,8 @@ void printJson(const TraceFile& file, std::ostream& out) {
         << redopName(r.redop) << "\",\"root_or_peer\":" << r.rootOrPeer << ",\"state\":\""
         << stateName(r.state)
         << "\",\"captured\":" << ((r.flags & trace::kRecordCaptured) ? "true" : "false")
+        << ",\"no_events\":" << ((r.flags & trace::kRecordNoEvents) ? "true" : "false")
+        << ",\"in_group\":" << ((r.flags & trace::kRecordInGroup) ? "true" : "false")
         << ",\"fingerprint\":\"" << hex(r.fingerprint) << "\",\"stream\":\"" << hex(r.stream)
         << "\",\"issue_ns\":" << r.issueNs << ",\"start_ns\":" << r.startNs
         << ",\"complete_ns\":" << r.completeNs << ",\"result\":" << r.result

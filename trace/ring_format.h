@@ -1,8 +1,11 @@
 // The ring file's header (docs/format.md): a fixed 16 KiB region at offset 0, then `capacity`
 // CallRecord slots. The file is a MAP_SHARED mapping of the process that writes it, so it is
-// the trace itself and survives SIGKILL and segfaults.
+// the trace itself and survives SIGKILL and segfaults. In continuous mode segments of persisted
+// records follow the slots, appended by a background writer.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "trace/record.h"
@@ -15,6 +18,12 @@ inline constexpr uint32_t kRingHeaderBytes = 16384;
 inline constexpr uint32_t kCommTableCapacity = 96;
 inline constexpr uint32_t kMinRingCapacity = 16;
 inline constexpr uint32_t kMaxRingCapacity = 1u << 24;
+
+// RingHeader::traceMode. Values are part of the file format.
+enum class TraceMode : uint32_t {
+  kRing = 0,  // only the ring: the newest `capacity` records
+  kFull = 1,  // continuous: segments after the ring keep every record persisted in time
+};
 
 // One communicator as this process knows it. 128 bytes.
 struct CommInfo {
@@ -55,15 +64,63 @@ struct RingHeader {
   uint64_t droppedComms;      // communicators that did not fit in the table
   uint64_t droppedRecords;    // records not written (full-trace writer behind)
   uint32_t cleanShutdown;     // 1 once the process ended normally
-  uint32_t reserved0;
+  uint32_t traceMode;         // TraceMode (was reserved: 0, ring, in older files)
   char host[64];
   char ncclLibrary[256];  // path of the real libnccl in use
   char jobId[64];
-  uint8_t reserved1[512 - 480];
+  // Continuous mode (atomic, written by the persisting thread): every ring index below
+  // persistedRecords is in a segment or counted in droppedRecords; the segments written so far
+  // end at file offset persistedBytes (0 while there is none).
+  uint64_t persistedRecords;
+  uint64_t persistedBytes;
+  uint8_t reserved1[512 - 496];
   CommInfo comms[kCommTableCapacity];
 };
+static_assert(offsetof(RingHeader, droppedRecords) == 80);
+static_assert(offsetof(RingHeader, traceMode) == 92);
+static_assert(offsetof(RingHeader, host) == 96);
+static_assert(offsetof(RingHeader, jobId) == 416);
+static_assert(offsetof(RingHeader, persistedRecords) == 480);
+static_assert(offsetof(RingHeader, persistedBytes) == 488);
 static_assert(offsetof(RingHeader, comms) == 512);
 static_assert(sizeof(RingHeader) <= kRingHeaderBytes);
 static_assert(std::is_trivially_copyable_v<RingHeader>);
+
+// Continuous mode: segments follow the ring slots back to back, from file offset
+// kRingHeaderBytes + capacity * sizeof(CallRecord). Each is a SegmentHeader and then
+// `recordCount` records with the consecutive ring indices firstIndex, firstIndex + 1, ... Every
+// segment's size is a multiple of 32 bytes, so a reader can resynchronize on 32-byte steps.
+inline constexpr char kSegmentMagic[8] = {'N', 'W', 'S', 'E', 'G', 'M', 'N', 'T'};
+inline constexpr uint32_t kMaxSegmentRecords = 1u << 16;
+
+struct SegmentHeader {
+  char magic[8];
+  uint64_t firstIndex;   // ring index of the first record
+  uint32_t recordCount;  // 1 .. kMaxSegmentRecords
+  uint32_t reserved;     // 0
+  uint64_t checksum;     // segmentChecksum() of firstIndex, recordCount and the records
+};
+static_assert(sizeof(SegmentHeader) == 32);
+static_assert(sizeof(CallRecord) % sizeof(SegmentHeader) == 0);
+static_assert(std::is_trivially_copyable_v<SegmentHeader>);
+
+// A 64-bit checksum of a segment: every step (xor a word, rotate, multiply by an odd constant)
+// is a bijection, so any change confined to one 8-byte word always changes the result.
+inline uint64_t segmentChecksum(uint64_t firstIndex, uint32_t recordCount, const void* records) {
+  auto step = [](uint64_t hash, uint64_t word) {
+    hash ^= word;
+    hash = (hash << 27) | (hash >> 37);
+    return hash * 0x9e3779b97f4a7c15ull;
+  };
+  uint64_t hash = step(step(0x6e77736567637263ull, firstIndex), recordCount);
+  const auto* bytes = static_cast<const unsigned char*>(records);
+  size_t words = static_cast<size_t>(recordCount) * (sizeof(CallRecord) / 8);
+  for (size_t i = 0; i < words; ++i) {
+    uint64_t word;
+    std::memcpy(&word, bytes + i * 8, sizeof word);
+    hash = step(hash, word);
+  }
+  return hash ^ (hash >> 31);
+}
 
 }  // namespace ncclwatch::trace

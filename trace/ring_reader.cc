@@ -32,10 +32,8 @@ bool copyStableSlot(const std::byte* slot, CallRecord* out) {
   return false;
 }
 
-// Field checks of one record: the first invalid field, or empty when the record is valid.
-std::string invalidField(const CallRecord& record, uint64_t slotIndex, uint32_t capacity) {
-  if ((record.ringIndex & (capacity - 1)) != slotIndex)
-    return "ringIndex does not belong to this slot";
+// Field checks of one record but its ringIndex: the first invalid field, or empty when valid.
+std::string invalidContent(const CallRecord& record) {
   if (record.op == OpKind::kUnknown || record.op >= OpKind::kCount) return "op out of range";
   if (record.state == RecordState::kEmpty || record.state > RecordState::kAborted) {
     return "state out of range";
@@ -43,6 +41,122 @@ std::string invalidField(const CallRecord& record, uint64_t slotIndex, uint32_t 
   if (record.dtype > 31) return "dtype out of range";
   if (record.issueNs < 0 || record.startNs < 0 || record.completeNs < 0) return "negative time";
   return {};
+}
+
+std::string invalidField(const CallRecord& record, uint64_t slotIndex, uint32_t capacity) {
+  if ((record.ringIndex & (capacity - 1)) != slotIndex)
+    return "ringIndex does not belong to this slot";
+  return invalidContent(record);
+}
+
+std::string at(uint64_t offset) {
+  return "segment at offset " + std::to_string(offset);
+}
+
+// The next 32-byte step after `from` where a segment magic starts, or `size` if none.
+uint64_t resync(std::span<const std::byte> bytes, uint64_t from) {
+  uint64_t size = bytes.size();
+  for (uint64_t pos = from + sizeof(SegmentHeader);
+       pos < size && size - pos >= sizeof kSegmentMagic; pos += sizeof(SegmentHeader)) {
+    if (std::memcmp(bytes.data() + pos, kSegmentMagic, sizeof kSegmentMagic) == 0) return pos;
+  }
+  return size;
+}
+
+// Records [0, count) of the segment whose records start at `recordsAt`, checked one by one.
+void takeSegmentRecords(TraceFile& file, std::span<const std::byte> bytes, uint64_t recordsAt,
+                        uint64_t firstIndex, uint64_t count, std::vector<CallRecord>& out) {
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t offset = recordsAt + i * sizeof(CallRecord);
+    CallRecord record;
+    std::memcpy(&record, bytes.data() + offset, sizeof record);
+    std::string invalid = record.ringIndex != firstIndex + i
+                              ? "ringIndex " + std::to_string(record.ringIndex) +
+                                    " where the segment expects " + std::to_string(firstIndex + i)
+                              : invalidContent(record);
+    if (!invalid.empty()) {
+      problem(file, offset, "segment record " + std::to_string(firstIndex + i) + ": " + invalid);
+      continue;
+    }
+    out.push_back(record);
+    ++file.segmentRecords;
+  }
+}
+
+// Continuous mode: the segments from `start` to the end of the file. Bad ones are named and
+// skipped; a truncated last one gives the records it holds in full.
+void readSegments(TraceFile& file, std::span<const std::byte> bytes, uint64_t start,
+                  std::vector<CallRecord>& out) {
+  uint64_t size = bytes.size();
+  uint64_t pos = start;
+  bool truncated = false;
+  while (pos < size) {
+    if (size - pos < sizeof(SegmentHeader)) {
+      problem(file, pos,
+              at(pos) + " truncated: " + std::to_string(size - pos) + " of " +
+                  std::to_string(sizeof(SegmentHeader)) + " header bytes present");
+      truncated = true;
+      break;
+    }
+    SegmentHeader segment;
+    std::memcpy(&segment, bytes.data() + pos, sizeof segment);
+    std::string bad;
+    if (std::memcmp(segment.magic, kSegmentMagic, sizeof kSegmentMagic) != 0) {
+      bad = "bad magic";
+    } else if (segment.recordCount == 0 || segment.recordCount > kMaxSegmentRecords) {
+      bad = "record count " + std::to_string(segment.recordCount) + " out of range";
+    }
+    if (!bad.empty()) {
+      uint64_t next = resync(bytes, pos);
+      problem(file, pos,
+              at(pos) + ": " + bad + ", skipped " +
+                  (next < size ? "to offset " + std::to_string(next) : "to the end of the file"));
+      pos = next;
+      continue;
+    }
+    uint64_t recordsAt = pos + sizeof(SegmentHeader);
+    uint64_t count = segment.recordCount;
+    uint64_t present = (size - recordsAt) / sizeof(CallRecord);
+    if (present < count) {
+      problem(file, pos,
+              at(pos) + " truncated: " + std::to_string(present) + " of " + std::to_string(count) +
+                  " records present");
+      ++file.segments;
+      takeSegmentRecords(file, bytes, recordsAt, segment.firstIndex, present, out);
+      truncated = true;
+      break;
+    }
+    uint64_t end = recordsAt + count * sizeof(CallRecord);
+    if (segmentChecksum(segment.firstIndex, segment.recordCount, bytes.data() + recordsAt) !=
+        segment.checksum) {
+      problem(file, pos,
+              at(pos) + ": checksum mismatch, its " + std::to_string(count) + " records skipped");
+      pos = end;
+      continue;
+    }
+    ++file.segments;
+    takeSegmentRecords(file, bytes, recordsAt, segment.firstIndex, count, out);
+    pos = end;
+  }
+  uint64_t committed = file.header.persistedBytes;
+  if (!truncated && committed > size) {
+    problem(file, size,
+            "file truncated: it ends at offset " + std::to_string(size) +
+                ", the header says segments end at " + std::to_string(committed));
+  }
+}
+
+// One record per ring index, in order; of several, the last in `records` wins.
+void keepNewest(std::vector<CallRecord>& records) {
+  std::stable_sort(records.begin(), records.end(), [](const CallRecord& a, const CallRecord& b) {
+    return a.ringIndex < b.ringIndex;
+  });
+  size_t kept = 0;
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (i + 1 < records.size() && records[i + 1].ringIndex == records[i].ringIndex) continue;
+    records[kept++] = records[i];
+  }
+  records.resize(kept);
 }
 
 }  // namespace
@@ -74,12 +188,19 @@ TraceFile parseTrace(std::span<const std::byte> bytes, const std::string& path) 
     return file;
   }
   file.usable = true;
+  if (h.traceMode > static_cast<uint32_t>(TraceMode::kFull)) {
+    problem(file, offsetof(RingHeader, traceMode),
+            "traceMode " + std::to_string(h.traceMode) + " is unknown: read as full");
+  }
+  file.continuous = h.traceMode != static_cast<uint32_t>(TraceMode::kRing);
+  bool capacityValid = true;
   uint64_t capacity = h.capacity;
   uint64_t slotsInFile =
       bytes.size() > kRingHeaderBytes ? (bytes.size() - kRingHeaderBytes) / sizeof(CallRecord) : 0;
   if (!isPowerOfTwo(capacity) || capacity < kMinRingCapacity || capacity > kMaxRingCapacity) {
     problem(file, offsetof(RingHeader, capacity),
             "capacity " + std::to_string(capacity) + " is not a power of two in range");
+    capacityValid = false;
     // Salvage what the file holds: the largest power of two that fits.
     capacity = kMinRingCapacity;
     while (capacity * 2 <= slotsInFile && capacity * 2 <= kMaxRingCapacity) capacity *= 2;
@@ -128,8 +249,29 @@ TraceFile parseTrace(std::span<const std::byte> bytes, const std::string& path) 
     }
     file.records.push_back(record);
   }
-  std::sort(file.records.begin(), file.records.end(),
-            [](const CallRecord& a, const CallRecord& b) { return a.ringIndex < b.ringIndex; });
+  file.ringRecords = file.records.size();
+  if (!file.continuous) {
+    keepNewest(file.records);
+    return file;
+  }
+
+  std::vector<CallRecord> all;
+  uint64_t ringEnd = kRingHeaderBytes + capacity * sizeof(CallRecord);
+  if (!capacityValid) {
+    problem(file, ringEnd,
+            "segments not read: the ring's capacity, hence their offset, is unknown");
+  } else if (slotsInFile >= capacity) {
+    readSegments(file, bytes, ringEnd, all);
+  }
+  // The ring's copies go last: of two copies of one record, the ring's is the newer.
+  all.insert(all.end(), file.records.begin(), file.records.end());
+  keepNewest(all);
+  file.records = std::move(all);
+  uint64_t end = h.nextIndex;
+  if (!file.records.empty() && file.records.back().ringIndex >= end) {
+    end = std::max(file.records.back().ringIndex, file.records.back().ringIndex + 1);
+  }
+  file.lostRecords = end > file.records.size() ? end - file.records.size() : 0;
   return file;
 }
 

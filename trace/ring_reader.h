@@ -22,9 +22,19 @@ struct TraceFile {
   bool usable = false;  // false: not a trace of a version this reader knows; nothing salvaged
   RingHeader header{};  // as read (fields may be the ones the problems name)
   std::vector<CommInfo> comms;
-  std::vector<CallRecord> records;  // valid records, in ring-index (issue) order
-  uint64_t slotsPresent = 0;        // slots fully inside the file
-  uint64_t emptySlots = 0;          // never written
+  // Valid records, in ring-index (issue) order, one per ring index: in continuous mode those of
+  // the segments and of the ring together (the ring's copy wins: it is the newer).
+  std::vector<CallRecord> records;
+  uint64_t slotsPresent = 0;  // slots fully inside the file
+  uint64_t emptySlots = 0;    // never written
+  uint64_t ringRecords = 0;   // valid records read from the slots
+  // Continuous mode (header traceMode full).
+  bool continuous = false;
+  uint64_t segments = 0;        // segments read, valid or salvaged from a truncated tail
+  uint64_t segmentRecords = 0;  // valid records read from segments
+  // Ring indices below max(nextIndex, last index + 1) with no valid record: the writer's
+  // droppedRecords plus whatever damage, truncation or a crash cost. 0 in ring mode.
+  uint64_t lostRecords = 0;
   std::vector<TraceProblem> problems;
 };
 

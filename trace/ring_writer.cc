@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 namespace ncclwatch::trace {
 namespace {
@@ -45,6 +46,76 @@ void writeSlot(CallRecord* slot, Body body) {
   version.store(inside + 1, std::memory_order_release);
 }
 
+// A slot's contents are stored and loaded with relaxed atomic operations: plain moves on every
+// target, but a persisting thread that copies a slot while an application thread rewrites it
+// then reads torn values only (which the seqlock discards), never races in the C++ sense, and
+// thread sanitizer agrees. Layout: 14 words of fields, 4 bytes of small fields, slotVersion,
+// ringIndex.
+constexpr size_t kBodyWords = offsetof(CallRecord, redop) / 8;
+static_assert(offsetof(CallRecord, redop) == kBodyWords * 8);
+static_assert(offsetof(CallRecord, slotVersion) == offsetof(CallRecord, redop) + 4);
+static_assert(offsetof(CallRecord, ringIndex) == 120);
+
+uint64_t* words(CallRecord* slot) {
+  return reinterpret_cast<uint64_t*>(slot);
+}
+uint32_t* smallFields(CallRecord* slot) {
+  return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(slot) + offsetof(CallRecord, redop));
+}
+
+// Every field but slotVersion and ringIndex.
+void storeBody(CallRecord* slot, const CallRecord& record) {
+  const auto* source = reinterpret_cast<const unsigned char*>(&record);
+#pragma GCC unroll 16
+  for (size_t i = 0; i < kBodyWords; ++i) {
+    uint64_t word;
+    std::memcpy(&word, source + i * 8, sizeof word);
+    std::atomic_ref<uint64_t>(words(slot)[i]).store(word, std::memory_order_relaxed);
+  }
+  uint32_t small;
+  std::memcpy(&small, &record.redop, sizeof small);
+  std::atomic_ref<uint32_t>(*smallFields(slot)).store(small, std::memory_order_relaxed);
+}
+
+// The reader's protocol on the live ring: a copy between two equal, even reads of slotVersion.
+bool loadStableSlot(CallRecord* slot, CallRecord* out) {
+  auto version = std::atomic_ref<uint32_t>(slot->slotVersion);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    uint32_t before = version.load(std::memory_order_acquire);
+    if (before & 1u) continue;
+    // Acquire loads (a background thread can afford them) keep the second read of the version
+    // after the copy without a fence.
+    uint64_t body[kBodyWords];
+    for (size_t i = 0; i < kBodyWords; ++i) {
+      body[i] = std::atomic_ref<uint64_t>(words(slot)[i]).load(std::memory_order_acquire);
+    }
+    uint32_t small = std::atomic_ref<uint32_t>(*smallFields(slot)).load(std::memory_order_acquire);
+    uint64_t ringIndex = std::atomic_ref<uint64_t>(slot->ringIndex).load(std::memory_order_acquire);
+    if (version.load(std::memory_order_relaxed) != before) continue;
+    std::memcpy(out, body, sizeof body);
+    std::memcpy(&out->redop, &small, sizeof small);
+    out->slotVersion = before;
+    out->ringIndex = ringIndex;
+    return true;
+  }
+  return false;
+}
+
+bool isFinal(const CallRecord& record, int64_t now) {
+  switch (record.state) {
+    case RecordState::kCompleted:
+    case RecordState::kFailed:
+    case RecordState::kAborted:
+      return true;
+    case RecordState::kIssued:
+      // No completion will come; a failing call's result still does, when the call returns.
+      return (record.flags & (kRecordNoEvents | kRecordCaptured)) != 0 &&
+             now - record.issueNs >= RingWriter::kNoEventsGraceNs;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 uint32_t ringCapacityFor(uint32_t requested) {
@@ -59,8 +130,14 @@ RingWriter::~RingWriter() {
 
 bool RingWriter::open(const std::string& path, uint32_t capacity, const ProcessInfo& info,
                       std::string* error) {
+  return open(path, RingOptions{capacity, TraceMode::kRing}, info, error);
+}
+
+bool RingWriter::open(const std::string& path, const RingOptions& options, const ProcessInfo& info,
+                      std::string* error) {
   close();
-  capacity_ = ringCapacityFor(capacity);
+  capacity_ = ringCapacityFor(options.capacity);
+  bool continuous = options.mode == TraceMode::kFull;
   size_t bytes = kRingHeaderBytes + static_cast<size_t>(capacity_) * sizeof(CallRecord);
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
@@ -69,10 +146,20 @@ bool RingWriter::open(const std::string& path, uint32_t capacity, const ProcessI
     return false;
   }
   void* mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
   if (mapping == MAP_FAILED) {
     if (error) *error = path + ": cannot map the trace file: " + std::strerror(errno);
+    ::close(fd);
     return false;
+  }
+  if (continuous) {
+    // Segments are appended with pwrite past the mapping; the descriptor stays open.
+    fd_ = fd;
+    continuous_ = true;
+    persistCursor_ = 0;
+    fileEnd_ = bytes;
+    segment_.assign(sizeof(SegmentHeader) + kSegmentRecords * sizeof(CallRecord), std::byte{0});
+  } else {
+    ::close(fd);
   }
   mappedBytes_ = bytes;
   path_ = path;
@@ -88,6 +175,7 @@ bool RingWriter::open(const std::string& path, uint32_t capacity, const ProcessI
   header_->localRank = info.localRank;
   header_->anchorMonotonicNs = clockNs(CLOCK_MONOTONIC);
   header_->anchorRealtimeNs = clockNs(CLOCK_REALTIME);
+  header_->traceMode = static_cast<uint32_t>(continuous ? TraceMode::kFull : TraceMode::kRing);
   copyText(header_->host, info.host);
   copyText(header_->jobId, info.jobId);
   // The magic goes last: a reader never takes a half-initialized header for a trace.
@@ -104,10 +192,8 @@ uint64_t RingWriter::append(const CallRecord& record) {
   uint64_t index = atomicField(header_->nextIndex).fetch_add(1, std::memory_order_relaxed);
   CallRecord* target = slot(index);
   writeSlot(target, [&] {
-    uint32_t version = target->slotVersion;
-    std::memcpy(target, &record, offsetof(CallRecord, slotVersion));
-    target->slotVersion = version;
-    target->ringIndex = index;
+    storeBody(target, record);
+    std::atomic_ref<uint64_t>(target->ringIndex).store(index, std::memory_order_relaxed);
   });
   return index;
 }
@@ -119,9 +205,15 @@ bool RingWriter::updateState(uint64_t index, RecordState state, int64_t startNs,
     return false;  // overwritten by a newer record after the ring wrapped
   }
   writeSlot(target, [&] {
-    target->state = state;
-    if (startNs != 0 && target->startNs == 0) target->startNs = startNs;
-    if (completeNs != 0 && target->completeNs == 0) target->completeNs = completeNs;
+    std::atomic_ref<RecordState>(target->state).store(state, std::memory_order_relaxed);
+    auto start = std::atomic_ref<int64_t>(target->startNs);
+    if (startNs != 0 && start.load(std::memory_order_relaxed) == 0) {
+      start.store(startNs, std::memory_order_relaxed);
+    }
+    auto complete = std::atomic_ref<int64_t>(target->completeNs);
+    if (completeNs != 0 && complete.load(std::memory_order_relaxed) == 0) {
+      complete.store(completeNs, std::memory_order_relaxed);
+    }
   });
   return true;
 }
@@ -131,7 +223,9 @@ bool RingWriter::updateResult(uint64_t index, int32_t result) {
   if (std::atomic_ref<uint64_t>(target->ringIndex).load(std::memory_order_relaxed) != index) {
     return false;
   }
-  writeSlot(target, [&] { target->result = result; });
+  writeSlot(target, [&] {
+    std::atomic_ref<int32_t>(target->result).store(result, std::memory_order_relaxed);
+  });
   return true;
 }
 
@@ -157,21 +251,124 @@ void RingWriter::setNcclLibrary(int version, const std::string& path) {
 }
 
 void RingWriter::markCleanShutdown() {
+  if (continuous_) persistSegments(true);
   atomicField(header_->cleanShutdown).store(1);
+}
+
+uint64_t RingWriter::persistedRecords() const {
+  if (header_ == nullptr) return 0;
+  return atomicField(header_->persistedRecords).load(std::memory_order_acquire);
+}
+
+// One pwrite of a SegmentHeader and the `count` records staged after it in segment_, then the
+// header's persisted counters. False when the write failed (the file is left as it was meant to
+// be up to fileEnd_; the next segment overwrites what a short write left).
+bool RingWriter::writeSegment(uint64_t firstIndex, uint32_t count) {
+  SegmentHeader segment{};
+  std::memcpy(segment.magic, kSegmentMagic, sizeof kSegmentMagic);
+  segment.firstIndex = firstIndex;
+  segment.recordCount = count;
+  segment.checksum = segmentChecksum(firstIndex, count, segment_.data() + sizeof segment);
+  std::memcpy(segment_.data(), &segment, sizeof segment);
+  size_t bytes = sizeof segment + static_cast<size_t>(count) * sizeof(CallRecord);
+  size_t done = 0;
+  while (done < bytes) {
+    ssize_t wrote =
+        pwrite(fd_, segment_.data() + done, bytes - done, static_cast<off_t>(fileEnd_ + done));
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote <= 0) return false;
+    done += static_cast<size_t>(wrote);
+  }
+  fileEnd_ += bytes;
+  atomicField(header_->persistedBytes).store(fileEnd_, std::memory_order_release);
+  return true;
+}
+
+size_t RingWriter::persistSegments(bool everything) {
+  std::lock_guard<std::mutex> lock(persistMutex_);
+  if (header_ == nullptr || !continuous_) return 0;
+  // Indices below persistCursor_ are written or dropped; `cursor` is the next one looked at and
+  // [first, first + staged) the records copied into segment_ but not yet written.
+  uint64_t next = atomicField(header_->nextIndex).load(std::memory_order_acquire);
+  uint64_t cursor = persistCursor_;
+  uint64_t dropped = 0;
+  if (next - cursor > capacity_) {
+    // Their slots hold newer records (or are about to): gone.
+    dropped += next - capacity_ - cursor;
+    cursor = next - capacity_;
+    persistCursor_ = cursor;
+  }
+  int64_t now = clockNs(CLOCK_MONOTONIC);
+  uint64_t forcedBelow = next > capacity_ / 2 ? next - capacity_ / 2 : 0;
+  size_t persisted = 0;
+  uint64_t first = cursor;  // ring index of the first staged record
+  uint32_t staged = 0;
+  auto flush = [&]() -> bool {
+    if (staged == 0) return true;
+    if (!writeSegment(first, staged)) return false;
+    persisted += staged;
+    persistCursor_ = first + staged;
+    staged = 0;
+    return true;
+  };
+  bool failed = false;
+  while (cursor < next) {
+    CallRecord record;
+    if (!loadStableSlot(slot(cursor), &record)) break;  // a writer is inside: next time
+    if (record.slotVersion == 0 || record.ringIndex < cursor) break;  // reserved, not yet written
+    if (record.ringIndex > cursor) {
+      // Overwritten before it was persisted: a gap, so the segment ends here.
+      if (!flush()) {
+        failed = true;
+        break;
+      }
+      ++dropped;
+      persistCursor_ = ++cursor;
+      first = cursor;
+      continue;
+    }
+    if (!everything && cursor >= forcedBelow && !isFinal(record, now)) break;
+    if (staged == 0) first = cursor;
+    std::memcpy(segment_.data() + sizeof(SegmentHeader) + staged * sizeof(CallRecord), &record,
+                sizeof record);
+    ++staged;
+    ++cursor;
+    if (staged == kSegmentRecords && !flush()) {
+      failed = true;
+      break;
+    }
+  }
+  // Every index below `cursor` is now written or dropped, unless a write failed: then
+  // persistCursor_ stays at the first record of the failed segment, tried again next time.
+  if (!failed && flush()) persistCursor_ = cursor;
+  if (dropped != 0)
+    atomicField(header_->droppedRecords).fetch_add(dropped, std::memory_order_relaxed);
+  atomicField(header_->persistedRecords).store(persistCursor_, std::memory_order_release);
+  return persisted;
 }
 
 void RingWriter::forgetAfterFork() {
   if (header_ != nullptr) munmap(header_, mappedBytes_);
+  if (fd_ >= 0) ::close(fd_);
   header_ = nullptr;
   records_ = nullptr;
+  fd_ = -1;
+  continuous_ = false;
+  // A parent thread may have held the lock at fork(): the child's copy would stay locked.
+  new (&persistMutex_) std::mutex();
 }
 
 void RingWriter::close() {
   if (header_ == nullptr) return;
+  if (continuous_) persistSegments(true);
+  std::lock_guard<std::mutex> lock(persistMutex_);
   msync(header_, kRingHeaderBytes, MS_ASYNC);
   munmap(header_, mappedBytes_);
+  if (fd_ >= 0) ::close(fd_);
   header_ = nullptr;
   records_ = nullptr;
+  fd_ = -1;
+  continuous_ = false;
 }
 
 }  // namespace ncclwatch::trace

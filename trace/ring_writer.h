@@ -1,10 +1,17 @@
 // Writes the ring file from inside the traced process. Opening allocates and does I/O; after
 // that, append() and update() are lock-free plain stores into the shared mapping: no
 // allocation, no lock, no system call, so they may run on an application's hot path.
+//
+// Continuous mode (NCCLWATCH_TRACE=full) adds one background duty: persistSegments(), called
+// from one background thread, copies records from the ring to segments appended to the file, so
+// that the whole run is kept. The hot path is the same in both modes.
 #pragma once
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "trace/ring_format.h"
 
@@ -18,6 +25,11 @@ struct ProcessInfo {
   std::string jobId;
 };
 
+struct RingOptions {
+  uint32_t capacity = 32768;  // slots; rounded as ringCapacityFor() says
+  TraceMode mode = TraceMode::kRing;
+};
+
 class RingWriter {
  public:
   RingWriter() = default;
@@ -28,11 +40,15 @@ class RingWriter {
   // Creates `path` (mode 0600; its folder must exist) sized for `capacity` records (rounded up
   // to a power of two within [kMinRingCapacity, kMaxRingCapacity]). False with a one-line
   // `error` naming the file on failure.
+  bool open(const std::string& path, const RingOptions& options, const ProcessInfo& info,
+            std::string* error);
+  // Ring mode (TraceMode::kRing).
   bool open(const std::string& path, uint32_t capacity, const ProcessInfo& info,
             std::string* error);
   bool isOpen() const { return header_ != nullptr; }
   const std::string& path() const { return path_; }
   uint32_t capacity() const { return capacity_; }
+  bool continuous() const { return continuous_; }
 
   // Appends a copy of `record` (its slotVersion and ringIndex are set here) and returns its
   // ring index, which later updates refer to.
@@ -48,20 +64,47 @@ class RingWriter {
   void addComm(const CommInfo& comm);
   void setRank(int rank, int world, int localRank);
   void setNcclLibrary(int version, const std::string& path);
+  // In continuous mode, first persists every record left (persistSegments(true)).
   void markCleanShutdown();
+
+  // Continuous mode: appends the records not yet persisted to segments after the ring
+  // (pwrite: the file grows) and returns how many records it wrote; 0 in ring mode. Call it
+  // from one background thread, every ~100 ms or more often; calls are serialized. It walks
+  // ring indices in order from the persist cursor and stops at the first record it must not
+  // take yet. A record is taken once final (completed, failed, aborted, or still issued with
+  // kRecordNoEvents / kRecordCaptured and issued more than kNoEventsGraceNs ago, so that a
+  // failing call's result lands first), or unconditionally once the ring is more than half a
+  // capacity ahead of it, or when `everything` is set. Records the ring overwrote before they
+  // were taken are added to the header's droppedRecords. Never on the hot path: it locks,
+  // reads the clock and writes the file.
+  size_t persistSegments(bool everything = false);
+  // Ring indices below this are persisted or dropped (the header's persistedRecords).
+  uint64_t persistedRecords() const;
+  static constexpr int64_t kNoEventsGraceNs = 1'000'000'000;
+  static constexpr uint32_t kSegmentRecords = 1024;  // at most, per segment the writer appends
 
   // In a fork() child: drop the mapping without writing to it, so that the child never
   // writes into its parent's trace.
   void forgetAfterFork();
+  // In continuous mode, persists every record left first. No persistSegments() call may run
+  // or start while close() unmaps.
   void close();
 
  private:
   CallRecord* slot(uint64_t index) const;
+  bool writeSegment(uint64_t firstIndex, uint32_t count);
   RingHeader* header_ = nullptr;
   CallRecord* records_ = nullptr;
   size_t mappedBytes_ = 0;
   uint32_t capacity_ = 0;
   std::string path_;
+  // Continuous mode; all but fd_ and continuous_ belong to the persisting thread (persistMutex_).
+  bool continuous_ = false;
+  int fd_ = -1;
+  std::mutex persistMutex_;
+  uint64_t persistCursor_ = 0;      // next ring index to persist or drop
+  uint64_t fileEnd_ = 0;            // where the next segment goes
+  std::vector<std::byte> segment_;  // a SegmentHeader, then up to kSegmentRecords records
 };
 
 // Rounds to a power of two within the allowed range.

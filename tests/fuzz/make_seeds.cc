@@ -1,10 +1,50 @@
-// Writes the fuzzer's seed corpus: a valid ring file and a truncated one.
+// Writes the fuzzer's seed corpus: a valid ring file and a truncated one, and a continuous-mode
+// file (segments after the ring) whole, truncated inside a segment, and with a corrupt segment.
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "trace/ring_writer.h"
+
+namespace {
+
+std::vector<char> readAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void writeAll(const std::string& path, const std::vector<char>& bytes, size_t size) {
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(size));
+}
+
+// 16 slots, 60 records persisted in rounds of 12 (some still issued), 8 more only in the ring.
+bool writeContinuous(const std::string& path, std::string* error) {
+  using namespace ncclwatch::trace;
+  RingWriter writer;
+  if (!writer.open(path, RingOptions{16, TraceMode::kFull}, {1, 2, 1, "seed", "seed"}, error)) {
+    return false;
+  }
+  CommInfo comm{};
+  comm.commHash = 0x1234;
+  comm.nranks = 2;
+  comm.rank = 1;
+  writer.addComm(comm);
+  for (uint64_t seq = 1; seq <= 68; ++seq) {
+    CallRecord record{};
+    record.commHash = 0x1234;
+    record.seq = seq;
+    record.op = seq % 3 ? OpKind::kAllReduce : OpKind::kRecv;
+    record.state = RecordState::kIssued;
+    uint64_t index = writer.append(record);
+    if (seq % 4) writer.updateState(index, RecordState::kCompleted, 10, 20);
+    if (seq % 12 == 0 && seq <= 60) writer.persistSegments(seq == 60);
+  }
+  writer.forgetAfterFork();  // as if killed: the last records stay in the ring only
+  return true;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace ncclwatch::trace;
@@ -33,9 +73,17 @@ int main(int argc, char** argv) {
     if (seq < 4) writer.updateState(index, RecordState::kCompleted, 10, 20);
   }
   writer.close();
-  std::ifstream in(dir + "/valid.ncclwatch", std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::ofstream(dir + "/truncated.ncclwatch", std::ios::binary)
-      .write(bytes.data(), static_cast<std::streamsize>(bytes.size() - 300));
+  std::vector<char> bytes = readAll(dir + "/valid.ncclwatch");
+  writeAll(dir + "/truncated.ncclwatch", bytes, bytes.size() - 300);
+
+  if (!writeContinuous(dir + "/continuous.ncclwatch", &error)) {
+    std::fprintf(stderr, "make_seeds: %s\n", error.c_str());
+    return 1;
+  }
+  bytes = readAll(dir + "/continuous.ncclwatch");
+  writeAll(dir + "/continuous-truncated.ncclwatch", bytes, bytes.size() - 200);
+  size_t firstSegment = kRingHeaderBytes + 16 * sizeof(CallRecord);
+  if (bytes.size() > firstSegment + 100) bytes[firstSegment + 100] ^= 0x5a;  // checksum mismatch
+  writeAll(dir + "/continuous-corrupt.ncclwatch", bytes, bytes.size());
   return 0;
 }

@@ -20,6 +20,7 @@ namespace {
 using namespace std::chrono_literals;
 using ncclwatch::trace::CallRecord;
 using ncclwatch::trace::OpKind;
+using ncclwatch::trace::RecordState;
 using ncclwatch::trace::TraceFile;
 
 std::string command(const std::string& line) {
@@ -138,6 +139,19 @@ TEST(Recording, TrainLoopFilesHoldExactlyTheCallsMade) {
     for (const CallRecord& record : file.records) {
       ++counts[record.op];
       EXPECT_EQ(record.result, 0);
+      // Every call finished, on the GPU for communication (seen through its events).
+      EXPECT_EQ(record.state, RecordState::kCompleted) << opName(record.op) << " " << record.seq;
+      EXPECT_GE(record.completeNs, record.startNs);
+      EXPECT_GE(record.startNs, record.issueNs);
+      if (isCollective(record.op) || isPointToPoint(record.op)) {
+        EXPECT_EQ(
+            record.flags & (ncclwatch::trace::kRecordNoEvents | ncclwatch::trace::kRecordCaptured),
+            0)
+            << "completion not tracked for " << opName(record.op) << " " << record.seq;
+      }
+      if (isPointToPoint(record.op)) {
+        EXPECT_NE(record.flags & ncclwatch::trace::kRecordInGroup, 0);  // the pipeline ring
+      }
       if (record.op == OpKind::kInit) continue;
       EXPECT_EQ(record.seq, lastSeq[record.commHash] + 1) << "sequence gap";
       lastSeq[record.commHash] = record.seq;
@@ -189,6 +203,101 @@ TEST(Recording, SigkilledRankFileStillReads) {
   std::string shown = command(std::string(NCCLWATCH_BINARY) + " show " + files[1].path);
   EXPECT_NE(shown.find("ended: not cleanly"), std::string::npos) << shown;
   EXPECT_NE(shown.find("AllReduce"), std::string::npos);
+}
+
+const CallRecord* findRecord(const TraceFile& file, OpKind op, uint64_t seq) {
+  for (const CallRecord& record : file.records) {
+    if (record.op == op && record.seq == seq) return &record;
+  }
+  return nullptr;
+}
+
+// A GPU stall at seq 6 of rank 1 (the sim's stall fault: the operation never finishes on its
+// stream): record 6 is seen started (everything ahead of it on the stream finished) and never
+// completes, while every earlier record completed.
+TEST(Completion, StalledCallStaysStartedAndEarlierCallsComplete) {
+  constexpr uint64_t kStalledSeq = 6;
+  std::string logs = freshDirectory("stall");
+  testsupport::JobSpec spec = preloaded(
+      std::string(NCCLWATCH_BUILD_DIR) + "/examples/allreduce_loop", 2, logs, {"--iters", "10"});
+  spec.env.push_back({"NCCLSIM_FAULT", "stall:rank=1,seq=" + std::to_string(kStalledSeq)});
+  spec.env.push_back({"NCCLWATCH_POLL_MS", "20"});
+  testsupport::Job job(spec);
+  auto rankOneFile = [&]() -> TraceFile {
+    for (TraceFile& file : readAll(logs)) {
+      if (file.header.rank == 1) return file;
+    }
+    return TraceFile{};
+  };
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  TraceFile file;
+  for (;;) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << job.output(1);
+    if (std::filesystem::exists(logs)) file = rankOneFile();
+    const CallRecord* stalled = findRecord(file, OpKind::kAllReduce, kStalledSeq);
+    if (stalled != nullptr && stalled->state != RecordState::kIssued) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  std::this_thread::sleep_for(300ms);  // fifteen more polls: still not complete
+  file = rankOneFile();
+  ASSERT_TRUE(job.alive(1)) << "the stalled rank must still hang";
+  const CallRecord* stalled = findRecord(file, OpKind::kAllReduce, kStalledSeq);
+  ASSERT_NE(stalled, nullptr);
+  EXPECT_EQ(stalled->state, RecordState::kStarted);
+  EXPECT_GT(stalled->startNs, 0);
+  EXPECT_EQ(stalled->completeNs, 0);
+  int earlier = 0;
+  for (const CallRecord& record : file.records) {
+    if (record.op != OpKind::kAllReduce || record.seq >= kStalledSeq) continue;
+    ++earlier;
+    EXPECT_EQ(record.state, RecordState::kCompleted) << "seq " << record.seq;
+  }
+  EXPECT_EQ(earlier, static_cast<int>(kStalledSeq - 1));
+  job.signalAll(SIGKILL);
+}
+
+// A call captured into a CUDA graph gets no events and is marked captured; the watchdog's
+// polling during a global-mode capture on the application's thread leaves the capture valid.
+TEST(Completion, CapturedCallIsMarkedAndPollingKeepsTheCaptureValid) {
+  std::string logs = freshDirectory("capture");
+  testsupport::JobSpec spec = preloaded(NCCLWATCH_CAPTURE_PROBE, 1, logs);
+  spec.env.push_back({"NCCLWATCH_POLL_MS", "20"});
+  testsupport::Job job(spec);
+  ASSERT_TRUE(job.waitExit(30s));
+  ASSERT_EQ(job.exitStatus(0), 0) << job.output(0);
+  EXPECT_NE(job.output(0).find("capture ok"), std::string::npos) << job.output(0);
+  std::vector<TraceFile> files = readAll(logs);
+  ASSERT_EQ(files.size(), 1u);
+  const CallRecord* pending = findRecord(files[0], OpKind::kAllReduce, 1);
+  const CallRecord* captured = findRecord(files[0], OpKind::kAllReduce, 2);
+  ASSERT_NE(pending, nullptr);
+  ASSERT_NE(captured, nullptr);
+  EXPECT_EQ(pending->state, RecordState::kCompleted);
+  EXPECT_EQ(pending->flags & ncclwatch::trace::kRecordCaptured, 0);
+  EXPECT_NE(captured->flags & ncclwatch::trace::kRecordCaptured, 0);
+  EXPECT_EQ(captured->state, RecordState::kIssued);
+}
+
+// NCCLWATCH_EVENTS=0: calls are recorded without completion tracking and say so.
+TEST(Completion, EventsOffRecordsCallsAsUntracked) {
+  std::string logs = freshDirectory("noevents");
+  testsupport::JobSpec spec = preloaded(
+      std::string(NCCLWATCH_BUILD_DIR) + "/examples/allreduce_loop", 2, logs, {"--iters", "5"});
+  spec.env.push_back({"NCCLWATCH_EVENTS", "0"});
+  testsupport::Job job(spec);
+  ASSERT_TRUE(job.waitExit(30s));
+  std::vector<TraceFile> files = readAll(logs);
+  ASSERT_EQ(files.size(), 2u);
+  for (const TraceFile& file : files) {
+    int allReduces = 0;
+    for (const CallRecord& record : file.records) {
+      if (record.op != OpKind::kAllReduce) continue;
+      ++allReduces;
+      EXPECT_NE(record.flags & ncclwatch::trace::kRecordNoEvents, 0);
+      EXPECT_EQ(record.state, RecordState::kIssued);
+    }
+    EXPECT_EQ(allReduces, 5);
+  }
 }
 
 // Plain real NCCL, no sim: init fails without a GPU driver; the error passes through unchanged

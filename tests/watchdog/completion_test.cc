@@ -1,0 +1,276 @@
+// The completion tracker against a scripted driver: events complete when the test says so, so
+// every state change of a record (issued → started → completed, failed, aborted) and the reuse
+// of pooled event pairs can be checked exactly.
+#include "watchdog/completion.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "trace/ring_reader.h"
+#include "watchdog/bounded_queue.h"
+
+namespace {
+
+using ncclwatch::trace::CallRecord;
+using ncclwatch::trace::RecordState;
+using ncclwatch::watchdog::BoundedQueue;
+using ncclwatch::watchdog::CompletionTracker;
+using ncclwatch::watchdog::DriverApi;
+using ncclwatch::watchdog::kNoTicket;
+using ncclwatch::watchdog::StreamCheck;
+using ncclwatch::watchdog::Ticket;
+
+// The scripted driver: an event is an index into `events`; recording makes it pending on its
+// stream, and the test completes a stream's work up to a point by "draining" it.
+struct FakeDriver {
+  struct Event {
+    bool done = true;
+    uint64_t stream = 0;
+  };
+  std::vector<Event> events{1};  // index 0 unused: a null CUevent
+  std::map<uint64_t, CUstreamCaptureStatus> capture;
+  CUcontext context = reinterpret_cast<CUcontext>(0x1000);
+  CUstreamCaptureMode threadMode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  int failRecords = 0;
+};
+FakeDriver* g_fake = nullptr;
+
+CUevent asEvent(size_t index) {
+  return reinterpret_cast<CUevent>(index);
+}
+size_t asIndex(CUevent event) {
+  return reinterpret_cast<size_t>(event);
+}
+
+DriverApi fakeApi() {
+  DriverApi api;
+  api.ctxGetCurrent = [](CUcontext* context) {
+    *context = g_fake->context;
+    return CUDA_SUCCESS;
+  };
+  api.ctxSetCurrent = [](CUcontext) { return CUDA_SUCCESS; };
+  api.eventCreate = [](CUevent* event, unsigned) {
+    g_fake->events.push_back({});
+    *event = asEvent(g_fake->events.size() - 1);
+    return CUDA_SUCCESS;
+  };
+  api.eventRecord = [](CUevent event, CUstream stream) {
+    if (g_fake->failRecords > 0) {
+      --g_fake->failRecords;
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    g_fake->events[asIndex(event)] = {false, reinterpret_cast<uint64_t>(stream)};
+    return CUDA_SUCCESS;
+  };
+  api.eventQuery = [](CUevent event) {
+    return g_fake->events[asIndex(event)].done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  };
+  api.eventDestroy = [](CUevent) { return CUDA_SUCCESS; };
+  api.streamIsCapturing = [](CUstream stream, CUstreamCaptureStatus* status) {
+    auto found = g_fake->capture.find(reinterpret_cast<uint64_t>(stream));
+    *status = found == g_fake->capture.end() ? CU_STREAM_CAPTURE_STATUS_NONE : found->second;
+    return CUDA_SUCCESS;
+  };
+  api.threadExchangeStreamCaptureMode = [](CUstreamCaptureMode* mode) {
+    std::swap(*mode, g_fake->threadMode);
+    return CUDA_SUCCESS;
+  };
+  return api;
+}
+
+class CompletionTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    g_fake = &fake_;
+    path_ = std::string(testing::TempDir()) + "/completion-" + std::to_string(getpid()) + "-" +
+            testing::UnitTest::GetInstance()->current_test_info()->name() + ".ncclwatch";
+    std::string error;
+    ASSERT_TRUE(writer_.open(path_, 64, {}, &error)) << error;
+    tracker_ = std::make_unique<CompletionTracker>(api_, writer_);
+    tracker_->prepareCurrentContext();
+  }
+  void TearDown() override {
+    tracker_.reset();
+    writer_.close();
+    std::filesystem::remove(path_);
+    g_fake = nullptr;
+  }
+  uint64_t appendIssued() {
+    CallRecord record{};
+    record.op = ncclwatch::trace::OpKind::kAllReduce;
+    record.state = RecordState::kIssued;
+    record.issueNs = 1;
+    return writer_.append(record);
+  }
+  // Completes every event recorded on `stream` so far (the GPU caught up with it).
+  void drain(uint64_t stream) {
+    for (auto& event : fake_.events) {
+      if (event.stream == stream) event.done = true;
+    }
+  }
+  void completeBeforeOnly(Ticket ticket, uint64_t stream) {
+    (void)ticket;
+    // The "before" event is the older of the stream's two pending events.
+    for (auto& event : fake_.events) {
+      if (event.stream == stream && !event.done) {
+        event.done = true;
+        return;
+      }
+    }
+  }
+  CallRecord read(uint64_t index) {
+    ncclwatch::trace::TraceFile file = ncclwatch::trace::readTraceFile(path_);
+    for (const CallRecord& record : file.records) {
+      if (record.ringIndex == index) return record;
+    }
+    ADD_FAILURE() << "record " << index << " not in the trace";
+    return {};
+  }
+  // One call on `stream`: before event, the call, after event, submitted.
+  uint64_t trackedCall(uint64_t stream) {
+    uint64_t index = appendIssued();
+    Ticket ticket = tracker_->recordBefore(stream);
+    EXPECT_NE(ticket, kNoTicket);
+    EXPECT_TRUE(tracker_->recordAfter(ticket, stream));
+    tracker_->submit(ticket, std::span<const uint64_t>(&index, 1), 42, true);
+    return index;
+  }
+
+  FakeDriver fake_;
+  DriverApi api_ = fakeApi();
+  ncclwatch::trace::RingWriter writer_;
+  std::unique_ptr<CompletionTracker> tracker_;
+  std::string path_;
+};
+
+TEST_F(CompletionTest, RecordGoesIssuedStartedCompleted) {
+  uint64_t index = trackedCall(7);
+  EXPECT_EQ(tracker_->poll(), 1u);
+  EXPECT_EQ(read(index).state, RecordState::kIssued);
+  completeBeforeOnly(0, 7);
+  EXPECT_EQ(tracker_->poll(), 1u);
+  CallRecord started = read(index);
+  EXPECT_EQ(started.state, RecordState::kStarted);
+  EXPECT_GT(started.startNs, 0);
+  EXPECT_EQ(started.completeNs, 0);
+  drain(7);
+  EXPECT_EQ(tracker_->poll(), 0u);
+  CallRecord completed = read(index);
+  EXPECT_EQ(completed.state, RecordState::kCompleted);
+  EXPECT_EQ(completed.startNs, started.startNs);  // the first sighting is kept
+  EXPECT_GE(completed.completeNs, completed.startNs);
+}
+
+TEST_F(CompletionTest, GroupRecordsSharingOnePairCompleteTogether) {
+  uint64_t indices[3] = {appendIssued(), appendIssued(), appendIssued()};
+  Ticket ticket = tracker_->recordBefore(9);
+  ASSERT_TRUE(tracker_->recordAfter(ticket, 9));
+  tracker_->submit(ticket, indices, 42, true);
+  EXPECT_EQ(tracker_->poll(), 3u);
+  drain(9);
+  EXPECT_EQ(tracker_->poll(), 0u);
+  for (uint64_t index : indices) EXPECT_EQ(read(index).state, RecordState::kCompleted);
+}
+
+TEST_F(CompletionTest, PairsAreReusedAndAReusedPairForgetsItsOldState) {
+  // Far more calls than the initial pool: every pair comes back and is reused, and a reused
+  // pair's new call does not inherit the completion of its previous use.
+  for (int round = 0; round < 5; ++round) {
+    std::vector<uint64_t> indices;
+    for (uint32_t i = 0; i < CompletionTracker::kInitialPairs; ++i) {
+      indices.push_back(trackedCall(3));
+    }
+    tracker_->poll();
+    for (uint64_t index : indices) EXPECT_EQ(read(index).state, RecordState::kIssued);
+    drain(3);
+    EXPECT_EQ(tracker_->poll(), 0u);
+    for (uint64_t index : indices) EXPECT_EQ(read(index).state, RecordState::kCompleted);
+  }
+  EXPECT_EQ(tracker_->counters().noPair.load(), 0u);
+}
+
+TEST_F(CompletionTest, AnEmptyPoolIsCountedAndGrownByThePoller) {
+  std::vector<Ticket> held;
+  for (uint32_t i = 0; i < CompletionTracker::kInitialPairs; ++i) {
+    held.push_back(tracker_->recordBefore(5));
+  }
+  EXPECT_EQ(tracker_->recordBefore(5), kNoTicket);
+  EXPECT_EQ(tracker_->counters().noPair.load(), 1u);
+  tracker_->poll();  // the pool ran low: the poller adds pairs
+  EXPECT_NE(tracker_->recordBefore(5), kNoTicket);
+}
+
+TEST_F(CompletionTest, FailedCallKeepsItsStateAndAbortedCommEndsAborted) {
+  uint64_t failed = appendIssued();
+  writer_.updateState(failed, RecordState::kFailed, 0, 0);
+  Ticket ticket = tracker_->recordBefore(4);
+  ASSERT_TRUE(tracker_->recordAfter(ticket, 4));
+  tracker_->submit(ticket, std::span<const uint64_t>(&failed, 1), 42, false);
+  uint64_t hung = trackedCall(4);
+  tracker_->markAborted(42);
+  EXPECT_EQ(tracker_->poll(), 0u);
+  EXPECT_EQ(read(failed).state, RecordState::kFailed);
+  EXPECT_EQ(read(hung).state, RecordState::kAborted);
+}
+
+TEST_F(CompletionTest, CapturedStreamsAreReportedAndRecordErrorsCounted) {
+  fake_.capture[11] = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  EXPECT_EQ(tracker_->checkStream(11), StreamCheck::kCaptured);
+  EXPECT_EQ(tracker_->checkStream(12), StreamCheck::kTrackable);
+  fake_.failRecords = 1;
+  EXPECT_EQ(tracker_->recordBefore(12), kNoTicket);
+  EXPECT_EQ(tracker_->counters().recordErrors.load(), 1u);
+}
+
+TEST_F(CompletionTest, PollingThreadUsesThreadLocalCaptureMode) {
+  tracker_->enterPollingThread();
+  EXPECT_EQ(fake_.threadMode, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+}
+
+TEST(BoundedQueue, FullAndEmptyAreReportedNotWaitedOn) {
+  BoundedQueue<int, 4> queue;
+  int value = 0;
+  EXPECT_FALSE(queue.pop(&value));
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(queue.push(i));
+  EXPECT_FALSE(queue.push(4));
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(queue.pop(&value));
+    EXPECT_EQ(value, i);
+  }
+}
+
+TEST(BoundedQueue, ManyProducersOneConsumerLoseNothing) {
+  constexpr int kProducers = 3, kEach = 20000;
+  BoundedQueue<int, 1024> queue;
+  std::vector<std::thread> producers;
+  for (int p = 0; p < kProducers; ++p) {
+    producers.emplace_back([&queue, p] {
+      for (int i = 0; i < kEach; ++i) {
+        while (!queue.push(p * kEach + i)) std::this_thread::yield();
+      }
+    });
+  }
+  std::vector<int> lastSeen(kProducers, -1);
+  int received = 0;
+  while (received < kProducers * kEach) {
+    int value;
+    if (!queue.pop(&value)) {
+      std::this_thread::yield();
+      continue;
+    }
+    int producer = value / kEach;
+    EXPECT_GT(value % kEach, lastSeen[producer]);  // each producer's order is kept
+    lastSeen[producer] = value % kEach;
+    ++received;
+  }
+  for (auto& producer : producers) producer.join();
+  EXPECT_EQ(received, kProducers * kEach);
+}
+
+}  // namespace

@@ -1,0 +1,248 @@
+#include "watchdog/completion.h"
+
+#include <time.h>
+
+#include <mutex>
+
+namespace ncclwatch::watchdog {
+namespace {
+
+int64_t monotonicNs() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+}
+
+CUstream asStream(uint64_t stream) {
+  return reinterpret_cast<CUstream>(stream);
+}
+
+// Pool creation is rare (a new context) and never on the hot path.
+std::mutex g_poolCreation;
+
+}  // namespace
+
+CompletionTracker::CompletionTracker(const DriverApi& driver, trace::RingWriter& writer)
+    : driver_(driver), writer_(writer) {
+  inflight_.reserve(1024);
+}
+
+CompletionTracker::~CompletionTracker() {
+  // Events belong to the driver; at exit the driver may be gone already, so they are left to
+  // process teardown rather than destroyed here.
+}
+
+int CompletionTracker::slotForCurrentContext(bool create) {
+  CUcontext context = nullptr;
+  if (driver_.ctxGetCurrent(&context) != CUDA_SUCCESS || context == nullptr) return -1;
+  uint32_t count = poolCount_.load(std::memory_order_acquire);
+  for (uint32_t slot = 0; slot < count; ++slot) {
+    if (pools_[slot]->context.load(std::memory_order_relaxed) == context) {
+      return static_cast<int>(slot);
+    }
+  }
+  if (!create) {
+    wantedContext_.store(context, std::memory_order_relaxed);
+    return -1;
+  }
+  std::lock_guard<std::mutex> lock(g_poolCreation);
+  count = poolCount_.load(std::memory_order_acquire);
+  for (uint32_t slot = 0; slot < count; ++slot) {
+    if (pools_[slot]->context.load(std::memory_order_relaxed) == context) {
+      return static_cast<int>(slot);
+    }
+  }
+  if (count == kMaxContexts) return -1;
+  pools_[count] = std::make_unique<ContextPool>();
+  pools_[count]->context.store(context, std::memory_order_relaxed);
+  poolCount_.store(count + 1, std::memory_order_release);
+  return static_cast<int>(count);
+}
+
+// Creates pairs in the pool's context, which must be current on the calling thread.
+void CompletionTracker::grow(ContextPool& pool, uint32_t pairs) {
+  uint32_t first = pool.created.load(std::memory_order_relaxed);
+  uint32_t last = std::min<uint32_t>(first + pairs, kPairsPerContext);
+  uint32_t made = first;
+  for (; made < last; ++made) {
+    EventPair& pair = pool.pairs[made];
+    if (driver_.eventCreate(&pair.before, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) break;
+    if (driver_.eventCreate(&pair.after, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+      driver_.eventDestroy(pair.before);
+      pair.before = nullptr;
+      break;
+    }
+  }
+  pool.created.store(made, std::memory_order_release);
+  for (uint32_t index = first; index < made; ++index) pool.free.push(index);
+}
+
+void CompletionTracker::prepareCurrentContext() {
+  int slot = slotForCurrentContext(true);
+  if (slot < 0) return;
+  std::lock_guard<std::mutex> lock(growMutex_);
+  if (pools_[slot]->created.load() == 0) grow(*pools_[slot], kInitialPairs);
+}
+
+StreamCheck CompletionTracker::checkStream(uint64_t stream) const {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (driver_.streamIsCapturing(asStream(stream), &status) != CUDA_SUCCESS) {
+    return StreamCheck::kUntrackable;
+  }
+  return status == CU_STREAM_CAPTURE_STATUS_NONE ? StreamCheck::kTrackable : StreamCheck::kCaptured;
+}
+
+Ticket CompletionTracker::recordBefore(uint64_t stream) {
+  int slot = slotForCurrentContext(false);
+  if (slot < 0) {
+    counters_.noPair.fetch_add(1, std::memory_order_relaxed);
+    return kNoTicket;
+  }
+  uint32_t index = 0;
+  if (!pools_[slot]->free.pop(&index)) {
+    counters_.noPair.fetch_add(1, std::memory_order_relaxed);
+    return kNoTicket;
+  }
+  Ticket ticket = (static_cast<uint32_t>(slot) << 16) | index;
+  pairOf(ticket).generation.fetch_add(1, std::memory_order_relaxed);
+  if (driver_.eventRecord(pairOf(ticket).before, asStream(stream)) != CUDA_SUCCESS) {
+    counters_.recordErrors.fetch_add(1, std::memory_order_relaxed);
+    poolOf(ticket)->free.push(index);
+    return kNoTicket;
+  }
+  return ticket;
+}
+
+bool CompletionTracker::recordAfter(Ticket ticket, uint64_t stream) {
+  if (driver_.eventRecord(pairOf(ticket).after, asStream(stream)) == CUDA_SUCCESS) return true;
+  counters_.recordErrors.fetch_add(1, std::memory_order_relaxed);
+  abandon(ticket);
+  return false;
+}
+
+void CompletionTracker::abandon(Ticket ticket) {
+  // Re-recording an event that is still pending is legal: the pair may be reused at once.
+  poolOf(ticket)->free.push(ticket & 0xffff);
+}
+
+void CompletionTracker::submit(Ticket ticket, std::span<const uint64_t> ringIndices,
+                               uint64_t commHash, bool updatesState) {
+  EventPair& pair = pairOf(ticket);
+  // Every sharer is counted before the first is queued, so the poller cannot free the pair
+  // while the others are still being handed over.
+  pair.sharers.store(static_cast<uint32_t>(ringIndices.size()), std::memory_order_relaxed);
+  uint32_t lost = 0;
+  for (uint64_t ringIndex : ringIndices) {
+    uint32_t generation = pair.generation.load(std::memory_order_relaxed);
+    if (queue_.push(Pending{ringIndex, commHash, ticket, generation, updatesState, false})) {
+      counters_.tracked.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      ++lost;
+    }
+  }
+  if (lost == 0) return;
+  counters_.queueFull.fetch_add(lost, std::memory_order_relaxed);
+  if (pair.sharers.fetch_sub(lost, std::memory_order_acq_rel) == lost) abandon(ticket);
+}
+
+void CompletionTracker::markAborted(uint64_t commHash) {
+  aborts_.push(commHash);
+}
+
+void CompletionTracker::enterPollingThread() const {
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+  driver_.threadExchangeStreamCaptureMode(&mode);
+}
+
+void CompletionTracker::release(Ticket ticket) {
+  if (pairOf(ticket).sharers.fetch_sub(1, std::memory_order_acq_rel) == 1) abandon(ticket);
+}
+
+void CompletionTracker::queryPair(EventPair& pair) {
+  if (pair.queriedPass == pass_) return;
+  pair.queriedPass = pass_;
+  if (!pair.afterDone) {
+    CUresult after = driver_.eventQuery(pair.after);
+    if (after == CUDA_SUCCESS) {
+      pair.afterDone = pair.beforeDone = true;
+    } else if (after != CUDA_ERROR_NOT_READY) {
+      counters_.queryErrors.fetch_add(1, std::memory_order_relaxed);
+      pair.failed = true;
+    }
+  }
+  if (!pair.beforeDone && !pair.failed) {
+    CUresult before = driver_.eventQuery(pair.before);
+    if (before == CUDA_SUCCESS) pair.beforeDone = true;
+  }
+}
+
+size_t CompletionTracker::poll() {
+  ++pass_;
+  for (Pending pending; queue_.pop(&pending);) {
+    EventPair& pair = pairOf(pending.ticket);
+    if (pair.seenGeneration != pending.generation) {  // a new use of the pair: forget the old
+      pair.seenGeneration = pending.generation;
+      pair.queriedPass = 0;
+      pair.beforeDone = pair.afterDone = pair.failed = false;
+    }
+    inflight_.push_back(pending);
+  }
+  std::vector<uint64_t> aborted;
+  for (uint64_t hash; aborts_.pop(&hash);) aborted.push_back(hash);
+
+  int64_t now = monotonicNs();
+  size_t kept = 0;
+  for (Pending& pending : inflight_) {
+    EventPair& pair = pairOf(pending.ticket);
+    bool abortedComm = false;
+    for (uint64_t hash : aborted) abortedComm |= hash == pending.commHash;
+    if (abortedComm) {
+      if (pending.updatesState) {
+        writer_.updateState(pending.ringIndex, trace::RecordState::kAborted, 0, now);
+      }
+      release(pending.ticket);
+      continue;
+    }
+    queryPair(pair);
+    if (pair.afterDone || pair.failed) {
+      if (pending.updatesState) {
+        writer_.updateState(
+            pending.ringIndex,
+            pair.failed ? trace::RecordState::kFailed : trace::RecordState::kCompleted, now, now);
+      }
+      release(pending.ticket);
+      continue;
+    }
+    if (pair.beforeDone && !pending.started) {
+      pending.started = true;
+      if (pending.updatesState) {
+        writer_.updateState(pending.ringIndex, trace::RecordState::kStarted, now, 0);
+      }
+    }
+    inflight_[kept++] = pending;
+  }
+  inflight_.resize(kept);
+
+  // Pools: a context seen without one gets one; a pool running low grows.
+  CUcontext wanted = wantedContext_.exchange(nullptr, std::memory_order_relaxed);
+  CUcontext previous = nullptr;
+  driver_.ctxGetCurrent(&previous);
+  std::lock_guard<std::mutex> lock(growMutex_);
+  if (wanted != nullptr && driver_.ctxSetCurrent(wanted) == CUDA_SUCCESS) {
+    int slot = slotForCurrentContext(true);
+    if (slot >= 0 && pools_[slot]->created.load() == 0) grow(*pools_[slot], kInitialPairs);
+  }
+  uint32_t count = poolCount_.load(std::memory_order_acquire);
+  for (uint32_t slot = 0; slot < count; ++slot) {
+    ContextPool& pool = *pools_[slot];
+    uint32_t created = pool.created.load(std::memory_order_relaxed);
+    if (pool.free.size() < created / 4 + 8 && created < kPairsPerContext &&
+        driver_.ctxSetCurrent(pool.context.load()) == CUDA_SUCCESS) {
+      grow(pool, kGrowPairs);
+    }
+  }
+  driver_.ctxSetCurrent(previous);
+  return inflight_.size();
+}
+
+}  // namespace ncclwatch::watchdog

@@ -1,0 +1,131 @@
+// GPU completion of recorded calls. Each tracked call gets a pair of pooled, timing-disabled
+// CUDA events: "before" is recorded on the call's stream ahead of NCCL's work and "after" behind
+// it. The watchdog thread polls them: before complete → the call could start (everything ahead
+// of it on the stream finished); after complete → the call finished on the GPU.
+//
+// Application threads only take pairs from a lock-free free list and push to a lock-free queue;
+// every driver query, state change and pool growth happens on the watchdog thread.
+#pragma once
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "trace/ring_writer.h"
+#include "watchdog/bounded_queue.h"
+#include "watchdog/driver_api.h"
+
+namespace ncclwatch::watchdog {
+
+using Ticket = uint32_t;  // a pooled event pair: (context slot << 16) | pair index
+inline constexpr Ticket kNoTicket = UINT32_MAX;
+
+enum class StreamCheck : uint8_t {
+  kTrackable,    // events may be recorded on it
+  kCaptured,     // under stream capture: events would join the graph, so none are recorded
+  kUntrackable,  // the driver refused to say (e.g. the legacy stream during a capture)
+};
+
+struct CompletionCounters {
+  std::atomic<uint64_t> tracked{0};       // records handed to the poller
+  std::atomic<uint64_t> noPair{0};        // calls that found no free event pair
+  std::atomic<uint64_t> queueFull{0};     // records the poller never heard of (queue full)
+  std::atomic<uint64_t> recordErrors{0};  // cuEventRecord failures
+  std::atomic<uint64_t> queryErrors{0};   // cuEventQuery errors other than not-ready
+};
+
+class CompletionTracker {
+ public:
+  static constexpr uint32_t kMaxContexts = 8;
+  static constexpr uint32_t kPairsPerContext = 4096;
+  static constexpr uint32_t kInitialPairs = 64;  // created at communicator init
+  static constexpr uint32_t kGrowPairs = 256;    // added by the poller when the pool runs low
+  static constexpr size_t kQueueCapacity = 32768;
+
+  CompletionTracker(const DriverApi& driver, trace::RingWriter& writer);
+  ~CompletionTracker();
+  CompletionTracker(const CompletionTracker&) = delete;
+  CompletionTracker& operator=(const CompletionTracker&) = delete;
+
+  // At communicator init, on the application thread: the current context gets its first pairs.
+  void prepareCurrentContext();
+
+  // ---- application threads (hot path: no allocation, no lock, no I/O) ----
+  StreamCheck checkStream(uint64_t stream) const;
+  // Takes a pair for the current context and records its "before" event on `stream`.
+  Ticket recordBefore(uint64_t stream);
+  // Records the "after" event behind the call's work; false (pair given back) on failure.
+  bool recordAfter(Ticket ticket, uint64_t stream);
+  // Hands the records that share `ticket` to the poller; `updatesState` is false for calls
+  // that failed (their record keeps its failed state; the pair only returns when done).
+  void submit(Ticket ticket, std::span<const uint64_t> ringIndices, uint64_t commHash,
+              bool updatesState);
+  // Gives back a pair whose before event was recorded but that will not be submitted.
+  void abandon(Ticket ticket);
+  // The communicator was aborted: its pending records end as aborted.
+  void markAborted(uint64_t commHash);
+
+  // ---- the watchdog thread ----
+  // Queries pending events, updates record states, grows pools. Returns the pending count.
+  size_t poll();
+  // Switches the calling thread to the thread-local capture mode, so that its event queries
+  // never invalidate another thread's global-mode stream capture.
+  void enterPollingThread() const;
+
+  const CompletionCounters& counters() const { return counters_; }
+
+ private:
+  struct EventPair {
+    CUevent before = nullptr;
+    CUevent after = nullptr;
+    std::atomic<uint32_t> sharers{0};
+    std::atomic<uint32_t> generation{0};  // bumped each time the pair is taken
+    // Poller-only, for the generation seen last: one query per pair per pass, so that the
+    // records sharing the pair agree.
+    uint32_t seenGeneration = 0;
+    uint64_t queriedPass = 0;
+    bool beforeDone = false;
+    bool afterDone = false;
+    bool failed = false;
+  };
+  struct ContextPool {
+    std::atomic<CUcontext> context{nullptr};
+    std::atomic<uint32_t> created{0};
+    BoundedQueue<uint32_t, kPairsPerContext> free;
+    EventPair pairs[kPairsPerContext];
+  };
+  struct Pending {
+    uint64_t ringIndex;
+    uint64_t commHash;
+    Ticket ticket;
+    uint32_t generation;
+    bool updatesState;
+    bool started;
+  };
+
+  ContextPool* poolOf(Ticket ticket) const { return pools_[ticket >> 16].get(); }
+  EventPair& pairOf(Ticket ticket) const { return poolOf(ticket)->pairs[ticket & 0xffff]; }
+  int slotForCurrentContext(bool create);
+  void grow(ContextPool& pool, uint32_t pairs);
+  void release(Ticket ticket);
+  void queryPair(EventPair& pair);
+
+  const DriverApi& driver_;
+  trace::RingWriter& writer_;
+  std::unique_ptr<ContextPool> pools_[kMaxContexts];
+  std::atomic<uint32_t> poolCount_{0};
+  std::atomic<CUcontext> wantedContext_{nullptr};  // a context with no pool yet, for the poller
+  BoundedQueue<Pending, kQueueCapacity> queue_;
+  BoundedQueue<uint64_t, 64> aborts_;
+  std::mutex growMutex_;  // app threads at init and the poller may both grow a pool
+  CompletionCounters counters_;
+  // Poller-only.
+  std::vector<Pending> inflight_;
+  uint64_t pass_ = 0;
+};
+
+}  // namespace ncclwatch::watchdog
