@@ -17,23 +17,27 @@ done
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
-# 400 batches of 200 calls; a 3 ms pause after each batch (untimed) lets the watchdog, polling
-# every 2 ms here, hand the batch's event pairs back, as a training step's compute would.
-run() {  # NAME [env assignments...]
-  local name=$1; shift
+# Recording only: 200 batches of 1000 back-to-back calls. With events: 400 batches of 200
+# calls and a 3 ms pause after each (untimed), as a training step's compute would leave between
+# its collectives; the watchdog polls every 20 ms here. Its baseline runs the same shape without
+# ncclwatch, since the pause itself changes the per-call figure.
+run() {  # NAME SHAPE [env assignments...]
+  local name=$1 shape=$2; shift 2
   env LD_LIBRARY_PATH="$PWD/$build/sim/lib" NCCLSIM_INSTANT=1 NCCLWATCH_DIR="$logs/$name" \
-    NCCLWATCH_POLL_MS=2 "$@" "$loop" 400 200 3000 |
+    NCCLWATCH_POLL_MS=20 "$@" "$loop" $shape |
     sed -n 's/.*median_ns=\([0-9.]*\).*rss_kib=\([0-9-]*\).*/\1 \2/p' >>"$logs/$name.txt"
 }
 for ((i = 0; i < rounds; i++)); do
-  run base
-  run recording LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0
-  run events LD_PRELOAD="$preload" NCCLWATCH_EVENTS=1
+  run base "200 1000"
+  run recording "200 1000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0
+  run base_paused "400 200 3000"
+  run events "400 200 3000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=1
 done
 
 median() { sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 base=$(cut -d' ' -f1 "$logs/base.txt" | median)
 off=$(cut -d' ' -f1 "$logs/recording.txt" | median)
+base_paused=$(cut -d' ' -f1 "$logs/base_paused.txt" | median)
 on=$(cut -d' ' -f1 "$logs/events.txt" | median)
 rss_base=$(cut -d' ' -f2 "$logs/base.txt" | median)
 rss_off=$(cut -d' ' -f2 "$logs/recording.txt" | median)
@@ -48,12 +52,34 @@ records = [r for r in json.load(sys.stdin)["records"] if r["op"] == "AllReduce"]
 done = sum(1 for r in records if not r["no_events"] and r["state"] == "completed")
 print(f"{done} of {len(records)}")')
 
-printf 'ncclAllReduce host time per call, sim instant mode, median of %d runs x 80k calls\n' "$rounds"
-printf '  %-36s %8.1f ns\n' "without ncclwatch" "$base"
-printf '  %-36s %8.1f ns  (+%.1f ns, budget 50)\n' "with ncclwatch, recording only" "$off" "$(awk "BEGIN{print $off - $base}")"
-printf '  %-36s %8.1f ns  (+%.1f ns, budget 600)\n' "with ncclwatch, completion events" "$on" "$(awk "BEGIN{print $on - $base}")"
+printf 'ncclAllReduce host time per call, sim instant mode, median of %d interleaved runs\n' "$rounds"
+printf '  back to back (200 x 1000 calls):\n'
+printf '    %-34s %8.1f ns\n' "without ncclwatch" "$base"
+printf '    %-34s %8.1f ns  (+%.1f ns, budget 50)\n' "with ncclwatch, recording only" "$off" "$(awk "BEGIN{print $off - $base}")"
+printf '  in steps (400 x 200 calls, 3 ms apart):\n'
+printf '    %-34s %8.1f ns\n' "without ncclwatch" "$base_paused"
+printf '    %-34s %8.1f ns  (+%.1f ns, budget 600)\n' "with ncclwatch, completion events" "$on" "$(awk "BEGIN{print $on - $base_paused}")"
 printf '  calls tracked to completion in the events run (last ring): %s\n' "$tracked"
 printf '  resident memory: %s KiB without, %s KiB recording (+%s), %s KiB with events (+%s)\n' \
   "$rss_base" "$rss_off" "$((rss_off - rss_base))" "$rss_on" "$((rss_on - rss_base))"
+# Where the events row's time goes on the sim: its driver calls themselves, measured alone.
+LD_LIBRARY_PATH="$PWD/$build/sim/lib" "$build/bench/driver_cost" | sed 's/^/  /' || true
 printf '  ring: %s bytes per record; ring file %s bytes\n' 128 "$ring"
+
+# Instructions are repeatable where wall time is not: callgrind counts every thread's
+# instructions; the marginal count per call (20k calls minus 10k calls) of each configuration.
+if command -v valgrind >/dev/null; then
+  instructions() {  # SHAPE_BATCHES [env...]
+    local batches=$1; shift
+    env LD_LIBRARY_PATH="$PWD/$build/sim/lib" NCCLSIM_INSTANT=1 NCCLWATCH_DIR="$logs/cg" \
+      NCCLWATCH_POLL_MS=20 "$@" valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+      "$loop" "$batches" 1000 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+  }
+  per_call() { echo $((($(instructions 20 "$@") - $(instructions 10 "$@")) / 10000)); }
+  i_base=$(per_call)
+  i_off=$(per_call LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0)
+  i_on=$(per_call LD_PRELOAD="$preload" NCCLWATCH_EVENTS=1)
+  printf '  instructions per call (callgrind, all threads): %s without, %s recording (+%s), %s with events (+%s, driver calls included)\n' \
+    "$i_base" "$i_off" "$((i_off - i_base))" "$i_on" "$((i_on - i_base))"
+fi
 exit 0

@@ -12,7 +12,7 @@ NCCLWATCH_EXPORT const char* ncclwatchVersion(void) {
 // is created at the first NCCL call) or when recording is off.
 NCCLWATCH_EXPORT const char* ncclwatchTracePath(void) {
   try {
-    ncclwatch::interpose::Recorder* recorder = ncclwatch::interpose::Recorder::get();
+    ncclwatch::interpose::Recorder* recorder = ncclwatch::interpose::Recorder::existing();
     return recorder != nullptr ? recorder->tracePath() : nullptr;
   } catch (...) {
     return nullptr;

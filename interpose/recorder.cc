@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 
+#include "trace/clock.h"
 #include "trace/fingerprint.h"
 #include "trace/ring_writer.h"
 #include "watchdog/agent.h"
@@ -71,7 +72,6 @@ namespace {
 
 using State = RecorderState;
 
-std::atomic<State*> g_state{nullptr};
 std::atomic<bool> g_disabled{false};
 std::once_flag g_atforkOnce;
 std::mutex g_initMutex;
@@ -97,12 +97,6 @@ ThreadBatches* threadBatches() {
   t_batches = new (std::nothrow) ThreadBatches();
   if (t_batches != nullptr) pthread_setspecific(g_batchesKey, t_batches);
   return t_batches;
-}
-
-int64_t monotonicNs() {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
 }
 
 int threadId() {
@@ -185,14 +179,13 @@ size_t slotFor(ncclComm_t comm) {
 
 void forgetAfterFork() {
   // The child must never write into its parent's ring; it starts over lazily with its own file.
-  if (State* state = g_state.load()) state->writer.forgetAfterFork();
-  g_state.store(nullptr);  // the old state is leaked: its locks may be held by parent threads
+  Recorder::forgetAfterFork();
   new (&g_initMutex) std::mutex();
 }
 
 // At normal exit the trace says so: a reader then tells a finished process from a killed one.
 __attribute__((destructor)) void markCleanShutdown() {
-  State* state = g_state.load(std::memory_order_acquire);
+  auto* state = static_cast<State*>(Recorder::existing());
   if (state != nullptr && state->writer.isOpen()) state->writer.markCleanShutdown();
 }
 
@@ -225,13 +218,15 @@ bool takeNestedUniqueId(ncclUniqueId* id) {
   return true;
 }
 
-Recorder* Recorder::get() {
-  if (State* state = g_state.load(std::memory_order_acquire)) {
-    return state;
-  }
+void Recorder::forgetAfterFork() {
+  if (auto* state = static_cast<State*>(instance_.load())) state->writer.forgetAfterFork();
+  instance_.store(nullptr);
+}
+
+Recorder* Recorder::start() {
   if (g_disabled.load(std::memory_order_relaxed)) return nullptr;
   std::lock_guard<std::mutex> lock(g_initMutex);
-  if (State* state = g_state.load()) return state;
+  if (Recorder* existing = instance_.load()) return existing;
   if (!envSwitch("NCCLWATCH_ENABLE", true)) {
     g_disabled.store(true);
     return nullptr;
@@ -270,7 +265,7 @@ Recorder* Recorder::get() {
   int version = 0;
   ncclGetVersion(&version);  // through our own forwarding wrapper
   state->writer.setNcclLibrary(version, "");
-  g_state.store(state, std::memory_order_release);
+  instance_.store(state, std::memory_order_release);
   return state;
 }
 
@@ -308,7 +303,7 @@ CommEntry* Recorder::add(const CommCreation& creation) {
     info.commHash = creation.hash;
     info.parentHash = creation.parentHash;
     info.commPointer = reinterpret_cast<uint64_t>(creation.comm);
-    info.createdNs = monotonicNs();
+    info.createdNs = trace::FastClock::nowNs();
     info.nranks = creation.nranks;
     info.rank = creation.rank;
     info.device = creation.device;
@@ -330,6 +325,12 @@ void Recorder::forget(ncclComm_t comm) {
 }
 
 namespace {
+
+// The result lands before the state: continuous mode persists a record once its state is final.
+void markFailed(trace::RingWriter& writer, uint64_t index, ncclResult_t result) {
+  writer.updateResult(index, static_cast<int32_t>(result));
+  writer.updateState(index, trace::RecordState::kFailed, 0, 0);
+}
 
 bool tracksCompletion(trace::OpKind op) {
   return trace::isCollective(op) || trace::isPointToPoint(op);
@@ -421,7 +422,7 @@ IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
   record.rootOrPeer = call.rootOrPeer;
   record.stream = call.stream;
   record.callSite = call.callSite;
-  record.issueNs = monotonicNs();
+  record.issueNs = trace::FastClock::nowNs();
   record.threadId = threadId();
   record.groupDepth = static_cast<uint16_t>(t_groupDepth);
   record.state = trace::RecordState::kIssued;
@@ -490,8 +491,7 @@ void Recorder::finish(const IssuedCall& issued, ncclComm_t comm, ncclResult_t re
   watchdog::CompletionTracker* completion = state->completion.load(std::memory_order_acquire);
   bool failed = result != ncclSuccess && result != ncclInProgress;
   if (failed) {
-    state->writer.updateState(issued.index, trace::RecordState::kFailed, 0, 0);
-    state->writer.updateResult(issued.index, static_cast<int32_t>(result));
+    markFailed(state->writer, issued.index, result);
   }
   if (issued.ticket != watchdog::kNoTicket && completion != nullptr) {
     if (failed) {
@@ -511,7 +511,7 @@ void Recorder::finish(const IssuedCall& issued, ncclComm_t comm, ncclResult_t re
     t_batches->group.comm = comm;
   } else if (!failed && !tracksCompletion(issued.op) && result == ncclSuccess) {
     // Lifecycle calls are host-synchronous: done when they return.
-    int64_t now = monotonicNs();
+    int64_t now = trace::FastClock::nowNs();
     state->writer.updateState(issued.index, trace::RecordState::kCompleted, now, now);
   }
 }
@@ -554,8 +554,7 @@ void Recorder::afterGroupEnd(ncclResult_t result) {
         completion->abandon(batch.streams[s].ticket);
     }
     for (int c = 0; c < batch.callCount; ++c) {
-      state->writer.updateState(batch.calls[c].index, trace::RecordState::kFailed, 0, 0);
-      state->writer.updateResult(batch.calls[c].index, static_cast<int32_t>(result));
+      markFailed(state->writer, batch.calls[c].index, result);
     }
     batch.callCount = batch.streamCount = 0;
     return;
@@ -572,8 +571,7 @@ void Recorder::asyncErrorPolled(ncclComm_t comm, ncclResult_t asyncError) {
   if (asyncError != ncclSuccess) {
     for (int c = 0; c < batch.callCount; ++c) {
       batch.calls[c].failed = true;
-      state->writer.updateState(batch.calls[c].index, trace::RecordState::kFailed, 0, 0);
-      state->writer.updateResult(batch.calls[c].index, static_cast<int32_t>(asyncError));
+      markFailed(state->writer, batch.calls[c].index, asyncError);
     }
   }
   if (completion != nullptr) submitBatch(*completion, batch);

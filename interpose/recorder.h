@@ -70,8 +70,17 @@ struct IssuedCall {
 class Recorder {
  public:
   // The process's recorder, or null when recording is off (NCCLWATCH_ENABLE=0) or the trace
-  // file could not be created (said once on stderr).
-  static Recorder* get();
+  // file could not be created (said once on stderr). The check for an existing recorder is
+  // inline: it runs on every call.
+  static Recorder* get() {
+    if (Recorder* recorder = instance_.load(std::memory_order_acquire)) return recorder;
+    return start();
+  }
+  // The recorder if one was started, without starting one.
+  static Recorder* existing() { return instance_.load(std::memory_order_acquire); }
+  // In a fork() child: the parent's recorder is left behind unused (its locks may be held by
+  // parent threads that do not exist here); the child starts its own on its next NCCL call.
+  static void forgetAfterFork();
 
   CommEntry* find(ncclComm_t comm);
   CommEntry* add(const CommCreation& creation);
@@ -100,7 +109,9 @@ class Recorder {
 
  private:
   Recorder() = default;
+  static Recorder* start();
   friend struct RecorderState;  // the one concrete recorder, defined in recorder.cc
+  static inline std::atomic<Recorder*> instance_{nullptr};
 };
 
 // Thread-local nesting of NCCL calls: NCCL calls some of its own exported functions through

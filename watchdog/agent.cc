@@ -3,10 +3,13 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+
+#include "trace/clock.h"
 
 namespace ncclwatch::watchdog {
 namespace {
@@ -68,12 +71,15 @@ void Agent::run() {
   for (;;) {
     bool last = stopping_;
     lock.unlock();
+    trace::FastClock::calibrate();
     if (completion_) completion_->poll();
     // Continuous mode: the ring's records go to the file's segments after their states settle.
     if (writer_.continuous()) writer_.persistSegments();
     lock.lock();
     if (last) break;
-    wake_.wait_for(lock, std::chrono::milliseconds(options_.pollMs), [this] { return stopping_; });
+    // Until the fast clock has its first line, poll often enough to publish it within ~25 ms.
+    int waitMs = trace::FastClock::calibrated() ? options_.pollMs : std::min(options_.pollMs, 10);
+    wake_.wait_for(lock, std::chrono::milliseconds(waitMs), [this] { return stopping_; });
   }
   finished_ = true;
   wake_.notify_all();

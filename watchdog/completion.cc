@@ -2,16 +2,13 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <mutex>
+
+#include "trace/clock.h"
 
 namespace ncclwatch::watchdog {
 namespace {
-
-int64_t monotonicNs() {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
-}
 
 CUstream asStream(uint64_t stream) {
   return reinterpret_cast<CUstream>(stream);
@@ -100,6 +97,7 @@ Ticket CompletionTracker::recordBefore(uint64_t stream) {
   }
   uint32_t index = 0;
   if (!pools_[slot]->free.pop(&index)) {
+    pools_[slot]->misses.fetch_add(1, std::memory_order_relaxed);
     counters_.noPair.fetch_add(1, std::memory_order_relaxed);
     return kNoTicket;
   }
@@ -190,7 +188,7 @@ size_t CompletionTracker::poll() {
   std::vector<uint64_t> aborted;
   for (uint64_t hash; aborts_.pop(&hash);) aborted.push_back(hash);
 
-  int64_t now = monotonicNs();
+  int64_t now = trace::FastClock::nowNs();
   size_t kept = 0;
   for (Pending& pending : inflight_) {
     EventPair& pair = pairOf(pending.ticket);
@@ -232,13 +230,19 @@ size_t CompletionTracker::poll() {
     int slot = slotForCurrentContext(true);
     if (slot >= 0 && pools_[slot]->created.load() == 0) grow(*pools_[slot], kInitialPairs);
   }
+  // A pool grows by what the calls since the last poll lacked (at least a step) when calls
+  // found it empty, or when it runs low now.
   uint32_t count = poolCount_.load(std::memory_order_acquire);
   for (uint32_t slot = 0; slot < count; ++slot) {
     ContextPool& pool = *pools_[slot];
+    uint64_t misses = pool.misses.load(std::memory_order_relaxed);
+    uint64_t recentMisses = misses - pool.missesSeen;
+    pool.missesSeen = misses;
     uint32_t created = pool.created.load(std::memory_order_relaxed);
-    if (pool.free.size() < created / 4 + 8 && created < kPairsPerContext &&
+    bool low = pool.free.size() < created / 4 + 8;
+    if ((recentMisses > 0 || low) && created < kPairsPerContext &&
         driver_.ctxSetCurrent(pool.context.load()) == CUDA_SUCCESS) {
-      grow(pool, kGrowPairs);
+      grow(pool, static_cast<uint32_t>(std::max<uint64_t>(kGrowPairs, recentMisses)));
     }
   }
   driver_.ctxSetCurrent(previous);

@@ -43,7 +43,7 @@ class CompletionTracker {
   static constexpr uint32_t kMaxContexts = 8;
   static constexpr uint32_t kPairsPerContext = 4096;
   static constexpr uint32_t kInitialPairs = 64;  // created at communicator init
-  static constexpr uint32_t kGrowPairs = 256;    // added by the poller when the pool runs low
+  static constexpr uint32_t kGrowPairs = 256;    // the least the poller adds to a low pool
   static constexpr size_t kQueueCapacity = 32768;
 
   CompletionTracker(const DriverApi& driver, trace::RingWriter& writer);
@@ -95,6 +95,8 @@ class CompletionTracker {
   struct ContextPool {
     std::atomic<CUcontext> context{nullptr};
     std::atomic<uint32_t> created{0};
+    std::atomic<uint64_t> misses{0};  // calls that found the pool empty
+    uint64_t missesSeen = 0;          // poller-only: misses already answered by growth
     BoundedQueue<uint32_t, kPairsPerContext> free;
     EventPair pairs[kPairsPerContext];
   };
