@@ -1,5 +1,7 @@
 #include "interpose/recorder.h"
 
+#include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -16,6 +18,7 @@
 #include <span>
 #include <string>
 
+#include "interpose/forward.h"
 #include "trace/clock.h"
 #include "trace/fingerprint.h"
 #include "trace/ring_writer.h"
@@ -170,6 +173,15 @@ trace::TraceMode traceMode() {
   return trace::TraceMode::kRing;
 }
 
+// The file the real NCCL was loaded from: the one holding NCCL's own pncclGetVersion.
+std::string realNcclPath() {
+  Dl_info info{};
+  void* function = resolveReal("pncclGetVersion");
+  if (function == nullptr || dladdr(function, &info) == 0 || info.dli_fname == nullptr) return "";
+  char resolved[PATH_MAX];
+  return realpath(info.dli_fname, resolved) != nullptr ? resolved : info.dli_fname;
+}
+
 size_t slotFor(ncclComm_t comm) {
   auto value = reinterpret_cast<uintptr_t>(comm);
   value ^= value >> 17;
@@ -264,7 +276,7 @@ Recorder* Recorder::start() {
       static_cast<int>(envCount("NCCLWATCH_POLL_MS", 1, 60000, kDefaultPollMs));
   int version = 0;
   ncclGetVersion(&version);  // through our own forwarding wrapper
-  state->writer.setNcclLibrary(version, "");
+  state->writer.setNcclLibrary(version, realNcclPath());
   instance_.store(state, std::memory_order_release);
   return state;
 }

@@ -112,6 +112,15 @@ void printTable(const TraceFile& file, std::ostream& out) {
                 file.records.size(), file.slotsPresent, file.emptySlots, h.nextIndex,
                 h.droppedComms, h.droppedRecords);
   out << line;
+  if (file.continuous) {
+    std::snprintf(line, sizeof line,
+                  "mode: full trace: %" PRIu64 " records from %" PRIu64 " segments, %" PRIu64
+                  " from the ring; %" PRIu64 " lost\n",
+                  file.segmentRecords, file.segments, file.ringRecords, file.lostRecords);
+  } else {
+    std::snprintf(line, sizeof line, "mode: ring (the newest %u calls)\n", h.capacity);
+  }
+  out << line;
   for (const trace::TraceProblem& problem : file.problems) {
     out << "problem at offset " << problem.offset << ": " << problem.what << "\n";
   }
@@ -159,7 +168,9 @@ void printJson(const TraceFile& file, std::ostream& out) {
       << ",\"anchor_monotonic_ns\":" << h.anchorMonotonicNs
       << ",\"anchor_realtime_ns\":" << h.anchorRealtimeNs << ",\"next_index\":" << h.nextIndex
       << ",\"dropped_comms\":" << h.droppedComms << ",\"dropped_records\":" << h.droppedRecords
-      << ",\"problems\":[";
+      << ",\"mode\":\"" << (file.continuous ? "full" : "ring") << "\""
+      << ",\"segments\":" << file.segments << ",\"segment_records\":" << file.segmentRecords
+      << ",\"lost_records\":" << file.lostRecords << ",\"problems\":[";
   for (size_t i = 0; i < file.problems.size(); ++i) {
     out << (i ? "," : "") << "{\"offset\":" << file.problems[i].offset
         << ",\"what\":" << jsonString(file.problems[i].what.c_str(), file.problems[i].what.size())

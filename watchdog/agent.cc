@@ -78,7 +78,10 @@ void Agent::run() {
     lock.lock();
     if (last) break;
     // Until the fast clock has its first line, poll often enough to publish it within ~25 ms.
-    int waitMs = trace::FastClock::calibrated() ? options_.pollMs : std::min(options_.pollMs, 10);
+    // Continuous mode polls and persists at least every 10 ms, so that a burst of calls rarely
+    // laps the ring before its records reach the file with their settled states.
+    bool eager = !trace::FastClock::calibrated() || writer_.continuous();
+    int waitMs = eager ? std::min(options_.pollMs, 10) : options_.pollMs;
     wake_.wait_for(lock, std::chrono::milliseconds(waitMs), [this] { return stopping_; });
   }
   finished_ = true;

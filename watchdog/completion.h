@@ -42,8 +42,8 @@ class CompletionTracker {
  public:
   static constexpr uint32_t kMaxContexts = 8;
   static constexpr uint32_t kPairsPerContext = 4096;
-  static constexpr uint32_t kInitialPairs = 64;  // created at communicator init
-  static constexpr uint32_t kGrowPairs = 256;    // the least the poller adds to a low pool
+  static constexpr uint32_t kInitialPairs = 256;  // created at communicator init
+  static constexpr uint32_t kGrowPairs = 256;     // the least the poller adds to a low pool
   static constexpr size_t kQueueCapacity = 32768;
 
   CompletionTracker(const DriverApi& driver, trace::RingWriter& writer);

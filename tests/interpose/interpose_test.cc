@@ -118,6 +118,46 @@ TEST(Recording, BcastIsRecordedOnce) {
   EXPECT_EQ(files[0].header.cleanShutdown, 1u);
 }
 
+// What one rank's file of a clean train_loop run of `steps` steps holds: exactly the calls it
+// made, each completed on the GPU, with contiguous sequences per communicator.
+void expectTrainLoopCalls(const TraceFile& file, int steps) {
+  SCOPED_TRACE("rank " + std::to_string(file.header.rank));
+  EXPECT_TRUE(file.problems.empty());
+  EXPECT_EQ(file.header.cleanShutdown, 1u);
+  std::map<OpKind, int> counts;
+  std::map<uint64_t, uint64_t> lastSeq;
+  for (const CallRecord& record : file.records) {
+    ++counts[record.op];
+    EXPECT_EQ(record.result, 0);
+    // Every call finished, on the GPU for communication (seen through its events).
+    EXPECT_EQ(record.state, RecordState::kCompleted) << opName(record.op) << " " << record.seq;
+    EXPECT_GE(record.completeNs, record.startNs);
+    EXPECT_GE(record.startNs, record.issueNs);
+    if (isCollective(record.op) || isPointToPoint(record.op)) {
+      EXPECT_EQ(
+          record.flags & (ncclwatch::trace::kRecordNoEvents | ncclwatch::trace::kRecordCaptured), 0)
+          << "completion not tracked for " << opName(record.op) << " " << record.seq;
+    }
+    if (isPointToPoint(record.op)) {
+      EXPECT_NE(record.flags & ncclwatch::trace::kRecordInGroup, 0);  // the pipeline ring
+    }
+    if (record.op == OpKind::kInit) continue;
+    EXPECT_EQ(record.seq, lastSeq[record.commHash] + 1) << "sequence gap";
+    lastSeq[record.commHash] = record.seq;
+  }
+  // Per step: TP allreduce, 3 bucket allreduces, barrier allreduce; allgather; reducescatter;
+  // one send and one receive; the learning-rate broadcast. Plus the start broadcast.
+  EXPECT_EQ(counts[OpKind::kAllReduce], 5 * steps);
+  EXPECT_EQ(counts[OpKind::kAllGather], steps);
+  EXPECT_EQ(counts[OpKind::kReduceScatter], steps);
+  EXPECT_EQ(counts[OpKind::kSend], steps);
+  EXPECT_EQ(counts[OpKind::kRecv], steps);
+  EXPECT_EQ(counts[OpKind::kBroadcast], steps + 1);
+  EXPECT_EQ(counts[OpKind::kInit], 3);
+  EXPECT_EQ(counts[OpKind::kSplit], 2);
+  EXPECT_EQ(counts[OpKind::kDestroy], 3);
+}
+
 // train_loop on 8 ranks, 3 steps: each rank's file holds exactly the calls it made, with
 // contiguous sequences per communicator and communicator ids that agree across ranks.
 TEST(Recording, TrainLoopFilesHoldExactlyTheCallsMade) {
@@ -131,47 +171,13 @@ TEST(Recording, TrainLoopFilesHoldExactlyTheCallsMade) {
   ASSERT_EQ(files.size(), static_cast<size_t>(kRanks));
   std::map<int, uint64_t> worldHashByRank, tpHashByRank, dpHashByRank;
   for (const TraceFile& file : files) {
-    SCOPED_TRACE("rank " + std::to_string(file.header.rank));
-    EXPECT_TRUE(file.problems.empty());
-    EXPECT_EQ(file.header.cleanShutdown, 1u);
-    std::map<OpKind, int> counts;
-    std::map<uint64_t, uint64_t> lastSeq;
-    for (const CallRecord& record : file.records) {
-      ++counts[record.op];
-      EXPECT_EQ(record.result, 0);
-      // Every call finished, on the GPU for communication (seen through its events).
-      EXPECT_EQ(record.state, RecordState::kCompleted) << opName(record.op) << " " << record.seq;
-      EXPECT_GE(record.completeNs, record.startNs);
-      EXPECT_GE(record.startNs, record.issueNs);
-      if (isCollective(record.op) || isPointToPoint(record.op)) {
-        EXPECT_EQ(
-            record.flags & (ncclwatch::trace::kRecordNoEvents | ncclwatch::trace::kRecordCaptured),
-            0)
-            << "completion not tracked for " << opName(record.op) << " " << record.seq;
-      }
-      if (isPointToPoint(record.op)) {
-        EXPECT_NE(record.flags & ncclwatch::trace::kRecordInGroup, 0);  // the pipeline ring
-      }
-      if (record.op == OpKind::kInit) continue;
-      EXPECT_EQ(record.seq, lastSeq[record.commHash] + 1) << "sequence gap";
-      lastSeq[record.commHash] = record.seq;
-    }
-    // Per step: TP allreduce, 3 bucket allreduces, barrier allreduce; allgather; reducescatter;
-    // one send and one receive; the learning-rate broadcast. Plus the start broadcast.
-    EXPECT_EQ(counts[OpKind::kAllReduce], 5 * kSteps);
-    EXPECT_EQ(counts[OpKind::kAllGather], kSteps);
-    EXPECT_EQ(counts[OpKind::kReduceScatter], kSteps);
-    EXPECT_EQ(counts[OpKind::kSend], kSteps);
-    EXPECT_EQ(counts[OpKind::kRecv], kSteps);
-    EXPECT_EQ(counts[OpKind::kBroadcast], kSteps + 1);
-    EXPECT_EQ(counts[OpKind::kInit], 3);
-    EXPECT_EQ(counts[OpKind::kSplit], 2);
-    EXPECT_EQ(counts[OpKind::kDestroy], 3);
+    expectTrainLoopCalls(file, kSteps);
     ASSERT_EQ(file.comms.size(), 3u);
     worldHashByRank[file.header.rank] = file.comms[0].commHash;
     tpHashByRank[file.header.rank] = file.comms[1].commHash;
     dpHashByRank[file.header.rank] = file.comms[2].commHash;
     EXPECT_EQ(file.comms[1].parentHash, file.comms[0].commHash);
+    EXPECT_NE(std::string(file.header.ncclLibrary).find("libnccl.so"), std::string::npos);
   }
   for (int rank = 0; rank < kRanks; ++rank) {
     EXPECT_EQ(worldHashByRank[rank], worldHashByRank[0]);
@@ -183,6 +189,30 @@ TEST(Recording, TrainLoopFilesHoldExactlyTheCallsMade) {
     }
   }
   EXPECT_NE(dpHashByRank[0], dpHashByRank[1]);
+}
+
+// NCCLWATCH_TRACE=full with a ring far smaller than the run: the file still holds every call,
+// from the segments the watchdog appended, with nothing lost.
+TEST(Recording, FullTraceKeepsTheWholeRunBeyondTheRing) {
+  constexpr int kRanks = 4, kSteps = 40;
+  std::string logs = freshDirectory("full");
+  testsupport::JobSpec spec =
+      preloaded(std::string(NCCLWATCH_BUILD_DIR) + "/examples/train_loop", kRanks, logs,
+                {"--steps", std::to_string(kSteps), "--quiet"});
+  spec.env.push_back({"NCCLWATCH_TRACE", "full"});
+  spec.env.push_back({"NCCLWATCH_RING_RECORDS", "256"});
+  testsupport::Job job(spec);
+  ASSERT_TRUE(job.waitExit(120s));
+  for (int rank = 0; rank < kRanks; ++rank) ASSERT_EQ(job.exitStatus(rank), 0) << job.output(rank);
+  std::vector<TraceFile> files = readAll(logs);
+  ASSERT_EQ(files.size(), static_cast<size_t>(kRanks));
+  for (const TraceFile& file : files) {
+    EXPECT_TRUE(file.continuous);
+    EXPECT_EQ(file.lostRecords, 0u);
+    EXPECT_GT(file.records.size(), 256u);  // more than the ring holds
+    EXPECT_GT(file.segmentRecords, 0u);
+    expectTrainLoopCalls(file, kSteps);
+  }
 }
 
 // A rank SIGKILLed in a hang leaves a file that reads, holding its calls up to the kill.

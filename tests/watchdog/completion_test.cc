@@ -91,7 +91,7 @@ class CompletionTest : public testing::Test {
     path_ = std::string(testing::TempDir()) + "/completion-" + std::to_string(getpid()) + "-" +
             testing::UnitTest::GetInstance()->current_test_info()->name() + ".ncclwatch";
     std::string error;
-    ASSERT_TRUE(writer_.open(path_, 64, {}, &error)) << error;
+    ASSERT_TRUE(writer_.open(path_, 4096, {}, &error)) << error;
     tracker_ = std::make_unique<CompletionTracker>(api_, writer_);
     tracker_->prepareCurrentContext();
   }
