@@ -273,7 +273,9 @@ class TrainLoop {
     return false;
   }
 
-  bool runStep(int step) {
+  // Not inlined: a training step is a frame of its own in real programs, and stack dumps of a
+  // hang should show it here too.
+  __attribute__((noinline)) bool runStep(int step) {
     if (bugAt(BugKind::kExit, step)) {
       std::printf("train_loop: rank %d leaves early at step %d (injected bug)\n", env_.rank, step);
       std::fflush(stdout);

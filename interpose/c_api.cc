@@ -1,5 +1,6 @@
 // The small C API of libncclwatch.so, prefixed ncclwatch.
 #include "interpose/recorder.h"
+#include "watchdog/triggers.h"
 
 #define NCCLWATCH_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -16,5 +17,17 @@ NCCLWATCH_EXPORT const char* ncclwatchTracePath(void) {
     return recorder != nullptr ? recorder->tracePath() : nullptr;
   } catch (...) {
     return nullptr;
+  }
+}
+
+// Takes a dump now: every thread's native and Python stacks into this process's trace file,
+// and a summary on stderr. Waits at most `waitMs` (0 or less: 3000).
+// Returns 0 when the dump was written, -1 when no watchdog runs yet (no communicator was
+// created) or it did not finish in time. Safe from any thread but a signal handler.
+NCCLWATCH_EXPORT int ncclwatchDump(int waitMs) {
+  try {
+    return ncclwatch::watchdog::Triggers::requestAndWait(waitMs > 0 ? waitMs : 3000) ? 0 : -1;
+  } catch (...) {
+    return -1;
   }
 }

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -182,6 +183,64 @@ std::string realNcclPath() {
   return realpath(info.dli_fname, resolved) != nullptr ? resolved : info.dli_fname;
 }
 
+watchdog::HangAction hangAction() {
+  const char* text = envText("NCCLWATCH_ON_HANG");
+  if (text == nullptr || std::strcmp(text, "warn") == 0) return watchdog::HangAction::kWarn;
+  if (std::strcmp(text, "dump") == 0) return watchdog::HangAction::kDump;
+  if (std::strcmp(text, "abort") == 0) return watchdog::HangAction::kAbort;
+  std::fprintf(stderr, "[ncclwatch] NCCLWATCH_ON_HANG=%s is not warn, dump or abort; using warn\n",
+               text);
+  return watchdog::HangAction::kWarn;
+}
+
+// A signal by number or name (SIGUSR1, USR1, SIGRTMIN+5); 0 when unset or unknown (said once).
+int dumpSignal() {
+  const char* text = envText("NCCLWATCH_DUMP_SIGNAL");
+  if (text == nullptr) return 0;
+  std::string name = text;
+  if (name.rfind("SIG", 0) == 0) name = name.substr(3);
+  char* end = nullptr;
+  long number = std::strtol(name.c_str(), &end, 10);
+  if (*end == '\0' && number > 0 && number < SIGRTMAX) return static_cast<int>(number);
+  if (name.rfind("RTMIN+", 0) == 0) {
+    long offset = std::strtol(name.c_str() + 6, &end, 10);
+    if (*end == '\0' && offset >= 0 && SIGRTMIN + offset <= SIGRTMAX) {
+      return SIGRTMIN + static_cast<int>(offset);
+    }
+  }
+  for (auto [known, number] : {std::pair{"USR1", SIGUSR1}, std::pair{"USR2", SIGUSR2},
+                               std::pair{"HUP", SIGHUP}, std::pair{"QUIT", SIGQUIT}}) {
+    if (name == known) return number;
+  }
+  std::fprintf(stderr, "[ncclwatch] NCCLWATCH_DUMP_SIGNAL=%s is not a signal; no dump signal\n",
+               text);
+  return 0;
+}
+
+watchdog::AgentOptions agentOptionsFromEnvironment(int rank) {
+  watchdog::AgentOptions options;
+  options.rank = rank;
+  options.events = envSwitch("NCCLWATCH_EVENTS", true);
+  options.pollMs = static_cast<int>(envCount("NCCLWATCH_POLL_MS", 1, 60000, kDefaultPollMs));
+  options.thresholds.softFloorMs = static_cast<int64_t>(
+      envCount("NCCLWATCH_WARN_MS", 1, 86'400'000, options.thresholds.softFloorMs));
+  options.thresholds.hardFloorMs = static_cast<int64_t>(
+      envCount("NCCLWATCH_HANG_MS", 1, 86'400'000, options.thresholds.hardFloorMs));
+  options.onHang = hangAction();
+  options.triggers.dumpSignal = dumpSignal();
+  options.triggers.waitMs =
+      static_cast<int>(envCount("NCCLWATCH_DUMP_WAIT_MS", 0, 600'000, options.triggers.waitMs));
+  options.triggers.sigterm = envSwitch("NCCLWATCH_DUMP_ON_SIGTERM", true);
+  options.triggers.fatalSignals = envSwitch("NCCLWATCH_DUMP_ON_CRASH", true);
+  options.stackSignalOffset = static_cast<int>(
+      envCount("NCCLWATCH_STACK_SIGNAL", 0, SIGRTMAX - SIGRTMIN, options.stackSignalOffset));
+  options.dumpAtExit = envSwitch("NCCLWATCH_DUMP_AT_EXIT", false);
+  options.abortComm = [](uint64_t commHash) {
+    if (Recorder* recorder = Recorder::existing()) recorder->abortByHash(commHash);
+  };
+  return options;
+}
+
 size_t slotFor(ncclComm_t comm) {
   auto value = reinterpret_cast<uintptr_t>(comm);
   value ^= value >> 17;
@@ -189,7 +248,7 @@ size_t slotFor(ncclComm_t comm) {
   return static_cast<size_t>(value >> 32) & (kCommTableSize - 1);
 }
 
-void forgetAfterFork() {
+void resetAfterFork() {
   // The child must never write into its parent's ring; it starts over lazily with its own file.
   Recorder::forgetAfterFork();
   new (&g_initMutex) std::mutex();
@@ -243,7 +302,7 @@ Recorder* Recorder::start() {
     g_disabled.store(true);
     return nullptr;
   }
-  std::call_once(g_atforkOnce, [] { pthread_atfork(nullptr, nullptr, forgetAfterFork); });
+  std::call_once(g_atforkOnce, [] { pthread_atfork(nullptr, nullptr, resetAfterFork); });
   std::string directory =
       envText("NCCLWATCH_DIR") ? envText("NCCLWATCH_DIR") : "./ncclwatch-logs/" + jobId();
   char host[64] = {};
@@ -271,9 +330,7 @@ Recorder* Recorder::start() {
     g_disabled.store(true);
     return nullptr;
   }
-  state->agentOptions.events = envSwitch("NCCLWATCH_EVENTS", true);
-  state->agentOptions.pollMs =
-      static_cast<int>(envCount("NCCLWATCH_POLL_MS", 1, 60000, kDefaultPollMs));
+  state->agentOptions = agentOptionsFromEnvironment(info.rank);
   int version = 0;
   ncclGetVersion(&version);  // through our own forwarding wrapper
   state->writer.setNcclLibrary(version, realNcclPath());
@@ -588,6 +645,15 @@ void Recorder::asyncErrorPolled(ncclComm_t comm, ncclResult_t asyncError) {
   }
   if (completion != nullptr) submitBatch(*completion, batch);
   t_batches->haveDeferred = false;
+}
+
+void Recorder::abortByHash(uint64_t commHash) {
+  auto* state = static_cast<State*>(this);
+  for (CommEntry& entry : state->comms) {
+    ncclComm_t comm = entry.key.load(std::memory_order_acquire);
+    // Through our own wrapper: the abort is recorded and the comm's pending calls end aborted.
+    if (comm != nullptr && entry.hash == commHash) ncclCommAbort(comm);
+  }
 }
 
 void Recorder::communicatorAborted(uint64_t commHash) {

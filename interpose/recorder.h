@@ -104,6 +104,8 @@ class Recorder {
   void asyncErrorPolled(ncclComm_t comm, ncclResult_t asyncError);
   // ncclCommAbort: the comm's pending records end as aborted.
   void communicatorAborted(uint64_t commHash);
+  // NCCLWATCH_ON_HANG=abort, from the watchdog: ncclCommAbort on every live comm with this hash.
+  void abortByHash(uint64_t commHash);
 
   const char* tracePath() const;
 

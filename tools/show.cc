@@ -2,6 +2,7 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 
 #include "trace/fingerprint.h"
 
@@ -93,6 +94,95 @@ std::string flagNotes(uint8_t flags) {
   return notes;
 }
 
+// Each dump: when and why, the findings, every thread's frames, the Python stacks.
+void printDumps(const TraceFile& file, std::ostream& out) {
+  if (file.dumps.empty()) return;
+  out << "\ndumps:\n";
+  int number = 0;
+  for (const trace::Dump& dump : file.dumps) {
+    out << "  dump " << ++number << " (" << dump.trigger << ") at "
+        << milliseconds(dump.timeNs, file.header.anchorMonotonicNs) << " ms: " << dump.reason
+        << " (took " << dump.tookNs / 1000000 << " ms)\n";
+    for (const trace::DumpFinding& finding : dump.findings) {
+      out << "    finding: comm " << hex(finding.commHash) << " seq " << finding.seq << " "
+          << finding.op << " " << finding.state << ", " << finding.ageMs
+          << " ms: " << finding.explanation << "\n";
+    }
+    for (const trace::DumpThread& thread : dump.threads) {
+      out << "    thread " << thread.tid << " (" << thread.name << ")";
+      if (!thread.answered) {
+        out << ": no native stack; kernel wait " << (thread.wchan.empty() ? "?" : thread.wchan)
+            << ", " << thread.syscall;
+      }
+      out << "\n";
+      int depth = 0;
+      for (const trace::DumpFrame& frame : thread.frames) {
+        char line[1024];
+        std::snprintf(line, sizeof line, "      #%-2d %s+0x%" PRIx64 " (%s+0x%" PRIx64 ")\n",
+                      depth++, frame.function.empty() ? "??" : frame.function.c_str(),
+                      frame.functionOffset, frame.module.empty() ? "??" : frame.module.c_str(),
+                      frame.moduleOffset);
+        out << line;
+      }
+    }
+    out << "    python: " << dump.pythonNote << "\n";
+    for (const trace::DumpPythonThread& thread : dump.pythonThreads) {
+      out << "    python thread " << hex(thread.threadId) << (thread.current ? " (current)" : "")
+          << "\n";
+      for (const trace::DumpPythonFrame& frame : thread.frames) {
+        out << "      File \"" << frame.file << "\", line " << frame.line << ", in "
+            << frame.function << "\n";
+      }
+    }
+  }
+}
+
+void printDumpsJson(const TraceFile& file, std::ostream& out) {
+  out << ",\"dumps\":[";
+  for (size_t d = 0; d < file.dumps.size(); ++d) {
+    const trace::Dump& dump = file.dumps[d];
+    auto text = [](const std::string& value) { return jsonString(value.c_str(), value.size()); };
+    out << (d ? "," : "") << "{\"trigger\":" << text(dump.trigger)
+        << ",\"reason\":" << text(dump.reason) << ",\"time_ns\":" << dump.timeNs
+        << ",\"took_ns\":" << dump.tookNs << ",\"findings\":[";
+    for (size_t i = 0; i < dump.findings.size(); ++i) {
+      const trace::DumpFinding& f = dump.findings[i];
+      out << (i ? "," : "") << "{\"comm\":\"" << hex(f.commHash) << "\",\"seq\":" << f.seq
+          << ",\"op\":" << text(f.op) << ",\"state\":" << text(f.state) << ",\"age_ms\":" << f.ageMs
+          << ",\"thread\":" << f.threadId << ",\"explanation\":" << text(f.explanation) << "}";
+    }
+    out << "],\"threads\":[";
+    for (size_t i = 0; i < dump.threads.size(); ++i) {
+      const trace::DumpThread& t = dump.threads[i];
+      out << (i ? "," : "") << "{\"tid\":" << t.tid << ",\"name\":" << text(t.name)
+          << ",\"answered\":" << (t.answered ? "true" : "false") << ",\"wchan\":" << text(t.wchan)
+          << ",\"syscall\":" << text(t.syscall) << ",\"frames\":[";
+      for (size_t j = 0; j < t.frames.size(); ++j) {
+        const trace::DumpFrame& f = t.frames[j];
+        out << (j ? "," : "") << "{\"pc\":\"" << hex(f.pc) << "\",\"function\":" << text(f.function)
+            << ",\"function_offset\":" << f.functionOffset << ",\"module\":" << text(f.module)
+            << ",\"module_offset\":" << f.moduleOffset << ",\"build_id\":" << text(f.buildId)
+            << "}";
+      }
+      out << "]}";
+    }
+    out << "],\"python\":" << text(dump.pythonNote) << ",\"python_threads\":[";
+    for (size_t i = 0; i < dump.pythonThreads.size(); ++i) {
+      const trace::DumpPythonThread& t = dump.pythonThreads[i];
+      out << (i ? "," : "") << "{\"thread\":\"" << hex(t.threadId)
+          << "\",\"current\":" << (t.current ? "true" : "false") << ",\"frames\":[";
+      for (size_t j = 0; j < t.frames.size(); ++j) {
+        const trace::DumpPythonFrame& f = t.frames[j];
+        out << (j ? "," : "") << "{\"file\":" << text(f.file) << ",\"line\":" << f.line
+            << ",\"function\":" << text(f.function) << "}";
+      }
+      out << "]}";
+    }
+    out << "]}";
+  }
+  out << "]";
+}
+
 void printTable(const TraceFile& file, std::ostream& out) {
   const trace::RingHeader& h = file.header;
   char line[512];
@@ -104,8 +194,15 @@ void printTable(const TraceFile& file, std::ostream& out) {
   std::snprintf(line, sizeof line, "nccl: %d %.256s\n", h.ncclVersion,
                 h.ncclLibrary[0] ? h.ncclLibrary : "(unknown library)");
   out << line;
-  out << "ended: "
-      << (h.cleanShutdown ? "cleanly" : "not cleanly (still running, killed or crashed)") << "\n";
+  out << "ended: ";
+  if (h.cleanShutdown) {
+    out << "cleanly\n";
+  } else if (h.fatalSignal != 0) {
+    out << "by signal " << h.fatalSignal << " (" << strsignal(h.fatalSignal) << ") in thread "
+        << h.fatalThread << "\n";
+  } else {
+    out << "not cleanly (still running, killed or crashed)\n";
+  }
   std::snprintf(line, sizeof line,
                 "records: %zu valid in %" PRIu64 " slots (%" PRIu64 " empty), %" PRIu64
                 " ever written; dropped: %" PRIu64 " communicators, %" PRIu64 " records\n",
@@ -155,6 +252,7 @@ void printTable(const TraceFile& file, std::ostream& out) {
                   flagNotes(r.flags).c_str());
     out << line;
   }
+  printDumps(file, out);
 }
 
 void printJson(const TraceFile& file, std::ostream& out) {
@@ -165,6 +263,7 @@ void printJson(const TraceFile& file, std::ostream& out) {
       << ",\"local_rank\":" << h.localRank << ",\"job\":" << jsonString(h.jobId)
       << ",\"nccl_version\":" << h.ncclVersion << ",\"nccl_library\":" << jsonString(h.ncclLibrary)
       << ",\"clean_shutdown\":" << (h.cleanShutdown ? "true" : "false")
+      << ",\"fatal_signal\":" << h.fatalSignal << ",\"fatal_thread\":" << h.fatalThread
       << ",\"anchor_monotonic_ns\":" << h.anchorMonotonicNs
       << ",\"anchor_realtime_ns\":" << h.anchorRealtimeNs << ",\"next_index\":" << h.nextIndex
       << ",\"dropped_comms\":" << h.droppedComms << ",\"dropped_records\":" << h.droppedRecords
@@ -202,7 +301,9 @@ void printJson(const TraceFile& file, std::ostream& out) {
         << ",\"complete_ns\":" << r.completeNs << ",\"result\":" << r.result
         << ",\"thread\":" << r.threadId << ",\"call_site\":\"" << hex(r.callSite) << "\"}";
   }
-  out << "]}\n";
+  out << "]";
+  printDumpsJson(file, out);
+  out << "}\n";
 }
 
 int run(const std::string& path, bool json, std::ostream& out, std::ostream& err) {

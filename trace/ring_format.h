@@ -73,7 +73,11 @@ struct RingHeader {
   // end at file offset persistedBytes (0 while there is none).
   uint64_t persistedRecords;
   uint64_t persistedBytes;
-  uint8_t reserved1[512 - 496];
+  // Set by the fatal-signal handler (async-signal-safe stores): the signal that ended the
+  // process and the thread that took it; 0 otherwise.
+  int32_t fatalSignal;
+  int32_t fatalThread;
+  uint8_t reserved1[512 - 504];
   CommInfo comms[kCommTableCapacity];
 };
 static_assert(offsetof(RingHeader, droppedRecords) == 80);
@@ -82,6 +86,7 @@ static_assert(offsetof(RingHeader, host) == 96);
 static_assert(offsetof(RingHeader, jobId) == 416);
 static_assert(offsetof(RingHeader, persistedRecords) == 480);
 static_assert(offsetof(RingHeader, persistedBytes) == 488);
+static_assert(offsetof(RingHeader, fatalSignal) == 496);
 static_assert(offsetof(RingHeader, comms) == 512);
 static_assert(sizeof(RingHeader) <= kRingHeaderBytes);
 static_assert(std::is_trivially_copyable_v<RingHeader>);
@@ -104,23 +109,48 @@ static_assert(sizeof(SegmentHeader) == 32);
 static_assert(sizeof(CallRecord) % sizeof(SegmentHeader) == 0);
 static_assert(std::is_trivially_copyable_v<SegmentHeader>);
 
-// A 64-bit checksum of a segment: every step (xor a word, rotate, multiply by an odd constant)
-// is a bijection, so any change confined to one 8-byte word always changes the result.
-inline uint64_t segmentChecksum(uint64_t firstIndex, uint32_t recordCount, const void* records) {
-  auto step = [](uint64_t hash, uint64_t word) {
-    hash ^= word;
-    hash = (hash << 27) | (hash >> 37);
-    return hash * 0x9e3779b97f4a7c15ull;
-  };
-  uint64_t hash = step(step(0x6e77736567637263ull, firstIndex), recordCount);
-  const auto* bytes = static_cast<const unsigned char*>(records);
-  size_t words = static_cast<size_t>(recordCount) * (sizeof(CallRecord) / 8);
+// 64-bit checksums of blocks after the ring: every step (xor a word, rotate, multiply by an odd
+// constant) is a bijection, so any change confined to one 8-byte word always changes the result.
+inline uint64_t checksumStep(uint64_t hash, uint64_t word) {
+  hash ^= word;
+  hash = (hash << 27) | (hash >> 37);
+  return hash * 0x9e3779b97f4a7c15ull;
+}
+inline uint64_t checksumWords(uint64_t hash, const void* data, size_t words) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < words; ++i) {
     uint64_t word;
     std::memcpy(&word, bytes + i * 8, sizeof word);
-    hash = step(hash, word);
+    hash = checksumStep(hash, word);
   }
   return hash ^ (hash >> 31);
+}
+
+// A segment's: of firstIndex, recordCount and the records.
+inline uint64_t segmentChecksum(uint64_t firstIndex, uint32_t recordCount, const void* records) {
+  uint64_t hash = checksumStep(checksumStep(0x6e77736567637263ull, firstIndex), recordCount);
+  return checksumWords(hash, records, static_cast<size_t>(recordCount) * (sizeof(CallRecord) / 8));
+}
+
+// Dump blocks (trace/dump.h) share the space after the ring with segments, in either mode: a
+// DumpHeader, then `textBytes` of dump text, zero-padded to a multiple of 32 bytes.
+inline constexpr char kDumpMagic[8] = {'N', 'W', 'D', 'U', 'M', 'P', 'V', '1'};
+inline constexpr uint64_t kMaxDumpBytes = 16u << 20;
+
+struct DumpHeader {
+  char magic[8];
+  uint64_t textBytes;  // 1 .. kMaxDumpBytes
+  uint64_t checksum;   // dumpChecksum() of the padded text
+  uint64_t reserved;   // 0
+};
+static_assert(sizeof(DumpHeader) == sizeof(SegmentHeader));
+
+inline uint64_t paddedDumpBytes(uint64_t textBytes) {
+  return (textBytes + sizeof(DumpHeader) - 1) / sizeof(DumpHeader) * sizeof(DumpHeader);
+}
+inline uint64_t dumpChecksum(uint64_t textBytes, const void* paddedText) {
+  return checksumWords(checksumStep(0x6e7764756d706d70ull, textBytes), paddedText,
+                       paddedDumpBytes(textBytes) / 8);
 }
 
 }  // namespace ncclwatch::trace

@@ -1,5 +1,7 @@
 #include "trace/ring_reader.h"
 
+#include "trace/dump.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -53,12 +55,15 @@ std::string at(uint64_t offset) {
   return "segment at offset " + std::to_string(offset);
 }
 
-// The next 32-byte step after `from` where a segment magic starts, or `size` if none.
+// The next 32-byte step after `from` where a segment or dump magic starts, or `size` if none.
 uint64_t resync(std::span<const std::byte> bytes, uint64_t from) {
   uint64_t size = bytes.size();
   for (uint64_t pos = from + sizeof(SegmentHeader);
        pos < size && size - pos >= sizeof kSegmentMagic; pos += sizeof(SegmentHeader)) {
-    if (std::memcmp(bytes.data() + pos, kSegmentMagic, sizeof kSegmentMagic) == 0) return pos;
+    if (std::memcmp(bytes.data() + pos, kSegmentMagic, sizeof kSegmentMagic) == 0 ||
+        std::memcmp(bytes.data() + pos, kDumpMagic, sizeof kDumpMagic) == 0) {
+      return pos;
+    }
   }
   return size;
 }
@@ -83,10 +88,46 @@ void takeSegmentRecords(TraceFile& file, std::span<const std::byte> bytes, uint6
   }
 }
 
-// Continuous mode: the segments from `start` to the end of the file. Bad ones are named and
-// skipped; a truncated last one gives the records it holds in full.
+// The dump block at `pos`: parsed into file.dumps when whole and intact. Returns where the next
+// block starts, or 0 when the file ends inside this one.
+uint64_t readDump(TraceFile& file, std::span<const std::byte> bytes, uint64_t pos) {
+  uint64_t size = bytes.size();
+  DumpHeader header;
+  std::memcpy(&header, bytes.data() + pos, sizeof header);
+  if (header.textBytes == 0 || header.textBytes > kMaxDumpBytes) {
+    uint64_t next = resync(bytes, pos);
+    problem(file, pos,
+            "dump at offset " + std::to_string(pos) + ": size " + std::to_string(header.textBytes) +
+                " out of range, skipped");
+    return next;
+  }
+  uint64_t textAt = pos + sizeof header;
+  uint64_t padded = paddedDumpBytes(header.textBytes);
+  if (size - textAt < padded) {
+    problem(file, pos,
+            "dump at offset " + std::to_string(pos) + " truncated: " +
+                std::to_string(size - textAt) + " of " + std::to_string(padded) + " bytes present");
+    return 0;
+  }
+  uint64_t next = textAt + padded;
+  if (dumpChecksum(header.textBytes, bytes.data() + textAt) != header.checksum) {
+    problem(file, pos, "dump at offset " + std::to_string(pos) + ": checksum mismatch, skipped");
+    return next;
+  }
+  Dump dump;
+  std::string why;
+  std::string_view text(reinterpret_cast<const char*>(bytes.data() + textAt), header.textBytes);
+  if (!parseDump(text, &dump, &why)) {
+    problem(file, pos, "dump at offset " + std::to_string(pos) + ": " + why);
+  }
+  file.dumps.push_back(std::move(dump));  // what parsed before a bad line is still shown
+  return next;
+}
+
+// The blocks from `start` to the end of the file: segments (continuous mode only) and dumps. Bad
+// ones are named and skipped; a truncated last one gives the records it holds in full.
 void readSegments(TraceFile& file, std::span<const std::byte> bytes, uint64_t start,
-                  std::vector<CallRecord>& out) {
+                  std::vector<CallRecord>& out, bool segmentsExpected = true) {
   uint64_t size = bytes.size();
   uint64_t pos = start;
   bool truncated = false;
@@ -97,6 +138,23 @@ void readSegments(TraceFile& file, std::span<const std::byte> bytes, uint64_t st
                   std::to_string(sizeof(SegmentHeader)) + " header bytes present");
       truncated = true;
       break;
+    }
+    if (std::memcmp(bytes.data() + pos, kDumpMagic, sizeof kDumpMagic) == 0) {
+      uint64_t next = readDump(file, bytes, pos);
+      if (next == 0) {
+        truncated = true;
+        break;
+      }
+      pos = next;
+      continue;
+    }
+    if (!segmentsExpected) {
+      uint64_t next = resync(bytes, pos);
+      problem(file, pos,
+              "block at offset " + std::to_string(pos) +
+                  " is not a dump, and a ring-mode file has no segments: skipped");
+      pos = next;
+      continue;
     }
     SegmentHeader segment;
     std::memcpy(&segment, bytes.data() + pos, sizeof segment);
@@ -250,13 +308,18 @@ TraceFile parseTrace(std::span<const std::byte> bytes, const std::string& path) 
     file.records.push_back(record);
   }
   file.ringRecords = file.records.size();
+  uint64_t ringEnd = kRingHeaderBytes + capacity * sizeof(CallRecord);
   if (!file.continuous) {
     keepNewest(file.records);
+    // Dumps follow the ring in ring mode too.
+    if (capacityValid && bytes.size() > ringEnd) {
+      std::vector<CallRecord> none;
+      readSegments(file, bytes, ringEnd, none, false);
+    }
     return file;
   }
 
   std::vector<CallRecord> all;
-  uint64_t ringEnd = kRingHeaderBytes + capacity * sizeof(CallRecord);
   if (!capacityValid) {
     problem(file, ringEnd,
             "segments not read: the ring's capacity, hence their offset, is unknown");

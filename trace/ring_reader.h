@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "trace/dump.h"
 #include "trace/ring_format.h"
 
 namespace ncclwatch::trace {
@@ -35,6 +36,8 @@ struct TraceFile {
   // Ring indices below max(nextIndex, last index + 1) with no valid record: the writer's
   // droppedRecords plus whatever damage, truncation or a crash cost. 0 in ring mode.
   uint64_t lostRecords = 0;
+  // Dumps the watchdog wrote after the ring (hang, signal, request, exit), oldest first.
+  std::vector<Dump> dumps;
   std::vector<TraceProblem> problems;
 };
 

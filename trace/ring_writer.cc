@@ -151,15 +151,14 @@ bool RingWriter::open(const std::string& path, const RingOptions& options, const
     ::close(fd);
     return false;
   }
+  // Blocks after the ring (segments, dumps) are appended with pwrite past the mapping; the
+  // descriptor stays open.
+  fd_ = fd;
+  fileEnd_ = bytes;
   if (continuous) {
-    // Segments are appended with pwrite past the mapping; the descriptor stays open.
-    fd_ = fd;
     continuous_ = true;
     persistCursor_ = 0;
-    fileEnd_ = bytes;
     segment_.assign(sizeof(SegmentHeader) + kSegmentRecords * sizeof(CallRecord), std::byte{0});
-  } else {
-    ::close(fd);
   }
   mappedBytes_ = bytes;
   path_ = path;
@@ -280,6 +279,40 @@ bool RingWriter::writeSegment(uint64_t firstIndex, uint32_t count) {
     done += static_cast<size_t>(wrote);
   }
   fileEnd_ += bytes;
+  atomicField(header_->persistedBytes).store(fileEnd_, std::memory_order_release);
+  return true;
+}
+
+void RingWriter::noteFatalSignal(int signal, int threadId) {
+  if (header_ == nullptr) return;
+  std::atomic_ref<int32_t>(header_->fatalThread).store(threadId, std::memory_order_relaxed);
+  std::atomic_ref<int32_t>(header_->fatalSignal).store(signal, std::memory_order_release);
+}
+
+bool RingWriter::read(uint64_t index, CallRecord* record) const {
+  if (header_ == nullptr) return false;
+  return loadStableSlot(slot(index), record) && record->ringIndex == index;
+}
+
+bool RingWriter::appendDump(std::string_view text) {
+  std::lock_guard<std::mutex> lock(persistMutex_);
+  if (header_ == nullptr || fd_ < 0 || text.empty() || text.size() > kMaxDumpBytes) return false;
+  std::vector<std::byte> block(sizeof(DumpHeader) + paddedDumpBytes(text.size()), std::byte{0});
+  std::memcpy(block.data() + sizeof(DumpHeader), text.data(), text.size());
+  DumpHeader dump{};
+  std::memcpy(dump.magic, kDumpMagic, sizeof kDumpMagic);
+  dump.textBytes = text.size();
+  dump.checksum = dumpChecksum(text.size(), block.data() + sizeof(DumpHeader));
+  std::memcpy(block.data(), &dump, sizeof dump);
+  size_t done = 0;
+  while (done < block.size()) {
+    ssize_t wrote =
+        pwrite(fd_, block.data() + done, block.size() - done, static_cast<off_t>(fileEnd_ + done));
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote <= 0) return false;
+    done += static_cast<size_t>(wrote);
+  }
+  fileEnd_ += block.size();
   atomicField(header_->persistedBytes).store(fileEnd_, std::memory_order_release);
   return true;
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "trace/ring_format.h"
@@ -66,6 +67,10 @@ class RingWriter {
   void setNcclLibrary(int version, const std::string& path);
   // In continuous mode, first persists every record left (persistSegments(true)).
   void markCleanShutdown();
+  // From a fatal-signal handler: async-signal-safe (two atomic stores into the mapping).
+  void noteFatalSignal(int signal, int threadId);
+  // The record at ring `index` as it stands, if the slot still holds it (a stable copy).
+  bool read(uint64_t index, CallRecord* record) const;
 
   // Continuous mode: appends the records not yet persisted to segments after the ring
   // (pwrite: the file grows) and returns how many records it wrote; 0 in ring mode. Call it
@@ -78,6 +83,10 @@ class RingWriter {
   // were taken are added to the header's droppedRecords. Never on the hot path: it locks,
   // reads the clock and writes the file.
   size_t persistSegments(bool everything = false);
+  // Appends a dump block (trace/dump.h text) after the ring and any segments, in either mode.
+  // False when the file cannot be written. Serialized with persistSegments(); never on the hot
+  // path.
+  bool appendDump(std::string_view text);
   // Ring indices below this are persisted or dropped (the header's persistedRecords).
   uint64_t persistedRecords() const;
   static constexpr int64_t kNoEventsGraceNs = 1'000'000'000;

@@ -1,15 +1,19 @@
 #include "watchdog/agent.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
+#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 
 #include "trace/clock.h"
+#include "trace/record.h"
 
 namespace ncclwatch::watchdog {
 namespace {
@@ -21,11 +25,35 @@ std::once_flag g_atforkOnce;
 void forgetAfterFork() {
   // The parent's thread does not exist in the child; its agent (and any lock it held) is left.
   g_agent.store(nullptr);
+  Triggers::forgetAfterFork();
   new (&g_startMutex) std::mutex();
 }
 
 void stopAtExit() {
-  if (Agent* agent = g_agent.load()) agent->stop(500);
+  if (Agent* agent = g_agent.load()) agent->stop(2000);
+}
+
+std::string hex(uint64_t value) {
+  char text[24];
+  std::snprintf(text, sizeof text, "%016" PRIx64, value);
+  return text;
+}
+
+const char* dtypeName(uint8_t dtype) {
+  static const char* const kNames[] = {"int8", "uint8", "int32",  "uint32",   "int64",   "uint64",
+                                       "half", "float", "double", "bfloat16", "fp8e4m3", "fp8e5m2"};
+  return dtype < 12 ? kNames[dtype] : "?";
+}
+
+// "AllReduce 4096 x float" with the root or peer where the op has one.
+std::string callText(const trace::CallRecord& call) {
+  std::string text = trace::opName(call.op);
+  text += " " + std::to_string(call.count) + " x " + dtypeName(call.dtype);
+  if (trace::isPointToPoint(call.op)) text += " peer " + std::to_string(call.rootOrPeer);
+  if (call.op == trace::OpKind::kBroadcast || call.op == trace::OpKind::kReduce) {
+    text += " root " + std::to_string(call.rootOrPeer);
+  }
+  return text;
 }
 
 }  // namespace
@@ -51,6 +79,15 @@ Agent* Agent::start(trace::RingWriter& writer, const AgentOptions& options) {
       std::fprintf(stderr, "[ncclwatch] GPU completion tracking off: %s\n", why);
     }
   }
+  // On this (application) thread: the stack signal, the Python route, the dump triggers.
+  std::string error;
+  if (!prepareDumps(options.stackSignalOffset, &error)) {
+    std::fprintf(stderr, "[ncclwatch] native stacks of other threads unavailable: %s\n",
+                 error.c_str());
+  }
+  if (!Triggers::install(&writer, options.triggers)) {
+    std::fprintf(stderr, "[ncclwatch] some dump triggers (SIGTERM, fatal signals) not installed\n");
+  }
   // The thread inherits a full signal mask: no signal meant for the application lands on it.
   sigset_t all, previous;
   sigfillset(&all);
@@ -64,39 +101,149 @@ Agent* Agent::start(trace::RingWriter& writer, const AgentOptions& options) {
   return agent;
 }
 
+bool Agent::waitForWork(int waitMs) {
+  pollfd wake{Triggers::wakeFd(), POLLIN, 0};
+  int ready = poll(&wake, wake.fd >= 0 ? 1 : 0, waitMs);
+  if (ready > 0) Triggers::drainWake();
+  return ready > 0;
+}
+
 void Agent::run() {
   pthread_setname_np(pthread_self(), "ncclwatch");
+  Triggers::setWatchdogThread(static_cast<int>(syscall(SYS_gettid)));
   if (completion_) completion_->enterPollingThread();
-  std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    bool last = stopping_;
-    lock.unlock();
+    bool last = stopping_.load(std::memory_order_acquire);
     trace::FastClock::calibrate();
     if (completion_) completion_->poll();
     // Continuous mode: the ring's records go to the file's segments after their states settle.
     if (writer_.continuous()) writer_.persistSegments();
-    lock.lock();
+    int signal = 0;
+    uint64_t generation = 0;
+    DumpTrigger trigger = Triggers::pending(&signal, &generation);
+    if (trigger != DumpTrigger::kNone) {
+      std::string reason = trigger == DumpTrigger::kRequest
+                               ? "requested through ncclwatchDump()"
+                               : std::string("signal ") + strsignal(signal);
+      dump(triggerName(trigger), reason, {}, true);
+      Triggers::done(generation);
+    }
+    if (completion_) checkHangs(trace::FastClock::nowNs());
     if (last) break;
     // Until the fast clock has its first line, poll often enough to publish it within ~25 ms.
     // Continuous mode polls and persists at least every 10 ms, so that a burst of calls rarely
     // laps the ring before its records reach the file with their settled states.
     bool eager = !trace::FastClock::calibrated() || writer_.continuous();
-    int waitMs = eager ? std::min(options_.pollMs, 10) : options_.pollMs;
-    wake_.wait_for(lock, std::chrono::milliseconds(waitMs), [this] { return stopping_; });
+    waitForWork(eager ? std::min(options_.pollMs, 10) : options_.pollMs);
   }
-  finished_ = true;
-  wake_.notify_all();
+  if (options_.dumpAtExit)
+    dump("exit", "the process is exiting (NCCLWATCH_DUMP_AT_EXIT)", {}, true);
+  finished_.store(true, std::memory_order_release);
+}
+
+void Agent::checkHangs(int64_t now) {
+  std::vector<trace::DumpFinding> hung;
+  std::vector<uint64_t> hungComms;
+  const HangThresholds& limits = options_.thresholds;
+  for (const CommProgress& comm : completion_->progress()) {
+    if (comm.pending == 0 || comm.oldest.issueNs == 0) continue;
+    const trace::CallRecord& call = comm.oldest;
+    int64_t ageMs = (now - call.issueNs) / 1'000'000;
+    int64_t latencyMs = comm.recentLatencyNs / 1'000'000;
+    int64_t softMs = std::max(limits.softFloorMs, limits.softFactor * latencyMs);
+    int64_t hardMs = std::max(limits.hardFloorMs, limits.hardFactor * latencyMs);
+    Alarm& alarm = alarms_[comm.commHash];
+    const char* state = comm.oldestStarted ? "started" : "issued";
+    if (ageMs >= softMs && alarm.warnedSeq != call.seq) {
+      alarm.warnedSeq = call.seq;
+      std::fprintf(stderr,
+                   "[ncclwatch] rank %d: comm %s seq %" PRIu64
+                   " %s pending %.1f s (%s), "
+                   "past the %.1f s warning threshold\n",
+                   options_.rank, hex(comm.commHash).c_str(), call.seq, callText(call).c_str(),
+                   static_cast<double>(ageMs) / 1000.0, state,
+                   static_cast<double>(softMs) / 1000.0);
+    }
+    if (ageMs >= hardMs && alarm.declaredSeq != call.seq) {
+      alarm.declaredSeq = call.seq;
+      trace::DumpFinding finding;
+      finding.commHash = comm.commHash;
+      finding.seq = call.seq;
+      finding.op = trace::opName(call.op);
+      finding.state = state;
+      finding.ageMs = ageMs;
+      finding.threadId = call.threadId;
+      char explanation[512];
+      std::snprintf(explanation, sizeof explanation,
+                    "%s pending %.1f s, past the %.1f s hang threshold; last completed seq on "
+                    "this comm: %" PRIu64 "; %zu calls pending",
+                    callText(call).c_str(), static_cast<double>(ageMs) / 1000.0,
+                    static_cast<double>(hardMs) / 1000.0, comm.completedSeq, comm.pending);
+      finding.explanation = explanation;
+      hung.push_back(std::move(finding));
+      hungComms.push_back(comm.commHash);
+    }
+  }
+  if (hung.empty()) return;
+  // What the other communicators are doing tells "not issued: the thread is elsewhere".
+  for (const CommProgress& comm : completion_->progress()) {
+    if (comm.pending != 0) continue;
+    trace::DumpFinding idle;
+    idle.commHash = comm.commHash;
+    idle.seq = comm.completedSeq;
+    idle.op = "-";
+    idle.state = "idle";
+    idle.ageMs = comm.lastCompletionNs ? (now - comm.lastCompletionNs) / 1'000'000 : 0;
+    idle.explanation =
+        "nothing pending: its next call is not issued; the issuing thread is "
+        "elsewhere (last completed seq " +
+        std::to_string(comm.completedSeq) + ")";
+    hung.push_back(std::move(idle));
+  }
+  bool stacks = options_.onHang != HangAction::kWarn;
+  dump("hang", "calls pending past the hang threshold", std::move(hung), stacks);
+  if (options_.onHang == HangAction::kAbort && options_.abortComm) {
+    for (uint64_t hash : hungComms) {
+      std::fprintf(stderr,
+                   "[ncclwatch] rank %d: aborting comm %s (NCCLWATCH_ON_HANG=abort) so that the "
+                   "job fails now instead of hanging\n",
+                   options_.rank, hex(hash).c_str());
+      options_.abortComm(hash);
+    }
+  }
+}
+
+void Agent::dump(const std::string& trigger, const std::string& reason,
+                 std::vector<trace::DumpFinding> findings, bool withStacks) {
+  trace::Dump taken;
+  if (withStacks) {
+    taken = takeDump(trigger, reason, std::move(findings), DumpBounds{});
+  } else {
+    taken.trigger = trigger;
+    taken.reason = reason;
+    taken.timeNs = trace::FastClock::nowNs();
+    taken.findings = std::move(findings);
+    taken.pythonNote = "not taken (NCCLWATCH_ON_HANG=warn)";
+  }
+  bool written = writer_.appendDump(trace::formatDump(taken));
+  ProcessLabel label{options_.rank, static_cast<int>(getpid()), writer_.path()};
+  std::string block = describeDump(taken, label, written);
+  // One write, so that ranks sharing a terminal do not interleave within a block.
+  ssize_t ignored = write(STDERR_FILENO, block.data(), block.size());
+  (void)ignored;
 }
 
 void Agent::stop(int boundMs) {
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(stopMutex_);
   if (!thread_.joinable()) return;
-  stopping_ = true;
-  wake_.notify_all();
-  bool done =
-      wake_.wait_for(lock, std::chrono::milliseconds(boundMs), [this] { return finished_; });
-  lock.unlock();
-  if (done) {
+  stopping_.store(true, std::memory_order_release);
+  Triggers::wake();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(boundMs);
+  while (!finished_.load(std::memory_order_acquire) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (finished_.load(std::memory_order_acquire)) {
     thread_.join();
   } else {
     thread_.detach();

@@ -1,23 +1,56 @@
 // The watchdog thread of one process. It starts lazily at the first communicator init (never in
 // a constructor), runs with every signal blocked, polls completion events every poll interval,
-// persists the ring to the file's segments in continuous mode, and is stopped with a bound at
-// exit. A fork() child has no watchdog thread until it starts
-// its own.
+// persists the ring to the file's segments in continuous mode, watches every communicator's
+// oldest pending call against two thresholds, takes dumps (on a hang, SIGTERM, a fatal signal,
+// a dump signal, a request, or at exit), and is stopped with a bound at exit. A fork() child
+// has no watchdog thread until it starts its own.
 #pragma once
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "trace/ring_writer.h"
 #include "watchdog/completion.h"
+#include "watchdog/dumper.h"
+#include "watchdog/triggers.h"
 
 namespace ncclwatch::watchdog {
+
+// What happens when a call stays pending past the hard threshold (NCCLWATCH_ON_HANG).
+enum class HangAction {
+  kWarn,   // the stderr block and the finding in the trace file; stacks only on request
+  kDump,   // also every thread's native and Python stacks, in the file and (top frames) stderr
+  kAbort,  // dump, then ncclCommAbort on the hung communicators: the job fails fast
+};
+
+struct HangThresholds {
+  // A call pending longer than max(floor, factor x the communicator's recent slowest call) is
+  // reported: soft (a one-line warning) and hard (a local hang). The factor keeps healthy jobs
+  // with long steps (a rank checkpointing while others wait in an allreduce) from firing once
+  // such waits have been seen; the floors keep a job that has not yet seen them quiet for long
+  // enough that a real hang is the likelier cause.
+  int64_t softFloorMs = 60'000;
+  int64_t hardFloorMs = 300'000;
+  int softFactor = 4;
+  int hardFactor = 10;
+};
 
 struct AgentOptions {
   int pollMs = 100;
   bool events = true;  // GPU completion events (NCCLWATCH_EVENTS)
+  HangThresholds thresholds;
+  HangAction onHang = HangAction::kWarn;
+  int stackSignalOffset = 3;  // SIGRTMIN + this captures native stacks
+  TriggerOptions triggers;
+  bool dumpAtExit = false;
+  int rank = -1;
+  // Aborts the communicator with this hash (set by the interposer: it knows the ncclComm_t).
+  std::function<void(uint64_t commHash)> abortComm;
 };
 
 class Agent {
@@ -32,22 +65,32 @@ class Agent {
   CompletionTracker* completion() { return completion_.get(); }
   int pollMs() const { return options_.pollMs; }
 
-  // Stops the thread: one last poll, then join within `boundMs`; a thread that does not
-  // finish in time is left behind (the agent is never freed, so it stays safe to run).
+  // Stops the thread: one last poll (and the exit dump when asked for), then join within
+  // `boundMs`; a thread that does not finish in time is left behind (the agent is never
+  // freed, so it stays safe to run).
   void stop(int boundMs);
 
  private:
   Agent(trace::RingWriter& writer, const AgentOptions& options);
   void run();
+  void checkHangs(int64_t now);
+  void dump(const std::string& trigger, const std::string& reason,
+            std::vector<trace::DumpFinding> findings, bool withStacks);
+  bool waitForWork(int waitMs);
+
+  struct Alarm {
+    uint64_t warnedSeq = 0;
+    uint64_t declaredSeq = 0;
+  };
 
   trace::RingWriter& writer_;
   AgentOptions options_;
   std::unique_ptr<CompletionTracker> completion_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stopping_ = false;
-  bool finished_ = false;
+  std::map<uint64_t, Alarm> alarms_;  // watchdog thread only
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> finished_{false};
   std::thread thread_;
+  std::mutex stopMutex_;
 };
 
 }  // namespace ncclwatch::watchdog

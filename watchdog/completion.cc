@@ -174,6 +174,25 @@ void CompletionTracker::queryPair(EventPair& pair) {
   }
 }
 
+CommProgress& CompletionTracker::progressOf(uint64_t commHash) {
+  for (CommProgress& comm : progress_) {
+    if (comm.commHash == commHash) return comm;
+  }
+  progress_.push_back(CommProgress{});
+  progress_.back().commHash = commHash;
+  return progress_.back();
+}
+
+void CompletionTracker::noteCompleted(const Pending& pending, int64_t now) {
+  CommProgress& comm = progressOf(pending.commHash);
+  trace::CallRecord record;
+  if (!writer_.read(pending.ringIndex, &record)) return;
+  if (record.seq > comm.completedSeq) comm.completedSeq = record.seq;
+  comm.lastCompletionNs = now;
+  int64_t latency = now - record.issueNs;
+  comm.recentLatencyNs = std::max(latency, comm.recentLatencyNs - comm.recentLatencyNs / 100);
+}
+
 size_t CompletionTracker::poll() {
   ++pass_;
   for (Pending pending; queue_.pop(&pending);) {
@@ -203,6 +222,7 @@ size_t CompletionTracker::poll() {
     }
     queryPair(pair);
     if (pair.afterDone || pair.failed) {
+      if (pending.updatesState && !pair.failed) noteCompleted(pending, now);
       if (pending.updatesState) {
         writer_.updateState(
             pending.ringIndex,
@@ -220,6 +240,21 @@ size_t CompletionTracker::poll() {
     inflight_[kept++] = pending;
   }
   inflight_.resize(kept);
+  for (CommProgress& comm : progress_) comm.pending = 0;
+  for (const Pending& pending : inflight_) {
+    if (!pending.updatesState) continue;
+    CommProgress& comm = progressOf(pending.commHash);
+    // Ring indices grow with issue order: the smallest pending one is the oldest call.
+    if (comm.pending++ == 0 || pending.ringIndex < comm.oldest.ringIndex) {
+      trace::CallRecord record;
+      if (writer_.read(pending.ringIndex, &record)) {
+        comm.oldest = record;
+        comm.oldestStarted = pending.started;
+      } else {
+        comm.oldest.ringIndex = pending.ringIndex;  // overwritten: the ring wrapped past it
+      }
+    }
+  }
 
   // Pools: a context seen without one gets one; a pool running low grows.
   CUcontext wanted = wantedContext_.exchange(nullptr, std::memory_order_relaxed);

@@ -30,6 +30,17 @@ enum class StreamCheck : uint8_t {
   kUntrackable,  // the driver refused to say (e.g. the legacy stream during a capture)
 };
 
+// A communicator's progress as the watchdog sees it after a poll.
+struct CommProgress {
+  uint64_t commHash = 0;
+  size_t pending = 0;          // tracked calls not yet complete
+  trace::CallRecord oldest{};  // the oldest of them (valid when pending > 0)
+  bool oldestStarted = false;
+  uint64_t completedSeq = 0;     // the highest seq seen complete
+  int64_t lastCompletionNs = 0;  // when it was seen
+  int64_t recentLatencyNs = 0;   // slowest issue-to-completion lately (decays by 1% a call)
+};
+
 struct CompletionCounters {
   std::atomic<uint64_t> tracked{0};       // records handed to the poller
   std::atomic<uint64_t> noPair{0};        // calls that found no free event pair
@@ -77,6 +88,8 @@ class CompletionTracker {
   void enterPollingThread() const;
 
   const CompletionCounters& counters() const { return counters_; }
+  // Every communicator that ever had a tracked call, as of the last poll (watchdog thread).
+  const std::vector<CommProgress>& progress() const { return progress_; }
 
  private:
   struct EventPair {
@@ -127,7 +140,10 @@ class CompletionTracker {
   CompletionCounters counters_;
   // Poller-only.
   std::vector<Pending> inflight_;
+  std::vector<CommProgress> progress_;
   uint64_t pass_ = 0;
+  CommProgress& progressOf(uint64_t commHash);
+  void noteCompleted(const Pending& pending, int64_t now);
 };
 
 }  // namespace ncclwatch::watchdog

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "trace/dump.h"
 #include "trace/ring_writer.h"
 
 namespace {
@@ -72,6 +73,21 @@ int main(int argc, char** argv) {
     uint64_t index = writer.append(record);
     if (seq < 4) writer.updateState(index, RecordState::kCompleted, 10, 20);
   }
+  // A dump block after the ring, as the watchdog writes one at a hang.
+  ncclwatch::trace::Dump dump;
+  dump.trigger = "hang";
+  dump.reason = "calls pending past the hang threshold";
+  dump.timeNs = 123456789;
+  dump.findings.push_back({0x1234, 5, "Send", "started", 2500, 77, "Send 16 x float peer 1"});
+  ncclwatch::trace::DumpThread thread;
+  thread.tid = 77;
+  thread.name = "seed";
+  thread.answered = true;
+  thread.frames.push_back({0x401000, "runStep(int)", 0x20, "/bin/seed", 0x1000, "ab12"});
+  dump.threads.push_back(thread);
+  dump.pythonNote = "CPython's faulthandler";
+  dump.pythonThreads.push_back({0x7f00, true, {{"train.py", 12, "step"}}});
+  writer.appendDump(ncclwatch::trace::formatDump(dump));
   writer.close();
   std::vector<char> bytes = readAll(dir + "/valid.ncclwatch");
   writeAll(dir + "/truncated.ncclwatch", bytes, bytes.size() - 300);

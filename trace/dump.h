@@ -1,0 +1,72 @@
+// A dump: what the watchdog found and where every thread of the process was, written into the
+// trace file as a block after the ring (docs/format.md, "Dump blocks"). The watchdog builds a
+// Dump and formats it; the reader parses it back. Text lines of tab-separated fields keep the
+// block readable with `strings` when everything else is broken.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ncclwatch::trace {
+
+// What the local watchdog concluded about one communicator.
+struct DumpFinding {
+  uint64_t commHash = 0;
+  uint64_t seq = 0;         // the oldest pending call
+  std::string op;           // its OpKind name
+  std::string state;        // "issued" (queued behind earlier GPU work) or "started"
+  int64_t ageMs = 0;        // since it was issued
+  int threadId = 0;         // the thread that issued it
+  std::string explanation;  // one line
+};
+
+struct DumpFrame {
+  uint64_t pc = 0;
+  std::string function;  // demangled; empty when unknown
+  uint64_t functionOffset = 0;
+  std::string module;
+  uint64_t moduleOffset = 0;
+  std::string buildId;
+};
+
+struct DumpThread {
+  int tid = 0;
+  std::string name;
+  bool answered = false;  // native frames taken by the thread itself
+  std::string wchan;      // for threads that did not answer
+  std::string syscall;
+  std::vector<DumpFrame> frames;
+};
+
+struct DumpPythonFrame {
+  std::string file;
+  int line = -1;
+  std::string function;
+};
+
+struct DumpPythonThread {
+  uint64_t threadId = 0;  // CPython's thread identifier (pthread_t)
+  bool current = false;
+  std::vector<DumpPythonFrame> frames;
+};
+
+struct Dump {
+  std::string trigger;  // hang, sigterm, fatal-signal, request, signal, exit
+  std::string reason;   // one line
+  int64_t timeNs = 0;   // CLOCK_MONOTONIC when it was taken
+  int64_t tookNs = 0;   // how long taking it lasted
+  std::vector<DumpFinding> findings;
+  std::vector<DumpThread> threads;
+  std::string pythonNote;  // which route gave the Python stacks, or why there are none
+  std::vector<DumpPythonThread> pythonThreads;
+};
+
+// The block's text. Fields are sanitized: tabs and line breaks inside a value become spaces.
+std::string formatDump(const Dump& dump);
+
+// Parses a block's text; false with a one-line `problem` (and what was read before it in
+// `dump`) when a line is malformed. Never throws; bounded by the text's size.
+bool parseDump(std::string_view text, Dump* dump, std::string* problem);
+
+}  // namespace ncclwatch::trace

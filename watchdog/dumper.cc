@@ -1,0 +1,192 @@
+#include "watchdog/dumper.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <memory>
+
+#include "trace/clock.h"
+#include "watchdog/python_stacks.h"
+#include "watchdog/stacks.h"
+
+namespace ncclwatch::watchdog {
+namespace {
+
+constexpr size_t kMaxThreads = 512;
+constexpr size_t kMaxPythonBytes = 1 << 20;
+
+std::string hex(uint64_t value) {
+  char text[24];
+  std::snprintf(text, sizeof text, "%016" PRIx64, value);
+  return text;
+}
+
+const char* stateInWords(const std::string& state) {
+  if (state == "issued") {
+    return "issued, not started: queued behind earlier work on its stream that never finished";
+  }
+  if (state == "started") {
+    return "started, not completed: everything ahead of it on its stream finished, so it waits "
+           "inside the collective (a peer that never arrived, a mismatch, or a stalled network)";
+  }
+  return state.c_str();
+}
+
+// The frames worth showing first: the innermost ones, minus the watchdog's own signal handler.
+std::string topFrames(const trace::DumpThread& thread, int count) {
+  std::string out;
+  int shown = 0;
+  for (const trace::DumpFrame& frame : thread.frames) {
+    if (shown == count) break;
+    char line[512];
+    std::snprintf(line, sizeof line, "      #%d %s+0x%" PRIx64 " (%s+0x%" PRIx64 ")\n", shown,
+                  frame.function.empty() ? "??" : frame.function.c_str(), frame.functionOffset,
+                  frame.module.empty() ? "??" : frame.module.c_str(), frame.moduleOffset);
+    out += line;
+    ++shown;
+  }
+  if (!thread.answered) {
+    out += "      (did not answer the stack signal; kernel wait: " +
+           (thread.wchan.empty() ? std::string("?") : thread.wchan) + ", " + thread.syscall + ")\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+bool prepareDumps(int stackSignalOffset, std::string* error) {
+  preparePythonStacks(0);
+  return StackSampler::install(SIGRTMIN + stackSignalOffset, error);
+}
+
+trace::Dump takeDump(const std::string& trigger, const std::string& reason,
+                     std::vector<trace::DumpFinding> findings, const DumpBounds& bounds) {
+  int64_t start = trace::FastClock::nowNs();
+  trace::Dump dump;
+  dump.trigger = trigger;
+  dump.reason = reason;
+  dump.timeNs = start;
+  dump.findings = std::move(findings);
+
+  auto slots = std::make_unique<ThreadStack[]>(kMaxThreads);
+  CaptureResult captured =
+      StackSampler::captureAll(std::span<ThreadStack>(slots.get(), kMaxThreads), bounds.perThread);
+  auto symbolizeUntil = std::chrono::steady_clock::now() + bounds.symbolize;
+  for (size_t i = 0; i < captured.count; ++i) {
+    const ThreadStack& stack = slots[i];
+    trace::DumpThread thread;
+    thread.tid = stack.tid;
+    thread.name = stack.name;
+    thread.answered = stack.answered;
+    thread.wchan = stack.wchan;
+    thread.syscall = stack.syscall;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        symbolizeUntil - std::chrono::steady_clock::now());
+    if (left < std::chrono::milliseconds(1)) left = std::chrono::milliseconds(1);
+    for (const Frame& frame :
+         symbolize(std::span<const uintptr_t>(stack.pcs, stack.frameCount), left)) {
+      thread.frames.push_back({frame.pc, frame.function, frame.functionOffset, frame.module,
+                               frame.moduleOffset, frame.buildId});
+    }
+    dump.threads.push_back(std::move(thread));
+  }
+  if (captured.threads > captured.count) {
+    dump.reason += " (" + std::to_string(captured.threads - captured.count) +
+                   " threads beyond the dump's bound left out)";
+  }
+
+  std::string pythonText;
+  PythonStackRoute route = dumpPythonStacks(&pythonText, kMaxPythonBytes, bounds.python);
+  switch (route) {
+    case PythonStackRoute::kNotPython:
+      dump.pythonNote = "not a Python process";
+      break;
+    case PythonStackRoute::kUnavailable:
+      dump.pythonNote = pythonText;
+      break;
+    case PythonStackRoute::kDumpTracebackThreads:
+    case PythonStackRoute::kFaulthandler:
+      dump.pythonNote = route == PythonStackRoute::kDumpTracebackThreads
+                            ? "CPython's _Py_DumpTracebackThreads"
+                            : "CPython's faulthandler";
+      for (const PythonThreadStack& thread : parsePythonTraceback(pythonText)) {
+        trace::DumpPythonThread python;
+        python.threadId = thread.threadId;
+        python.current = thread.current;
+        for (const PythonFrame& frame : thread.frames) {
+          python.frames.push_back({frame.file, frame.line, frame.function});
+        }
+        dump.pythonThreads.push_back(std::move(python));
+      }
+      break;
+  }
+  dump.tookNs = trace::FastClock::nowNs() - start;
+  return dump;
+}
+
+std::string describeDump(const trace::Dump& dump, const ProcessLabel& label, bool written,
+                         int topFrameCount) {
+  std::string out;
+  char line[1024];
+  std::snprintf(line, sizeof line, "[ncclwatch] rank %d (pid %d): dump (%s): %s\n", label.rank,
+                label.pid, dump.trigger.c_str(), dump.reason.c_str());
+  out += line;
+  std::vector<int> shownThreads;
+  for (const trace::DumpFinding& finding : dump.findings) {
+    if (finding.state == "idle") {
+      std::snprintf(line, sizeof line,
+                    "  comm %s: nothing pending, last completed seq %" PRIu64
+                    " %.1f s ago: its next call is not issued, the thread is elsewhere\n",
+                    hex(finding.commHash).c_str(), finding.seq,
+                    static_cast<double>(finding.ageMs) / 1000.0);
+      out += line;
+      continue;
+    }
+    std::snprintf(line, sizeof line, "  comm %s seq %" PRIu64 " %s: pending %.1f s, %s\n    %s\n",
+                  hex(finding.commHash).c_str(), finding.seq, finding.op.c_str(),
+                  static_cast<double>(finding.ageMs) / 1000.0, stateInWords(finding.state),
+                  finding.explanation.c_str());
+    out += line;
+    for (const trace::DumpThread& thread : dump.threads) {
+      if (thread.tid != finding.threadId) continue;
+      bool shown =
+          std::find(shownThreads.begin(), shownThreads.end(), thread.tid) != shownThreads.end();
+      std::snprintf(line, sizeof line, "    issued by thread %d (%s)%s\n", thread.tid,
+                    thread.name.c_str(), shown ? ", shown above" : ", now at:");
+      out += line;
+      if (!shown) out += topFrames(thread, topFrameCount);
+      shownThreads.push_back(thread.tid);
+    }
+  }
+  // Python: each thread's innermost frames on one line, the place a user looks first.
+  for (const trace::DumpPythonThread& thread : dump.pythonThreads) {
+    std::string frames;
+    for (size_t i = 0; i < thread.frames.size() && i < 3; ++i) {
+      const trace::DumpPythonFrame& frame = thread.frames[i];
+      size_t slash = frame.file.rfind('/');
+      frames += (i ? " <- " : "") + frame.function + " (" +
+                frame.file.substr(slash == std::string::npos ? 0 : slash + 1) + ":" +
+                std::to_string(frame.line) + ")";
+    }
+    std::snprintf(line, sizeof line, "    python thread %" PRIx64 "%s: %s\n", thread.threadId,
+                  thread.current ? " (current)" : "", frames.c_str());
+    out += line;
+  }
+  size_t answered = 0;
+  for (const trace::DumpThread& thread : dump.threads) answered += thread.answered ? 1 : 0;
+  std::snprintf(
+      line, sizeof line, "  %zu threads (%zu with native stacks), Python: %s; %s %s in %.0f ms\n",
+      dump.threads.size(), answered,
+      dump.pythonThreads.empty()
+          ? dump.pythonNote.c_str()
+          : (std::to_string(dump.pythonThreads.size()) + " threads via " + dump.pythonNote).c_str(),
+      written ? "written to" : "COULD NOT be written to", label.tracePath.c_str(),
+      static_cast<double>(dump.tookNs) / 1e6);
+  out += line;
+  return out;
+}
+
+}  // namespace ncclwatch::watchdog
