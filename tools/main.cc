@@ -6,6 +6,7 @@
 
 #include <iostream>
 
+#include "inspect.h"
 #include "launch.h"
 #include "show.h"
 
@@ -14,6 +15,7 @@ namespace {
 constexpr const char* kExamples = R"(Examples:
   ncclwatch launch -n 8 -- build/examples/train_loop --steps 10
   LD_LIBRARY_PATH=build/sim/lib ncclwatch launch -n 4 -- build/examples/train_loop --bug skip:rank=1,step=3
+  ncclwatch inspect ./ncclwatch-logs/my-job
 )";
 
 void addLaunch(CLI::App& app, ncclwatch::launch::Options& options, int& exitCode) {
@@ -50,6 +52,40 @@ void addShow(CLI::App& app, int& exitCode) {
       [&exitCode] { exitCode = ncclwatch::show::run(path, json, std::cout, std::cerr); });
 }
 
+void addInspect(CLI::App& app, int& exitCode) {
+  CLI::App* inspect = app.add_subcommand(
+      "inspect", "Cross-rank diagnosis of a job's ring files: why it hangs, who to blame");
+  static ncclwatch::inspect::Options options;
+  static bool colour = false, noColour = false;
+  inspect
+      ->add_option("dir", options.directory,
+                   "folder of a job's .ncclwatch files (searched recursively)")
+      ->required();
+  inspect->add_flag("--json", options.json, "print the verdicts as JSON lines (docs/verdicts.md)");
+  inspect->add_flag(
+      "--report-json", options.reportJson,
+      "print the whole report (summary, verdicts, communicators) as one JSON document");
+  inspect
+      ->add_option(
+          "--quiet", options.quietSeconds,
+          "seconds without NCCL activity after which a running job counts as hung (default 10)")
+      ->check(CLI::Range(0.0, 86400.0));
+  inspect->add_flag("--color", colour, "colour the output even when it is not a terminal");
+  inspect->add_flag("--no-color", noColour, "never colour the output");
+  inspect->footer(R"(Examples:
+  ncclwatch inspect ./ncclwatch-logs/job-1234
+  ncclwatch inspect /shared/logs/run7 --json > verdicts.jsonl
+
+Prints what happened, then each verdict (mismatch, missing, unmatched_p2p, stuck, deadlock,
+dead_rank, init_hang, straggler) with the ranks grouped by what they did, then a summary per
+communicator. Unreadable or corrupt files are named on stderr; the rest is still analysed.
+Exit code: 0 no finding (stragglers are information), 1 findings, 2 usage or I/O error.)");
+  inspect->callback([&exitCode] {
+    options.colour = noColour ? 0 : colour ? 1 : -1;
+    exitCode = ncclwatch::inspect::run(options, std::cout, std::cerr);
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -60,6 +96,7 @@ int main(int argc, char** argv) {
   ncclwatch::launch::Options launchOptions;
   addLaunch(app, launchOptions, exitCode);
   addShow(app, exitCode);
+  addInspect(app, exitCode);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& help) {

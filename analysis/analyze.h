@@ -1,0 +1,138 @@
+// Cross-rank analysis of the ring files of one job: aligns the ranks of every communicator on
+// their calls, builds a wait-for graph from each stream's issue order, and turns what it finds
+// into verdicts (docs/verdicts.md) and a per-communicator summary. The offline `inspect` and
+// the live collector run this same code; it only reads the TraceFiles it is given.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "trace/ring_reader.h"
+
+namespace ncclwatch::analysis {
+
+enum class VerdictKind {
+  kMismatch,
+  kMissing,
+  kUnmatchedP2p,
+  kStuck,
+  kDeadlock,
+  kDeadRank,
+  kInitHang,
+  kStraggler,
+};
+const char* kindName(VerdictKind kind);  // "mismatch", "missing", ... as in verdicts.jsonl
+
+// One call as a class of ranks made it.
+struct CallDesc {
+  trace::OpKind op = trace::OpKind::kUnknown;
+  uint64_t seq = 0;  // the call's seq on its communicator (0: not issued)
+  uint64_t count = 0;
+  int dtype = -1;
+  int redop = -1;
+  int rootOrPeer = -1;
+  uint64_t p2pSeq = 0;
+  trace::RecordState state = trace::RecordState::kEmpty;
+  uint64_t callSite = 0;
+  uint64_t commHash =
+      0;             // where the class is when it is elsewhere (another comm); else the verdict's
+  std::string note;  // "never issued", "process ended", ... when there is no call
+};
+
+// Ranks (global ranks) that did the same thing, like STAT's equivalence classes.
+struct RankClass {
+  std::vector<int> ranks;
+  CallDesc call;
+};
+
+struct CommDesc {
+  uint64_t hash = 0;
+  int size = 0;
+  uint64_t parent = 0;  // 0: a root communicator
+  int color = -1;       // split colour, -1 unless split
+  std::string name;     // commName or "world" for a root comm spanning the whole job
+};
+
+struct Verdict {
+  VerdictKind kind = VerdictKind::kMismatch;
+  CommDesc comm;
+  uint64_t seq = 0;  // the call (seq on comm) the verdict is about
+  std::vector<std::string>
+      fields;  // mismatch / unmatched_p2p: op, count, dtype, redop, root, color
+  std::vector<RankClass> classes;
+  std::vector<int> culprits;
+  int64_t divergenceNs = 0;  // wall clock (CLOCK_REALTIME ns) when it went wrong, 0 if unknown
+  int64_t detectionNs = 0;   // wall clock when the analysis saw it
+  std::string explanation;   // one line a user can act on
+  bool primary = true;       // false: a consequence of another verdict (see explanation)
+};
+
+// The state of one communicator at the end of the traces.
+struct CommSummary {
+  CommDesc comm;
+  std::vector<int> ranks;  // members found (global ranks)
+  uint64_t calls = 0;      // the most calls any member issued on it (its highest seq)
+  struct Progress {
+    std::vector<int> ranks;
+    uint64_t issuedSeq = 0;
+    uint64_t completedSeq = 0;  // last seq of an unbroken prefix of completed calls
+    uint64_t pending = 0;       // issued, not completed (tracked calls only)
+  };
+  std::vector<Progress> progress;  // ranks grouped by (issued, completed, pending)
+};
+
+struct ProcessSummary {
+  std::string path;
+  int rank = -1;
+  int world = -1;
+  std::string host;
+  int pid = 0;
+  bool cleanShutdown = false;
+  bool alive = false;  // still running (same host, the process still maps its file)
+  uint64_t records = 0;
+  int64_t lastActivityNs = 0;  // wall clock
+};
+
+struct JobReport {
+  std::string jobId;
+  int attempt = 0;  // 0-based: the k-th process of a rank within one job id belongs to attempt k
+  int world = 0;
+  std::vector<ProcessSummary> processes;
+  bool stalled = false;  // no progress: the analysis judged pending calls as hung
+  bool ended = false;    // every process has ended
+  std::string summary;   // the "what happened" paragraph
+  std::vector<Verdict> verdicts;
+  std::vector<CommSummary> comms;
+};
+
+struct Report {
+  std::vector<JobReport> jobs;
+  // Exit code a CLI should use: 0 nothing but information, 1 findings.
+  bool hasFindings() const;
+};
+
+struct Options {
+  // Wall-clock "now" for detection times and silence; 0: the real clock.
+  int64_t nowNs = 0;
+  // A job with a running process counts as hung after this long without any recorded
+  // activity (issue, start or completion) on any rank.
+  int64_t quietNs = 10'000'000'000;
+  // Whether to look for running processes on this host (/proc). Tests of synthetic traces
+  // set it false and say which processes are alive through `aliveRanks`.
+  bool probeProcesses = true;
+  std::vector<int> aliveRanks;  // used when probeProcesses is false
+  // Straggler: the last rank to arrive by at least this much, in at least `stragglerShare` of the
+  // collectives it joined (at least `stragglerMinCalls` of them, on comms of 3 ranks or more).
+  int64_t stragglerLagNs = 2'000'000;
+  double stragglerShare = 0.6;
+  int stragglerMinCalls = 5;
+};
+
+// Analyses every job (job id, attempt) in `files`; files that are not usable are skipped.
+Report analyze(std::span<const trace::TraceFile> files, const Options& options = {});
+
+// "0-4,6-7" from ranks in any order.
+std::string formatRanks(std::vector<int> ranks);
+
+}  // namespace ncclwatch::analysis

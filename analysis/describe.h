@@ -1,0 +1,34 @@
+// How verdicts read: short call descriptions, the "what happened" paragraph, the text a user
+// sees in a terminal and the JSON lines of verdicts.jsonl (docs/verdicts.md).
+#pragma once
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "analysis/analyze.h"
+
+namespace ncclwatch::analysis {
+
+const char* dtypeText(int dtype);  // f32, bf16, ...
+std::string redopText(int redop);  // sum, prod, max, min, avg, premulsum
+// "AllReduce 4194304 x f32 sum", "Broadcast 1 x f32 root=0", "Send 512 x f32 peer=3".
+std::string callText(const CallDesc& call);
+std::string hashText(uint64_t hash);      // 16 hex digits
+std::string shortHash(uint64_t hash);     // "9f3a…"
+std::string commText(const CommDesc& c);  // "9f3a…(world, 8 ranks)"
+
+// The paragraph that opens a report: who ran, how it ended, what went wrong first.
+std::string whatHappened(const JobReport& job, int64_t nowNs, int64_t lastActivityNs);
+
+struct TextStyle {
+  bool colour = false;
+};
+void printText(const Report& report, std::ostream& out, const TextStyle& style = {});
+void printVerdictText(const Verdict& v, std::ostream& out, const TextStyle& style = {});
+
+// One JSON object per verdict, one per line (verdicts.jsonl).
+std::string verdictJson(const Verdict& v, const std::string& jobId, int attempt);
+// The whole report as one JSON document: jobs with summary, processes, verdicts, comms.
+void printJson(const Report& report, std::ostream& out);
+
+}  // namespace ncclwatch::analysis

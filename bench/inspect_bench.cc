@@ -1,0 +1,114 @@
+// Times the cross-rank analysis on synthetic traces: 1024 ranks x 16384 records (a hybrid
+// TP/DP/world training loop with p2p), with one rank's last bucket of the wrong size so that
+// every check runs. Budget: 3 s on a 2-core machine. Usage: inspect_bench [RANKS] [RECORDS]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "analysis/analyze.h"
+#include "trace/fingerprint.h"
+
+namespace {
+
+using ncclwatch::trace::CallRecord;
+using ncclwatch::trace::OpKind;
+using ncclwatch::trace::RecordState;
+using ncclwatch::trace::TraceFile;
+
+constexpr int kTp = 8;
+
+TraceFile makeRank(int rank, int world, int records) {
+  TraceFile file;
+  file.usable = true;
+  file.path = "/bench/r" + std::to_string(rank) + ".ncclwatch";
+  auto& h = file.header;
+  std::memcpy(h.magic, "NCCLWTCH", 8);
+  h.rank = rank;
+  h.world = world;
+  h.pid = 10000 + rank;
+  h.anchorRealtimeNs = 1'800'000'000'000'000'000;
+  std::strcpy(h.host, "bench");
+  std::strcpy(h.jobId, "bench");
+  int dp = world / kTp;
+  uint64_t worldHash = 0xabc, tpHash = 0x1000 + rank / kTp, dpHash = 0x2000 + rank % kTp;
+  auto comm = [&](uint64_t hash, int n, int r, uint64_t parent, int color) {
+    ncclwatch::trace::CommInfo info{};
+    info.commHash = hash;
+    info.parentHash = parent;
+    info.nranks = n;
+    info.rank = r;
+    info.color = color;
+    file.comms.push_back(info);
+  };
+  comm(worldHash, world, rank, 0, -1);
+  comm(tpHash, kTp, rank % kTp, worldHash, rank / kTp);
+  comm(dpHash, dp, rank / kTp, worldHash, rank % kTp);
+  uint64_t seqWorld = 0, seqTp = 0, seqDp = 0, sends = 0, recvs = 0;
+  file.records.reserve(records);
+  int64_t t = 1'000'000;
+  int steps = records / 8;
+  for (int step = 0; step < steps; ++step) {
+    bool last = step == steps - 1;
+    auto add = [&](uint64_t hash, uint64_t& seq, OpKind op, uint64_t count, int peer) {
+      CallRecord r{};
+      r.commHash = hash;
+      r.seq = ++seq;
+      r.op = op;
+      r.count = count;
+      r.dtype = 7;
+      r.rootOrPeer = peer;
+      r.stream = 1;
+      r.issueNs = t += 1000 + (rank * 7 + step) % 50;
+      r.state = last ? RecordState::kStarted : RecordState::kCompleted;
+      r.startNs = t + 100;
+      r.completeNs = last ? 0 : t + 200;
+      if (op == OpKind::kSend) r.p2pSeq = ++sends;
+      if (op == OpKind::kRecv) r.p2pSeq = ++recvs;
+      r.fingerprint = ncclwatch::trace::fingerprint({op, count, 7, 0, peer});
+      r.ringIndex = file.records.size();
+      file.records.push_back(r);
+    };
+    uint64_t bucket = last && rank == 517 ? 4095 : 4096;  // the bug
+    add(tpHash, seqTp, OpKind::kAllReduce, 1024, -1);
+    add(dpHash, seqDp, OpKind::kAllReduce, bucket, -1);
+    add(dpHash, seqDp, OpKind::kAllReduce, 2048, -1);
+    add(dpHash, seqDp, OpKind::kAllGather, 256, -1);
+    add(worldHash, seqWorld, OpKind::kSend, 512, (rank + 1) % world);
+    add(worldHash, seqWorld, OpKind::kRecv, 512, (rank + world - 1) % world);
+    add(worldHash, seqWorld, OpKind::kBroadcast, 1, 0);
+    add(worldHash, seqWorld, OpKind::kAllReduce, 1, -1);
+  }
+  return file;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int ranks = argc > 1 ? std::atoi(argv[1]) : 1024;
+  int records = argc > 2 ? std::atoi(argv[2]) : 16384;
+  if (ranks < kTp || ranks % kTp != 0 || records < 8) {
+    std::fprintf(stderr, "usage: inspect_bench [RANKS (multiple of 8)] [RECORDS (>= 8)]\n");
+    return 2;
+  }
+  std::vector<TraceFile> files;
+  files.reserve(ranks);
+  for (int r = 0; r < ranks; ++r) files.push_back(makeRank(r, ranks, records));
+  ncclwatch::analysis::Options options;
+  options.probeProcesses = false;
+  auto start = std::chrono::steady_clock::now();
+  ncclwatch::analysis::Report report = ncclwatch::analysis::analyze(files, options);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double total = static_cast<double>(ranks) * (records / 8 * 8);
+  size_t verdicts = report.jobs.empty() ? 0 : report.jobs[0].verdicts.size();
+  std::printf("inspect_bench: %d ranks x %d records: %.3f s, %.1f M records/s, %zu verdicts%s\n",
+              ranks, records, seconds, total / seconds / 1e6, verdicts,
+              seconds <= 3.0 ? "" : " (over the 3 s budget)");
+  if (verdicts > 0) {
+    const auto& v = report.jobs[0].verdicts[0];
+    std::printf("first verdict: %s, culprits %s\n", ncclwatch::analysis::kindName(v.kind),
+                ncclwatch::analysis::formatRanks(v.culprits).c_str());
+  }
+  return 0;
+}

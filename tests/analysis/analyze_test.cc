@@ -1,0 +1,473 @@
+// The analysis on synthetic traces built in memory: one test per verdict kind, both
+// identical-calls traps, an ordering deadlock that must not read as stuck, and asynchronous
+// ranks that must produce no verdict.
+#include "analysis/analyze.h"
+
+#include <gtest/gtest.h>
+#include <simdjson.h>
+
+#include <sstream>
+
+#include "analysis/describe.h"
+#include "synthetic.h"
+
+namespace {
+
+using namespace ncclwatch::analysis;
+using synthetic::kF16;
+using synthetic::kF32;
+using synthetic::kSum;
+using synthetic::OpKind;
+using synthetic::Rank;
+using synthetic::RecordState;
+using synthetic::TraceFile;
+
+constexpr uint64_t kWorld = 0x1111, kA = 0x2222, kB = 0x3333;
+constexpr int64_t kMs = 1'000'000;
+
+Options ended() {
+  Options options;
+  options.probeProcesses = false;
+  options.nowNs = synthetic::kAnchorWall + 3600'000 * kMs;
+  return options;
+}
+
+std::vector<Rank> world(int n, uint64_t hash = kWorld) {
+  std::vector<Rank> ranks;
+  for (int r = 0; r < n; ++r) {
+    ranks.emplace_back(r, n);
+    ranks.back().comm(hash, n, r);
+  }
+  return ranks;
+}
+
+std::vector<TraceFile> files(std::vector<Rank>& ranks) {
+  std::vector<TraceFile> out;
+  for (Rank& r : ranks) out.push_back(r.take());
+  return out;
+}
+
+// `steps` completed AllReduces on `hash` for every rank.
+void history(std::vector<Rank>& ranks, int steps, uint64_t hash = kWorld) {
+  for (int s = 0; s < steps; ++s) {
+    for (Rank& r : ranks)
+      r.call(hash, OpKind::kAllReduce, 1024, RecordState::kCompleted, (s + 1) * kMs);
+  }
+}
+
+const JobReport& onlyJob(const Report& report) {
+  EXPECT_EQ(report.jobs.size(), 1u);
+  return report.jobs.at(0);
+}
+
+const Verdict* find(const JobReport& job, VerdictKind kind) {
+  for (const Verdict& v : job.verdicts) {
+    if (v.kind == kind) return &v;
+  }
+  return nullptr;
+}
+
+std::string text(const Report& report) {
+  std::ostringstream out;
+  printText(report, out);
+  return out.str();
+}
+
+TEST(FormatRanks, Ranges) {
+  EXPECT_EQ(formatRanks({7, 0, 1, 2, 3, 4, 6}), "0-4,6-7");
+  EXPECT_EQ(formatRanks({5}), "5");
+  EXPECT_EQ(formatRanks({3, 1, 3}), "1,3");
+  EXPECT_EQ(formatRanks({}), "");
+}
+
+struct MismatchCase {
+  const char* field;
+  OpKind op;
+  uint64_t count;
+  int dtype;
+  int redop;
+  int root;
+};
+
+class Mismatch : public ::testing::TestWithParam<MismatchCase> {};
+
+TEST_P(Mismatch, NamesTheFieldAndTheOddRank) {
+  const MismatchCase& c = GetParam();
+  auto ranks = world(8);
+  history(ranks, 3);
+  for (int r = 0; r < 8; ++r) {
+    bool odd = r == 5;
+    bool rooted = std::string(c.field) == "root";
+    OpKind baseOp = rooted ? OpKind::kBroadcast : OpKind::kAllReduce;
+    int baseRoot = rooted ? 0 : -1;
+    ranks[r].call(kWorld, odd ? c.op : baseOp, odd ? c.count : 4194304, RecordState::kStarted,
+                  10 * kMs + r, odd ? c.dtype : kF32, odd ? c.redop : kSum,
+                  odd ? c.root : baseRoot);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kMismatch);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->fields, std::vector<std::string>{c.field});
+  EXPECT_EQ(v->culprits, std::vector<int>{5});
+  EXPECT_EQ(v->seq, 4u);
+  EXPECT_EQ(v->comm.hash, kWorld);
+  EXPECT_EQ(v->comm.name, "world");
+  ASSERT_EQ(v->classes.size(), 2u);
+  EXPECT_EQ(formatRanks(v->classes[0].ranks), "0-4,6-7");
+  EXPECT_EQ(formatRanks(v->classes[1].ranks), "5");
+  EXPECT_TRUE(v->primary);
+  EXPECT_TRUE(report.hasFindings());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, Mismatch,
+    ::testing::Values(MismatchCase{"op", OpKind::kBroadcast, 4194304, kF32, kSum, 0},
+                      MismatchCase{"count", OpKind::kAllReduce, 4194303, kF32, kSum, -1},
+                      MismatchCase{"dtype", OpKind::kAllReduce, 4194304, kF16, kSum, -1},
+                      MismatchCase{"redop", OpKind::kAllReduce, 4194304, kF32, 2, -1},
+                      MismatchCase{"root", OpKind::kBroadcast, 4194304, kF32, kSum, 1}),
+    [](const auto& info) { return std::string(info.param.field); });
+
+TEST(Mismatch, TextShowsTheClasses) {
+  auto ranks = world(8);
+  for (int r = 0; r < 8; ++r) {
+    if (r == 5) {
+      ranks[r].call(kWorld, OpKind::kBroadcast, 4194304, RecordState::kStarted, kMs, kF32, kSum, 0);
+    } else {
+      ranks[r].call(kWorld, OpKind::kAllReduce, 4194304, RecordState::kStarted, kMs);
+    }
+  }
+  auto traces = files(ranks);
+  std::string out = text(analyze(traces, ended()));
+  EXPECT_NE(
+      out.find("[ncclwatch] MISMATCH on comm 0000\u2026(world, 8 ranks) at call #1 (op differ)"),
+      std::string::npos)
+      << out;
+  EXPECT_NE(out.find("  ranks 0-4,6-7  AllReduce 4194304 x f32 sum"), std::string::npos) << out;
+  EXPECT_NE(out.find("  rank 5         Broadcast 4194304 x f32 root=0"), std::string::npos) << out;
+}
+
+// Trap 1: identical calls every step; rank 1 skipped one, so every call matched one later and
+// the job hangs at teardown with no fingerprint difference.
+TEST(IdenticalCalls, SkippedCallShowsAtTeardown) {
+  auto ranks = world(4);
+  for (int r = 0; r < 4; ++r) {
+    int calls = r == 1 ? 9 : 10;
+    for (int s = 0; s < calls; ++s) {
+      bool last = s == calls - 1;
+      ranks[r].call(kWorld, OpKind::kAllReduce, 1024,
+                    last && r != 1 ? RecordState::kStarted : RecordState::kCompleted,
+                    (s + 1) * kMs);
+    }
+  }
+  ranks[1].call(kWorld, OpKind::kDestroy, 0, RecordState::kCompleted, 20 * kMs);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const JobReport& job = onlyJob(report);
+  ASSERT_FALSE(job.verdicts.empty()) << text(report);
+  const Verdict& v = job.verdicts[0];
+  EXPECT_EQ(v.kind, VerdictKind::kMissing) << text(report);
+  EXPECT_EQ(v.culprits, std::vector<int>{1});
+  EXPECT_EQ(v.seq, 10u);
+  EXPECT_NE(v.explanation.find("1 AllReduce 1024 x f32 sum fewer"), std::string::npos)
+      << v.explanation;
+}
+
+// Trap 2: steps of two differently sized calls; rank 2 skips one, and the hang shows as a count
+// mismatch one call later. The verdict still names rank 2 and the call it skipped.
+TEST(IdenticalCalls, SkippedCallShowsAsALaterCountMismatch) {
+  auto ranks = world(4);
+  for (int r = 0; r < 4; ++r) {
+    int64_t t = kMs;
+    for (int step = 0; step < 5; ++step) {
+      for (uint64_t count : {4096, 2048}) {
+        if (r == 2 && step == 3 && count == 4096) continue;
+        bool hung = step >= 3;
+        ranks[r].call(kWorld, OpKind::kAllReduce, count,
+                      hung ? (step == 3 && count == (r == 2 ? 2048u : 4096u) ? RecordState::kStarted
+                                                                             : RecordState::kIssued)
+                           : RecordState::kCompleted,
+                      t += kMs);
+      }
+    }
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kMismatch);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->culprits, std::vector<int>{2});
+  EXPECT_EQ(v->fields, std::vector<std::string>{"count"});
+  EXPECT_EQ(v->seq, 7u);
+  EXPECT_NE(v->explanation.find("skipped AllReduce 4096"), std::string::npos) << text(report);
+}
+
+// Ranks 0-2 wait in #5 on the world; rank 3 never issued it: it waits in comm A for rank 2.
+TEST(Missing, NamesTheRanksAndWhereTheyAre) {
+  auto ranks = world(4);
+  ranks[2].comm(kA, 2, 0, kWorld, 1);
+  ranks[3].comm(kA, 2, 1, kWorld, 1);
+  history(ranks, 4);
+  for (int r = 0; r < 3; ++r)
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+  ranks[2].call(kA, OpKind::kAllReduce, 64, RecordState::kIssued, 11 * kMs);
+  ranks[3].call(kA, OpKind::kAllReduce, 64, RecordState::kStarted, 10 * kMs);
+  ranks[3].call(kA, OpKind::kAllReduce, 64, RecordState::kIssued, 10 * kMs);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kMissing);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->comm.hash, kWorld) << text(report);
+  EXPECT_EQ(v->seq, 5u);
+  EXPECT_EQ(v->culprits, std::vector<int>{3});
+  ASSERT_EQ(v->classes.size(), 2u);
+  EXPECT_EQ(formatRanks(v->classes[0].ranks), "0-2");
+  EXPECT_EQ(v->classes[1].call.commHash, kA);
+  EXPECT_EQ(find(onlyJob(report), VerdictKind::kDeadRank), nullptr) << text(report);
+}
+
+// Asynchronous ranks: a running job with calls in flight and ranks a few calls apart is fine.
+TEST(Asynchronous, RanksAFewCallsApartGiveNoVerdict) {
+  auto ranks = world(4);
+  history(ranks, 100);
+  for (int r = 0; r < 4; ++r) {
+    int ahead = r == 0 ? 5 : r == 1 ? 2 : 3;
+    for (int k = 0; k < ahead; ++k) {
+      ranks[r].call(kWorld, OpKind::kAllReduce, 1024,
+                    k == 0 ? RecordState::kStarted : RecordState::kIssued, (101 + k) * kMs);
+    }
+  }
+  auto traces = files(ranks);
+  Options options = ended();
+  options.aliveRanks = {0, 1, 2, 3};
+  options.nowNs = synthetic::kAnchorWall + 2000 * kMs;  // ~2 s after the last activity
+  Report report = analyze(traces, options);
+  EXPECT_TRUE(onlyJob(report).verdicts.empty()) << text(report);
+  EXPECT_FALSE(onlyJob(report).stalled);
+  EXPECT_FALSE(report.hasFindings());
+  // The same state, silent for a minute, is a hang: rank 1 is missing from #103.
+  options.nowNs = synthetic::kAnchorWall + 60'000 * kMs;
+  report = analyze(traces, options);
+  EXPECT_TRUE(onlyJob(report).stalled);
+}
+
+TEST(UnmatchedP2p, CountDiffers) {
+  auto ranks = world(2);
+  history(ranks, 2);
+  ranks[0].call(kWorld, OpKind::kSend, 512, RecordState::kStarted, 5 * kMs, kF32, 0, 1);
+  ranks[1].call(kWorld, OpKind::kRecv, 256, RecordState::kStarted, 5 * kMs, kF32, 0, 0);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kUnmatchedP2p);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->fields, std::vector<std::string>{"count"});
+}
+
+// Ring of sends; rank 2 sends to a peer it never used and who never receives from it.
+TEST(UnmatchedP2p, WrongPeerIsTheCulprit) {
+  auto ranks = world(4);
+  for (int step = 0; step < 3; ++step) {
+    for (int r = 0; r < 4; ++r) {
+      bool hung = step == 2;
+      int to = (r + 1) % 4;
+      if (hung && r == 2) to = 0;
+      RecordState st = hung ? RecordState::kStarted : RecordState::kCompleted;
+      ranks[r].call(kWorld, OpKind::kSend, 64, st, (step + 1) * kMs, kF32, 0, to).flags |=
+          ncclwatch::trace::kRecordInGroup;
+      ranks[r].call(kWorld, OpKind::kRecv, 64, st, (step + 1) * kMs, kF32, 0, (r + 3) % 4).flags |=
+          ncclwatch::trace::kRecordInGroup;
+    }
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const JobReport& job = onlyJob(report);
+  const Verdict* v = find(job, VerdictKind::kUnmatchedP2p);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->culprits, std::vector<int>{2}) << text(report);
+  EXPECT_EQ(find(job, VerdictKind::kDeadlock), nullptr) << text(report);
+}
+
+TEST(Stuck, EveryRankStartedAndNoneCompleted) {
+  auto ranks = world(4);
+  history(ranks, 4);
+  for (Rank& r : ranks)
+    r.call(kWorld, OpKind::kAllGather, 128, RecordState::kStarted, 10 * kMs, kF32, 0);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const JobReport& job = onlyJob(report);
+  ASSERT_EQ(job.verdicts.size(), 1u) << text(report);
+  const Verdict& v = job.verdicts[0];
+  EXPECT_EQ(v.kind, VerdictKind::kStuck);
+  EXPECT_EQ(v.seq, 5u);
+  EXPECT_NE(v.explanation.find("started"), std::string::npos);
+  EXPECT_TRUE(v.culprits.empty());
+}
+
+TEST(Stuck, NeverStartedOnOneRank) {
+  auto ranks = world(4);
+  history(ranks, 4);
+  for (int r = 0; r < 4; ++r) {
+    ranks[r].call(kWorld, OpKind::kAllGather, 128,
+                  r == 1 ? RecordState::kIssued : RecordState::kStarted, 10 * kMs, kF32, 0);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kStuck);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->culprits, std::vector<int>{1});
+  EXPECT_NE(v->explanation.find("never started"), std::string::npos);
+}
+
+// Everyone issued everything and nothing completes: rank 0 takes A then B, rank 1 B then A, on
+// one stream each. That is an ordering deadlock, not a stuck call.
+TEST(Deadlock, OppositeOrderOnOneStream) {
+  std::vector<Rank> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back(r, 2);
+    ranks[r].comm(kWorld, 2, r).comm(kA, 2, r, kWorld, 0).comm(kB, 2, r, kWorld, 1);
+    ranks[r].call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, kMs);
+  }
+  ranks[0].call(kA, OpKind::kAllReduce, 8, RecordState::kStarted, 2 * kMs);
+  ranks[0].call(kB, OpKind::kAllReduce, 8, RecordState::kIssued, 2 * kMs);
+  ranks[1].call(kB, OpKind::kAllReduce, 8, RecordState::kStarted, 2 * kMs);
+  ranks[1].call(kA, OpKind::kAllReduce, 8, RecordState::kIssued, 2 * kMs);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const JobReport& job = onlyJob(report);
+  const Verdict* v = find(job, VerdictKind::kDeadlock);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(find(job, VerdictKind::kStuck), nullptr) << text(report);
+  EXPECT_EQ(v->classes.size(), 2u);
+  EXPECT_EQ(job.verdicts[0].kind, VerdictKind::kDeadlock);
+}
+
+TEST(DeadRank, ProcessGoneWhileOthersWait) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (int r = 0; r < 4; ++r) {
+    if (r != 2) ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const JobReport& job = onlyJob(report);
+  ASSERT_FALSE(job.verdicts.empty()) << text(report);
+  const Verdict& v = job.verdicts[0];
+  EXPECT_EQ(v.kind, VerdictKind::kDeadRank) << text(report);
+  EXPECT_EQ(v.culprits, std::vector<int>{2});
+  EXPECT_EQ(v.seq, 4u);
+  EXPECT_EQ(find(job, VerdictKind::kMissing), nullptr) << text(report);
+}
+
+TEST(InitHang, RankWithoutCommunicator) {
+  auto ranks = world(3);
+  ranks.emplace_back(3, 4);  // never finished ncclCommInitRank
+  history(ranks, 0);
+  for (int r = 0; r < 3; ++r)
+    ranks[r].call(kWorld, OpKind::kAllReduce, 8, RecordState::kStarted, kMs);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kInitHang);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->culprits, std::vector<int>{3});
+}
+
+TEST(InitHang, SplitSomeRanksNeverCalled) {
+  auto ranks = world(4);
+  history(ranks, 2);
+  for (int r = 0; r < 3; ++r)
+    ranks[r].call(kWorld, OpKind::kSplit, 0, RecordState::kIssued, 5 * kMs, 0, 0, 0);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kInitHang);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->culprits, std::vector<int>{3});
+  EXPECT_EQ(v->seq, 3u);
+}
+
+TEST(SplitColour, OneRankBreaksTheLayout) {
+  auto ranks = world(8);
+  for (int r = 0; r < 8; ++r) {
+    int colour = r == 3 ? 2 : r / 2;
+    ranks[r].call(kWorld, OpKind::kSplit, 0, RecordState::kCompleted, kMs, 0, 0, colour);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kMismatch);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->fields, std::vector<std::string>{"color"});
+  EXPECT_EQ(v->culprits, std::vector<int>{3});
+}
+
+TEST(Straggler, ConsistentlyLastIsInformation) {
+  auto ranks = world(4);
+  for (int s = 0; s < 20; ++s) {
+    for (int r = 0; r < 4; ++r) {
+      ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kCompleted,
+                    s * 100 * kMs + (r == 2 ? 30 * kMs : r * kMs / 10));
+    }
+  }
+  for (Rank& r : ranks) r.clean();
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const JobReport& job = onlyJob(report);
+  ASSERT_EQ(job.verdicts.size(), 1u) << text(report);
+  EXPECT_EQ(job.verdicts[0].kind, VerdictKind::kStraggler);
+  EXPECT_EQ(job.verdicts[0].culprits, std::vector<int>{2});
+  EXPECT_FALSE(report.hasFindings());
+}
+
+TEST(Jobs, AttemptsAndJobsAreKeptApart) {
+  std::vector<TraceFile> traces;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    for (int r = 0; r < 2; ++r) {
+      Rank rank(r, 2, "job-x", 100 + attempt * 10 + r);
+      rank.file().header.anchorRealtimeNs += attempt * 1000 * kMs;
+      rank.comm(kWorld + attempt, 2, r);
+      rank.call(kWorld + attempt, OpKind::kAllReduce, 8, RecordState::kCompleted, kMs);
+      rank.clean();
+      traces.push_back(rank.take());
+    }
+  }
+  Rank other(0, 1, "job-y");
+  other.clean();
+  traces.push_back(other.take());
+  Report report = analyze(traces, ended());
+  ASSERT_EQ(report.jobs.size(), 3u);
+  EXPECT_EQ(report.jobs[0].jobId, "job-x");
+  EXPECT_EQ(report.jobs[0].attempt, 0);
+  EXPECT_EQ(report.jobs[1].attempt, 1);
+  EXPECT_EQ(report.jobs[1].processes.size(), 2u);
+  EXPECT_EQ(report.jobs[2].jobId, "job-y");
+  EXPECT_FALSE(report.hasFindings()) << text(report);
+}
+
+TEST(Json, EveryVerdictIsOneParsableLine) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (int r = 0; r < 4; ++r) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, r == 1 ? 7 : 8, RecordState::kStarted, 10 * kMs);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const JobReport& job = onlyJob(report);
+  ASSERT_FALSE(job.verdicts.empty());
+  std::string line = verdictJson(job.verdicts[0], job.jobId, job.attempt);
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(line);
+  EXPECT_EQ(std::string_view(doc["kind"]), "mismatch");
+  EXPECT_EQ(std::string_view(doc["comm"]["hash"]), "0000000000001111");
+  EXPECT_EQ(int64_t(doc["seq"]), 4);
+  EXPECT_EQ(std::string_view(doc["fields"].at(0)), "count");
+  EXPECT_EQ(int64_t(doc["culprits"].at(0)), 1);
+  EXPECT_EQ(std::string_view(doc["classes"].at(0)["ranks"]), "0,2-3");
+  EXPECT_EQ(std::string_view(doc["classes"].at(1)["call"]["dtype"]), "f32");
+  EXPECT_FALSE(std::string_view(doc["explanation"]).empty());
+  std::ostringstream whole;
+  printJson(report, whole);
+  simdjson::padded_string padded(whole.str());
+  simdjson::dom::element all = parser.parse(padded);
+  EXPECT_EQ(simdjson::dom::array(all["jobs"]).size(), 1u);
+}
+
+}  // namespace
