@@ -251,6 +251,8 @@ size_t slotFor(ncclComm_t comm) {
 void resetAfterFork() {
   // The child must never write into its parent's ring; it starts over lazily with its own file.
   Recorder::forgetAfterFork();
+  // The forking thread is the child's only thread, with a thread id of its own.
+  t_threadId = 0;
   new (&g_initMutex) std::mutex();
 }
 

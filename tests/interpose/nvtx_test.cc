@@ -56,6 +56,13 @@ std::string hex16(uint64_t value) {
   return text;
 }
 
+// In a sanitizer build libncclwatch.so is instrumented: the sanitizer's runtime must come first
+// in the initial library list, so it is preloaded ahead of it.
+std::string preloadList() {
+  const std::string runtime = NCCLWATCH_SANITIZER_RUNTIME;
+  return runtime.empty() ? std::string(NCCLWATCH_PRELOAD) : runtime + ":" + NCCLWATCH_PRELOAD;
+}
+
 std::string freshDirectory(const std::string& name) {
   std::string directory =
       std::string(testing::TempDir()) + "/nw-nvtx-" + name + "-" + std::to_string(getpid());
@@ -130,13 +137,21 @@ LoopRun runLoop(const std::string& name, std::vector<std::pair<std::string, std:
   spec.args = {"--iters", std::to_string(kIterations), "--count", std::to_string(kCount)};
   spec.ranks = kRanks;
   spec.env = {
-      {"LD_PRELOAD", NCCLWATCH_PRELOAD}, {"NCCLWATCH_DIR", logs}, {"NVTX_CAPTURE_FILE", capture}};
+      {"LD_PRELOAD", preloadList()}, {"NCCLWATCH_DIR", logs}, {"NVTX_CAPTURE_FILE", capture}};
+  if (!std::string(NCCLWATCH_SANITIZER_RUNTIME).empty()) {
+    // An instrumented reader takes seconds over the default 4 MiB ring; a run makes ~30 calls.
+    spec.env.push_back({"NCCLWATCH_RING_RECORDS", "1024"});
+  }
   for (auto& entry : env) spec.env.push_back(std::move(entry));
   LoopRun run;
   testsupport::Job job(spec);
   EXPECT_TRUE(job.waitExit(60s));
   for (int rank = 0; rank < kRanks; ++rank) {
     EXPECT_EQ(job.exitStatus(rank), 0) << job.output(rank);
+    // A sanitizer build: no race, memory error or undefined behaviour reported by any rank.
+    for (const char* marker : {"Sanitizer", "runtime error:"}) {
+      EXPECT_EQ(job.output(rank).find(marker), std::string::npos) << job.output(rank);
+    }
   }
   EXPECT_NE(job.output(0).find("iterations on 2 ranks ok"), std::string::npos) << job.output(0);
   if (std::filesystem::exists(logs)) run.files = readAll(logs);
