@@ -72,24 +72,6 @@ void jsonRanks(std::string& out, const std::vector<int>& ranks) {
   out += ']';
 }
 
-const char* stateText(trace::RecordState state) {
-  switch (state) {
-    case trace::RecordState::kEmpty:
-      return "none";
-    case trace::RecordState::kIssued:
-      return "issued";
-    case trace::RecordState::kStarted:
-      return "started";
-    case trace::RecordState::kCompleted:
-      return "completed";
-    case trace::RecordState::kFailed:
-      return "failed";
-    case trace::RecordState::kAborted:
-      return "aborted";
-  }
-  return "unknown";
-}
-
 void jsonComm(std::string& out, const CommDesc& c) {
   out += "{\"hash\":\"" + hashText(c.hash) + "\",\"size\":" + std::to_string(c.size);
   out += ",\"parent\":";
@@ -114,7 +96,7 @@ void jsonCall(std::string& out, const CallDesc& d) {
   jsonString(out, d.redop >= 0 ? redopText(d.redop) : "");
   out += ",\"root_or_peer\":" + std::to_string(d.rootOrPeer);
   out += ",\"p2p_seq\":" + std::to_string(d.p2pSeq);
-  out += ",\"state\":\"" + std::string(stateText(d.state)) + "\"";
+  out += ",\"state\":\"" + std::string(trace::stateName(d.state)) + "\"";
   out += ",\"comm\":";
   if (d.commHash != 0) {
     out += "\"" + hashText(d.commHash) + "\"";
@@ -260,7 +242,7 @@ void printVerdictText(const Verdict& v, std::ostream& out, const TextStyle& styl
         line += " on " + shortHash(rc.call.commHash);
       }
       if (rc.call.state != trace::RecordState::kEmpty) {
-        line += std::string(" (") + stateText(rc.call.state) + ")";
+        line += std::string(" (") + trace::stateName(rc.call.state) + ")";
       }
       if (rc.call.callSite != 0) line += " at " + hex(rc.call.callSite);
     }

@@ -79,29 +79,6 @@ void decide() {
   g_state.store(state, std::memory_order_release);
 }
 
-uint64_t dtypeBytes(int dtype) {
-  switch (static_cast<ncclDataType_t>(dtype)) {
-    case ncclInt8:
-    case ncclUint8:
-    case ncclFloat8e4m3:
-    case ncclFloat8e5m2:
-      return 1;
-    case ncclFloat16:
-    case ncclBfloat16:
-      return 2;
-    case ncclInt32:
-    case ncclUint32:
-    case ncclFloat32:
-      return 4;
-    case ncclInt64:
-    case ncclUint64:
-    case ncclFloat64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
 // Appends to a fixed buffer, always NUL-terminated, silently truncating.
 class Line {
  public:
@@ -158,7 +135,7 @@ void nvtxPushCall(trace::OpKind op, uint64_t commHash, uint64_t seq, uint64_t co
   line.text(trace::opName(op)).text(" comm=").hex16(commHash).text(" seq=").decimal(seq);
   if (trace::isCollective(op) || trace::isPointToPoint(op)) {
     uint64_t bytes = 0;
-    uint64_t size = dtypeBytes(dtype);
+    uint64_t size = static_cast<uint64_t>(trace::dtypeBytes(dtype));
     if (size != 0 && !__builtin_mul_overflow(count, size, &bytes)) {
       line.text(" bytes=").decimal(bytes);
     } else {

@@ -55,36 +55,6 @@ const char* kindName(uint8_t kind) {
 
 }  // namespace
 
-const char* dtypeName(int dtype) {
-  static const char* const kNames[] = {"int8", "uint8", "int32",  "uint32",   "int64",   "uint64",
-                                       "half", "float", "double", "bfloat16", "fp8e4m3", "fp8e5m2"};
-  return dtype >= 0 && dtype < 12 ? kNames[dtype] : "?";
-}
-
-std::string redopName(int redop) {
-  static const char* const kNames[] = {"sum", "prod", "max", "min", "avg"};
-  if (redop >= 0 && redop < 5) return kNames[redop];
-  return "premulsum#" + std::to_string(redop);
-}
-
-const char* stateName(trace::RecordState state) {
-  switch (state) {
-    case trace::RecordState::kEmpty:
-      return "empty";
-    case trace::RecordState::kIssued:
-      return "issued";
-    case trace::RecordState::kStarted:
-      return "started";
-    case trace::RecordState::kCompleted:
-      return "completed";
-    case trace::RecordState::kFailed:
-      return "failed";
-    case trace::RecordState::kAborted:
-      return "aborted";
-  }
-  return "?";
-}
-
 // The table's trailing notes: how far a record's state can be trusted.
 std::string flagNotes(uint8_t flags) {
   std::string notes;

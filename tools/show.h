@@ -7,10 +7,10 @@
 
 namespace ncclwatch::show {
 
-// Human-readable names of NCCL enum values as they appear in the records.
-const char* dtypeName(int dtype);
-std::string redopName(int redop);
-const char* stateName(trace::RecordState state);
+// The record model's names of NCCL enum values (trace/record.h).
+using trace::dtypeName;
+using trace::redopName;
+using trace::stateName;
 
 void printTable(const trace::TraceFile& file, std::ostream& out);
 void printJson(const trace::TraceFile& file, std::ostream& out);

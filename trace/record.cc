@@ -53,4 +53,40 @@ const char* opName(OpKind op) {
   return "Unknown";
 }
 
+const char* dtypeName(int dtype) {
+  static const char* const kNames[] = {"int8", "uint8", "int32",  "uint32",   "int64",   "uint64",
+                                       "half", "float", "double", "bfloat16", "fp8e4m3", "fp8e5m2"};
+  return dtype >= 0 && dtype < 12 ? kNames[dtype] : "?";
+}
+
+int dtypeBytes(int dtype) {
+  // In ncclDataType_t order, as dtypeName.
+  static const int kBytes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+  return dtype >= 0 && dtype < 12 ? kBytes[dtype] : 0;
+}
+
+std::string redopName(int redop) {
+  static const char* const kNames[] = {"sum", "prod", "max", "min", "avg"};
+  if (redop >= 0 && redop < 5) return kNames[redop];
+  return "premulsum#" + std::to_string(redop);
+}
+
+const char* stateName(RecordState state) {
+  switch (state) {
+    case RecordState::kEmpty:
+      return "empty";
+    case RecordState::kIssued:
+      return "issued";
+    case RecordState::kStarted:
+      return "started";
+    case RecordState::kCompleted:
+      return "completed";
+    case RecordState::kFailed:
+      return "failed";
+    case RecordState::kAborted:
+      return "aborted";
+  }
+  return "?";
+}
+
 }  // namespace ncclwatch::trace

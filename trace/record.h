@@ -2,6 +2,7 @@
 // interposer on the hot path and read back from the ring file by the CLI.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 namespace ncclwatch::trace {
@@ -51,6 +52,11 @@ enum RecordFlags : uint8_t {
 };
 
 const char* opName(OpKind op);
+// Names of the NCCL enum values a record holds, as the CLI, dumps and verdicts print them.
+const char* dtypeName(int dtype);  // ncclDataType_t: "float", "bfloat16", ...; "?" if unknown
+int dtypeBytes(int dtype);         // bytes per element; 0 if unknown
+std::string redopName(int redop);  // ncclRedOp_t: "sum", ...; "premulsum#N" for handles
+const char* stateName(RecordState state);
 // Inline: the recorder asks these on every call.
 inline constexpr bool isCollective(OpKind op) {
   return op >= OpKind::kAllReduce && op <= OpKind::kScatter;

@@ -39,16 +39,10 @@ std::string hex(uint64_t value) {
   return text;
 }
 
-const char* dtypeName(uint8_t dtype) {
-  static const char* const kNames[] = {"int8", "uint8", "int32",  "uint32",   "int64",   "uint64",
-                                       "half", "float", "double", "bfloat16", "fp8e4m3", "fp8e5m2"};
-  return dtype < 12 ? kNames[dtype] : "?";
-}
-
 // "AllReduce 4096 x float" with the root or peer where the op has one.
 std::string callText(const trace::CallRecord& call) {
   std::string text = trace::opName(call.op);
-  text += " " + std::to_string(call.count) + " x " + dtypeName(call.dtype);
+  text += " " + std::to_string(call.count) + " x " + trace::dtypeName(call.dtype);
   if (trace::isPointToPoint(call.op)) text += " peer " + std::to_string(call.rootOrPeer);
   if (call.op == trace::OpKind::kBroadcast || call.op == trace::OpKind::kReduce) {
     text += " root " + std::to_string(call.rootOrPeer);

@@ -16,6 +16,7 @@
 
 #include "job.h"
 #include "trace/ring_reader.h"
+#include "traces.h"
 
 namespace {
 
@@ -27,13 +28,6 @@ using testsupport::JobSpec;
 
 constexpr int kHangMs = 1500;
 constexpr int kPollMs = 50;
-
-std::string freshDirectory(const std::string& name) {
-  std::string directory =
-      std::string(testing::TempDir()) + "/nw-wd-" + name + "-" + std::to_string(getpid());
-  std::filesystem::remove_all(directory);
-  return directory;
-}
 
 JobSpec watched(const std::string& program, int ranks, const std::string& logs,
                 std::vector<std::string> args, const std::string& onHang = "dump") {
@@ -54,19 +48,6 @@ std::string trainLoop() {
   return testsupport::buildDir() + "/examples/train_loop";
 }
 
-std::vector<TraceFile> readAll(const std::string& directory) {
-  std::vector<TraceFile> files;
-  if (!std::filesystem::exists(directory)) return files;
-  for (const auto& entry : std::filesystem::directory_iterator(directory)) {
-    if (entry.path().extension() == ".ncclwatch") {
-      files.push_back(ncclwatch::trace::readTraceFile(entry.path()));
-    }
-  }
-  std::sort(files.begin(), files.end(),
-            [](const TraceFile& a, const TraceFile& b) { return a.header.rank < b.header.rank; });
-  return files;
-}
-
 const Dump* findDump(const TraceFile& file, const std::string& trigger) {
   for (const Dump& dump : file.dumps) {
     if (dump.trigger == trigger) return &dump;
@@ -80,7 +61,7 @@ std::vector<TraceFile> waitForDumps(const std::string& logs, size_t count,
   auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<TraceFile> files;
   while (std::chrono::steady_clock::now() < deadline) {
-    files = readAll(logs);
+    files = testsupport::readTraceFiles(logs);
     size_t dumped = 0;
     for (const TraceFile& file : files) dumped += findDump(file, trigger) != nullptr;
     if (files.size() == count && dumped == count) return files;
@@ -113,7 +94,7 @@ const ncclwatch::trace::CallRecord* pendingCall(const TraceFile& file,
 // in, a smaller bucket than its DP peers' (ranks 1, 5, 7).
 TEST(Watchdog, SkipBugEveryRankDumpsWithinTheThreshold) {
   constexpr int kRanks = 8;
-  std::string logs = freshDirectory("skip");
+  std::string logs = testsupport::freshDirectory("wd-skip");
   Job job(watched(trainLoop(), kRanks, logs,
                   {"--steps", "8", "--bug", "skip:rank=3,step=5", "--quiet"}));
   std::vector<TraceFile> files = waitForDumps(logs, kRanks, "hang", 30s);
@@ -154,7 +135,7 @@ TEST(Watchdog, SkipBugEveryRankDumpsWithinTheThreshold) {
 // SIGTERM, as torchrun sends it to survivors: a dump, then the default action, so the rank
 // still dies of SIGTERM.
 TEST(Watchdog, SigtermDumpsThenTerminatesAsBefore) {
-  std::string logs = freshDirectory("sigterm");
+  std::string logs = testsupport::freshDirectory("wd-sigterm");
   JobSpec spec =
       watched(trainLoop(), 2, logs, {"--steps", "8", "--tp", "1", "--bug", "skip:rank=1,step=2"});
   spec.env.push_back({"NCCLWATCH_HANG_MS", "600000"});  // no hang dump: only SIGTERM's
@@ -163,7 +144,7 @@ TEST(Watchdog, SigtermDumpsThenTerminatesAsBefore) {
   job.signalAll(SIGTERM);
   ASSERT_TRUE(job.waitExit(20s));
   for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(job.exitStatus(rank), 128 + SIGTERM);
-  std::vector<TraceFile> files = readAll(logs);
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
   ASSERT_EQ(files.size(), 2u);
   for (const TraceFile& file : files) {
     const Dump* dump = findDump(file, "sigterm");
@@ -176,7 +157,7 @@ TEST(Watchdog, SigtermDumpsThenTerminatesAsBefore) {
 // A crash in the application: a dump from the fatal-signal handler, then the signal's default
 // action, so the exit status (and a core, where enabled) is what it would have been.
 TEST(Watchdog, CrashDumpsAndKeepsTheSignal) {
-  std::string logs = freshDirectory("crash");
+  std::string logs = testsupport::freshDirectory("wd-crash");
   Job job(
       watched(trainLoop(), 2, logs, {"--steps", "4", "--tp", "1", "--bug", "crash:rank=1,step=2"}));
   // Rank 0 then waits for the crashed peer forever; rank 1's own end is what counts.
@@ -186,7 +167,7 @@ TEST(Watchdog, CrashDumpsAndKeepsTheSignal) {
   }
   ASSERT_FALSE(job.alive(1)) << job.output(1);
   EXPECT_EQ(job.exitStatus(1), 128 + SIGSEGV) << job.output(1);
-  std::vector<TraceFile> files = readAll(logs);
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
   ASSERT_EQ(files.size(), 2u);
   const TraceFile& crashed = files[1];
   EXPECT_EQ(crashed.header.fatalSignal, SIGSEGV);
@@ -199,7 +180,7 @@ TEST(Watchdog, CrashDumpsAndKeepsTheSignal) {
 // NCCLWATCH_ON_HANG=abort: the hung communicators are aborted, so the job fails within the
 // threshold and a few seconds instead of hanging.
 TEST(Watchdog, AbortOnHangMakesTheJobFailFast) {
-  std::string logs = freshDirectory("abort");
+  std::string logs = testsupport::freshDirectory("wd-abort");
   Job job(watched(trainLoop(), 4, logs,
                   {"--steps", "6", "--tp", "1", "--bug", "skip:rank=1,step=2"}, "abort"));
   ASSERT_TRUE(job.waitExit(30s)) << "still hanging";
@@ -215,7 +196,7 @@ TEST(Watchdog, AbortOnHangMakesTheJobFailFast) {
 
 // A dump signal (NCCLWATCH_DUMP_SIGNAL) dumps a healthy job without disturbing it.
 TEST(Watchdog, DumpSignalDumpsWithoutDisturbingTheJob) {
-  std::string logs = freshDirectory("signal");
+  std::string logs = testsupport::freshDirectory("wd-signal");
   JobSpec spec = watched(testsupport::buildDir() + "/examples/allreduce_loop", 1, logs,
                          {"--iters", "50000000", "--count", "16"});
   spec.env.push_back({"NCCLWATCH_DUMP_SIGNAL", "SIGUSR1"});
@@ -235,7 +216,7 @@ TEST(Watchdog, DumpSignalDumpsWithoutDisturbingTheJob) {
 TEST(Watchdog, PythonHangNamesTheScriptsFunctionAndLine) {
   std::string python = std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
   std::string script = NCCLWATCH_PYTHON_HANG_SCRIPT;
-  std::string logs = freshDirectory("python");
+  std::string logs = testsupport::freshDirectory("wd-python");
   JobSpec spec = watched(python, 1, logs, {script});
   spec.env.push_back({"NCCLSIM_FAULT", "stall:rank=0,seq=3"});
   Job job(spec);

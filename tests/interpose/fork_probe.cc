@@ -82,7 +82,10 @@ int alone(const char* role, int calls) {
   ncclComm_t comm;
   float* buffer = nullptr;
   if (!openComm(&comm, &buffer)) return 1;
-  std::printf("%s watchdogs before=%d after=%d\n", role, before, watchdogThreads());
+  // The watchdog names itself once it runs: give it up to 2 s.
+  int after = 0;
+  for (int waited = 0; waited < 200 && (after = watchdogThreads()) == 0; ++waited) usleep(10000);
+  std::printf("%s watchdogs before=%d after=%d\n", role, before, after);
   std::fflush(stdout);
   return allReduces(comm, buffer, calls) && closeComm(comm, buffer) ? 0 : 1;
 }

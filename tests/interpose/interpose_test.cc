@@ -14,6 +14,7 @@
 
 #include "job.h"
 #include "trace/ring_reader.h"
+#include "traces.h"
 
 // Built with TSan (GCC says so with __SANITIZE_THREAD__, Clang with __has_feature).
 #if defined(__SANITIZE_THREAD__)
@@ -132,31 +133,12 @@ class CheckedJob : public testsupport::Job {
   ~CheckedJob() { EXPECT_EQ(sanitizerReport(*this), ""); }
 };
 
-std::vector<TraceFile> readAll(const std::string& directory) {
-  std::vector<TraceFile> files;
-  for (const auto& entry : std::filesystem::directory_iterator(directory)) {
-    if (entry.path().extension() == ".ncclwatch") {
-      files.push_back(ncclwatch::trace::readTraceFile(entry.path()));
-    }
-  }
-  std::sort(files.begin(), files.end(),
-            [](const TraceFile& a, const TraceFile& b) { return a.header.rank < b.header.rank; });
-  return files;
-}
-
-std::string freshDirectory(const std::string& name) {
-  std::string directory =
-      std::string(testing::TempDir()) + "/nw-" + name + "-" + std::to_string(getpid());
-  std::filesystem::remove_all(directory);
-  return directory;
-}
-
 TEST(Recording, BcastIsRecordedOnce) {
-  std::string logs = freshDirectory("bcast");
+  std::string logs = testsupport::freshDirectory("bcast");
   CheckedJob job(preloaded(NCCLWATCH_BCAST_PROBE, 1, logs));
   ASSERT_TRUE(job.waitExit(30s));
   ASSERT_EQ(job.exitStatus(0), 0) << job.output(0);
-  std::vector<TraceFile> files = readAll(logs);
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
   ASSERT_EQ(files.size(), 1u);
   std::map<OpKind, int> counts;
   for (const CallRecord& record : files[0].records) ++counts[record.op];
@@ -177,7 +159,7 @@ TEST(Recording, ForkChildNeverWritesIntoItsParentsRing) {
   // registry ("dup thread with used id"), with or without die_after_fork=0.
   GTEST_SKIP() << "TSan does not support starting threads after a multi-threaded fork";
 #endif
-  std::string logs = freshDirectory("fork");
+  std::string logs = testsupport::freshDirectory("fork");
   testsupport::JobSpec spec = preloaded(NCCLWATCH_FORK_PROBE, 1, logs);
   spec.env.push_back({"NCCLWATCH_POLL_MS", "20"});
   CheckedJob job(spec);
@@ -199,7 +181,7 @@ TEST(Recording, ForkChildNeverWritesIntoItsParentsRing) {
   const std::map<std::string, int> allReducesOf = {
       {"parent", 5}, {"fork-child", 5}, {"exec-child", 7}};
 
-  std::vector<TraceFile> files = readAll(logs);
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
   ASSERT_EQ(files.size(), 3u) << output;
   std::map<int, const TraceFile*> fileOf;
   std::set<uint64_t> commHashes;
@@ -295,12 +277,12 @@ void expectTrainLoopCalls(const TraceFile& file, int steps) {
 // contiguous sequences per communicator and communicator ids that agree across ranks.
 TEST(Recording, TrainLoopFilesHoldExactlyTheCallsMade) {
   constexpr int kRanks = 8, kSteps = 3, kTp = 2;
-  std::string logs = freshDirectory("train");
+  std::string logs = testsupport::freshDirectory("train");
   CheckedJob job(preloaded(std::string(NCCLWATCH_BUILD_DIR) + "/examples/train_loop", kRanks, logs,
                            {"--steps", std::to_string(kSteps), "--quiet"}));
   ASSERT_TRUE(job.waitExit(120s));
   for (int rank = 0; rank < kRanks; ++rank) ASSERT_EQ(job.exitStatus(rank), 0) << job.output(rank);
-  std::vector<TraceFile> files = readAll(logs);
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
   ASSERT_EQ(files.size(), static_cast<size_t>(kRanks));
   std::map<int, uint64_t> worldHashByRank, tpHashByRank, dpHashByRank;
   for (const TraceFile& file : files) {
@@ -328,7 +310,7 @@ TEST(Recording, TrainLoopFilesHoldExactlyTheCallsMade) {
 // from the segments the watchdog appended, with nothing lost.
 TEST(Recording, FullTraceKeepsTheWholeRunBeyondTheRing) {
   constexpr int kRanks = 4, kSteps = 40;
-  std::string logs = freshDirectory("full");
+  std::string logs = testsupport::freshDirectory("full");
   testsupport::JobSpec spec =
       preloaded(std::string(NCCLWATCH_BUILD_DIR) + "/examples/train_loop", kRanks, logs,
                 {"--steps", std::to_string(kSteps), "--quiet"});
@@ -337,7 +319,7 @@ TEST(Recording, FullTraceKeepsTheWholeRunBeyondTheRing) {
   CheckedJob job(spec);
   ASSERT_TRUE(job.waitExit(120s));
   for (int rank = 0; rank < kRanks; ++rank) ASSERT_EQ(job.exitStatus(rank), 0) << job.output(rank);
-  std::vector<TraceFile> files = readAll(logs);
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
   ASSERT_EQ(files.size(), static_cast<size_t>(kRanks));
   for (const TraceFile& file : files) {
     EXPECT_TRUE(file.continuous);
@@ -350,13 +332,13 @@ TEST(Recording, FullTraceKeepsTheWholeRunBeyondTheRing) {
 
 // A rank SIGKILLed in a hang leaves a file that reads, holding its calls up to the kill.
 TEST(Recording, SigkilledRankFileStillReads) {
-  std::string logs = freshDirectory("killed");
+  std::string logs = testsupport::freshDirectory("killed");
   CheckedJob job(preloaded(std::string(NCCLWATCH_BUILD_DIR) + "/examples/train_loop", 4, logs,
                            {"--steps", "5", "--bug", "skip:rank=1,step=2"}));
   ASSERT_TRUE(job.waitUntilQuiet(1500ms, 60s));
   job.signalAll(SIGKILL);
   ASSERT_TRUE(job.waitExit(10s));
-  std::vector<TraceFile> files = readAll(logs);
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
   ASSERT_EQ(files.size(), 4u);
   for (const TraceFile& file : files) {
     EXPECT_TRUE(file.usable);
@@ -380,14 +362,14 @@ const CallRecord* findRecord(const TraceFile& file, OpKind op, uint64_t seq) {
 // completes, while every earlier record completed.
 TEST(Completion, StalledCallStaysStartedAndEarlierCallsComplete) {
   constexpr uint64_t kStalledSeq = 6;
-  std::string logs = freshDirectory("stall");
+  std::string logs = testsupport::freshDirectory("stall");
   testsupport::JobSpec spec = preloaded(
       std::string(NCCLWATCH_BUILD_DIR) + "/examples/allreduce_loop", 2, logs, {"--iters", "10"});
   spec.env.push_back({"NCCLSIM_FAULT", "stall:rank=1,seq=" + std::to_string(kStalledSeq)});
   spec.env.push_back({"NCCLWATCH_POLL_MS", "20"});
   CheckedJob job(spec);
   auto rankOneFile = [&]() -> TraceFile {
-    for (TraceFile& file : readAll(logs)) {
+    for (TraceFile& file : testsupport::readTraceFiles(logs)) {
       if (file.header.rank == 1) return file;
     }
     return TraceFile{};
@@ -422,14 +404,14 @@ TEST(Completion, StalledCallStaysStartedAndEarlierCallsComplete) {
 // A call captured into a CUDA graph gets no events and is marked captured; the watchdog's
 // polling during a global-mode capture on the application's thread leaves the capture valid.
 TEST(Completion, CapturedCallIsMarkedAndPollingKeepsTheCaptureValid) {
-  std::string logs = freshDirectory("capture");
+  std::string logs = testsupport::freshDirectory("capture");
   testsupport::JobSpec spec = preloaded(NCCLWATCH_CAPTURE_PROBE, 1, logs);
   spec.env.push_back({"NCCLWATCH_POLL_MS", "20"});
   CheckedJob job(spec);
   ASSERT_TRUE(job.waitExit(30s));
   ASSERT_EQ(job.exitStatus(0), 0) << job.output(0);
   EXPECT_NE(job.output(0).find("capture ok"), std::string::npos) << job.output(0);
-  std::vector<TraceFile> files = readAll(logs);
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
   ASSERT_EQ(files.size(), 1u);
   const CallRecord* pending = findRecord(files[0], OpKind::kAllReduce, 1);
   const CallRecord* captured = findRecord(files[0], OpKind::kAllReduce, 2);
@@ -443,13 +425,13 @@ TEST(Completion, CapturedCallIsMarkedAndPollingKeepsTheCaptureValid) {
 
 // NCCLWATCH_EVENTS=0: calls are recorded without completion tracking and say so.
 TEST(Completion, EventsOffRecordsCallsAsUntracked) {
-  std::string logs = freshDirectory("noevents");
+  std::string logs = testsupport::freshDirectory("noevents");
   testsupport::JobSpec spec = preloaded(
       std::string(NCCLWATCH_BUILD_DIR) + "/examples/allreduce_loop", 2, logs, {"--iters", "5"});
   spec.env.push_back({"NCCLWATCH_EVENTS", "0"});
   CheckedJob job(spec);
   ASSERT_TRUE(job.waitExit(30s));
-  std::vector<TraceFile> files = readAll(logs);
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
   ASSERT_EQ(files.size(), 2u);
   for (const TraceFile& file : files) {
     int allReduces = 0;
@@ -466,7 +448,7 @@ TEST(Completion, EventsOffRecordsCallsAsUntracked) {
 // Plain real NCCL, no sim: init fails without a GPU driver; the error passes through unchanged
 // and is recorded under the communicator it was meant to create.
 TEST(RealNccl, InitErrorPassesThroughAndIsRecorded) {
-  std::string logs = freshDirectory("real");
+  std::string logs = testsupport::freshDirectory("real");
   testsupport::JobSpec spec =
       preloaded(std::string(NCCLWATCH_BUILD_DIR) + "/examples/nccl_probe", 1, logs);
   spec.useSim = false;
@@ -475,7 +457,7 @@ TEST(RealNccl, InitErrorPassesThroughAndIsRecorded) {
   ASSERT_TRUE(job.waitExit(60s));
   EXPECT_NE(job.output(0).find("ncclCommInitRank: 1 (unhandled cuda error"), std::string::npos)
       << job.output(0);
-  std::vector<TraceFile> files = readAll(logs);
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
   ASSERT_EQ(files.size(), 1u);
   ASSERT_EQ(files[0].records.size(), 1u);
   EXPECT_EQ(files[0].records[0].op, OpKind::kInit);

@@ -17,6 +17,7 @@
 
 #include "job.h"
 #include "trace/ring_reader.h"
+#include "traces.h"
 
 namespace {
 
@@ -61,26 +62,6 @@ std::string hex16(uint64_t value) {
 std::string preloadList() {
   const std::string runtime = NCCLWATCH_SANITIZER_RUNTIME;
   return runtime.empty() ? std::string(NCCLWATCH_PRELOAD) : runtime + ":" + NCCLWATCH_PRELOAD;
-}
-
-std::string freshDirectory(const std::string& name) {
-  std::string directory =
-      std::string(testing::TempDir()) + "/nw-nvtx-" + name + "-" + std::to_string(getpid());
-  std::filesystem::remove_all(directory);
-  std::filesystem::create_directories(directory);
-  return directory;
-}
-
-std::vector<TraceFile> readAll(const std::string& directory) {
-  std::vector<TraceFile> files;
-  for (const auto& entry : std::filesystem::directory_iterator(directory)) {
-    if (entry.path().extension() == ".ncclwatch") {
-      files.push_back(ncclwatch::trace::readTraceFile(entry.path()));
-    }
-  }
-  std::sort(files.begin(), files.end(),
-            [](const TraceFile& a, const TraceFile& b) { return a.header.rank < b.header.rank; });
-  return files;
 }
 
 void parseCapture(const std::string& path, LoopRun& run) {
@@ -129,7 +110,7 @@ void parseCapture(const std::string& path, LoopRun& run) {
 
 // allreduce_loop on kRanks ranks of the sim, preloaded, with `env` added.
 LoopRun runLoop(const std::string& name, std::vector<std::pair<std::string, std::string>> env) {
-  std::string directory = freshDirectory(name);
+  std::string directory = testsupport::freshDirectory("nvtx-" + name, true);
   std::string logs = directory + "/logs";
   std::string capture = directory + "/capture.txt";
   testsupport::JobSpec spec;
@@ -154,7 +135,7 @@ LoopRun runLoop(const std::string& name, std::vector<std::pair<std::string, std:
     }
   }
   EXPECT_NE(job.output(0).find("iterations on 2 ranks ok"), std::string::npos) << job.output(0);
-  if (std::filesystem::exists(logs)) run.files = readAll(logs);
+  if (std::filesystem::exists(logs)) run.files = testsupport::readTraceFiles(logs);
   parseCapture(capture, run);
   return run;
 }

@@ -1,0 +1,33 @@
+#include "traces.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+namespace testsupport {
+
+std::string freshDirectory(const std::string& name, bool create) {
+  const char* base = std::getenv("TMPDIR");
+  std::string directory = std::string(base != nullptr && *base ? base : "/tmp") + "/nw-" + name +
+                          "-" + std::to_string(getpid());
+  std::filesystem::remove_all(directory);
+  if (create) std::filesystem::create_directories(directory);
+  return directory;
+}
+
+std::vector<ncclwatch::trace::TraceFile> readTraceFiles(const std::string& directory) {
+  std::vector<ncclwatch::trace::TraceFile> files;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
+    if (entry.path().extension() == ".ncclwatch") {
+      files.push_back(ncclwatch::trace::readTraceFile(entry.path()));
+    }
+  }
+  std::sort(files.begin(), files.end(),
+            [](const auto& a, const auto& b) { return a.header.rank < b.header.rank; });
+  return files;
+}
+
+}  // namespace testsupport

@@ -1,0 +1,17 @@
+// The trace files a test job left behind, for tests that run jobs under libncclwatch.so.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "trace/ring_reader.h"
+
+namespace testsupport {
+
+// A folder for one test's trace files, emptied: $TMPDIR (or /tmp)/nw-<name>-<pid>. Created when
+// `create`, else left for the library to create (as NCCLWATCH_DIR).
+std::string freshDirectory(const std::string& name, bool create = false);
+
+// Every *.ncclwatch file in `directory`, read, ordered by rank; none when it does not exist.
+std::vector<ncclwatch::trace::TraceFile> readTraceFiles(const std::string& directory);
+
+}  // namespace testsupport
