@@ -217,9 +217,11 @@ int dumpSignal() {
   return 0;
 }
 
-watchdog::AgentOptions agentOptionsFromEnvironment(int rank) {
+watchdog::AgentOptions agentOptionsFromEnvironment(const trace::ProcessInfo& process) {
   watchdog::AgentOptions options;
-  options.rank = rank;
+  options.rank = process.rank;
+  options.world = process.world;
+  options.localRank = process.localRank;
   options.events = envSwitch("NCCLWATCH_EVENTS", true);
   options.pollMs = static_cast<int>(envCount("NCCLWATCH_POLL_MS", 1, 60000, kDefaultPollMs));
   options.thresholds.softFloorMs = static_cast<int64_t>(
@@ -235,6 +237,9 @@ watchdog::AgentOptions agentOptionsFromEnvironment(int rank) {
   options.stackSignalOffset = static_cast<int>(
       envCount("NCCLWATCH_STACK_SIGNAL", 0, SIGRTMAX - SIGRTMIN, options.stackSignalOffset));
   options.dumpAtExit = envSwitch("NCCLWATCH_DUMP_AT_EXIT", false);
+  std::string error;
+  options.hasCollector = watchdog::collectorFromEnvironment(&options.collector, &error);
+  if (!error.empty()) std::fprintf(stderr, "[ncclwatch] no collector: %s\n", error.c_str());
   options.abortComm = [](uint64_t commHash) {
     if (Recorder* recorder = Recorder::existing()) recorder->abortByHash(commHash);
   };
@@ -332,7 +337,7 @@ Recorder* Recorder::start() {
     g_disabled.store(true);
     return nullptr;
   }
-  state->agentOptions = agentOptionsFromEnvironment(info.rank);
+  state->agentOptions = agentOptionsFromEnvironment(info);
   int version = 0;
   ncclGetVersion(&version);  // through our own forwarding wrapper
   state->writer.setNcclLibrary(version, realNcclPath());

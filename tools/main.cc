@@ -4,18 +4,29 @@
 
 #include <cstdio>
 
+#include <fstream>
 #include <iostream>
 
+#include "collect.h"
+#include "demo.h"
 #include "inspect.h"
 #include "launch.h"
+#include "report.h"
 #include "show.h"
+#include "stacks.h"
+#include "stragglers.h"
+#include "timeline.h"
 
 namespace {
 
 constexpr const char* kExamples = R"(Examples:
+  ncclwatch demo                      # 8 simulated ranks, an injected bug, the whole diagnosis
   ncclwatch launch -n 8 -- build/examples/train_loop --steps 10
   LD_LIBRARY_PATH=build/sim/lib ncclwatch launch -n 4 -- build/examples/train_loop --bug skip:rank=1,step=3
   ncclwatch inspect ./ncclwatch-logs/my-job
+  ncclwatch timeline ./ncclwatch-logs/my-job -o my-job.json
+  ncclwatch stragglers ./ncclwatch-logs/my-job
+Run `ncclwatch SUBCOMMAND --help` for each subcommand's options, examples and exit codes.
 )";
 
 void addLaunch(CLI::App& app, ncclwatch::launch::Options& options, int& exitCode) {
@@ -32,7 +43,10 @@ void addLaunch(CLI::App& app, ncclwatch::launch::Options& options, int& exitCode
   bool noPrefix = false;
   launch->add_flag("--no-prefix", noPrefix, "do not prefix output lines with [rank R]");
   launch->add_option("command", options.command, "PROGRAM [ARGS...] (after --)")->required();
-  launch->footer("Exit code: the first non-zero exit code of a rank (128+signal for a signal).");
+  launch->footer(R"(Examples:
+  ncclwatch launch -n 4 -- build/examples/train_loop --steps 5
+  LD_PRELOAD=$PWD/build/lib/libncclwatch.so ncclwatch launch -n 8 -- python train.py
+Exit code: the first non-zero exit code of a rank (128+signal for a signal).)");
   launch->callback([&options, &exitCode, &graceSeconds, &noPrefix] {
     options.grace = std::chrono::milliseconds(static_cast<long>(graceSeconds * 1000));
     options.prefix = !noPrefix;
@@ -47,7 +61,10 @@ void addShow(CLI::App& app, int& exitCode) {
   static bool json = false;
   show->add_option("file", path, "a .ncclwatch ring file")->required();
   show->add_flag("--json", json, "print JSON instead of a table");
-  show->footer("Exit code: 0 read cleanly, 1 problems found (still printed), 2 not a trace.");
+  show->footer(R"(Examples:
+  ncclwatch show ./ncclwatch-logs/job-1234/node7-4242.ncclwatch
+  ncclwatch show node7-4242.ncclwatch --json
+Exit code: 0 read cleanly, 1 problems found (still printed), 2 not a trace.)");
   show->callback(
       [&exitCode] { exitCode = ncclwatch::show::run(path, json, std::cout, std::cerr); });
 }
@@ -86,6 +103,175 @@ Exit code: 0 no finding (stragglers are information), 1 findings, 2 usage or I/O
   });
 }
 
+void addStacks(CLI::App& app, int& exitCode) {
+  CLI::App* stacks = app.add_subcommand(
+      "stacks", "STAT-style merged stack tree of every rank's newest dump, classes first");
+  static ncclwatch::stacks::Options options;
+  stacks
+      ->add_option("dir", options.directory,
+                   "folder of a job's .ncclwatch files (searched recursively)")
+      ->required();
+  stacks
+      ->add_option("--by", options.by,
+                   "merge native frames by function (default) or by module+offset")
+      ->check(CLI::IsMember({"function", "module"}));
+  stacks->add_flag("--json", options.json, "print one JSON document");
+  stacks->add_flag("--all-threads", options.allThreads,
+                   "merge every thread, not only the one that issued the hung call");
+  stacks->footer(R"(Prints the equivalence classes (ranks whose thread that matters has the same
+stack) with a representative rank each, the suspects ordered by how far behind their last call
+is, then the native and the Python trees (outermost frame first, rank sets like [0-4,6-7]).
+Exit code: 0 printed, 1 no rank has a dump, 2 usage or I/O error.)");
+  stacks->callback(
+      [&exitCode] { exitCode = ncclwatch::stacks::run(options, std::cout, std::cerr); });
+}
+
+void addReport(CLI::App& app, int& exitCode) {
+  CLI::App* report = app.add_subcommand(
+      "report", "Write one self-contained HTML page: verdicts, timeline, merged stacks, ranks");
+  static ncclwatch::report::Options options;
+  report
+      ->add_option("dir", options.directory,
+                   "folder of a job's .ncclwatch files (searched recursively)")
+      ->required();
+  report->add_option("-o,--output", options.output, "the .html file to write")->required();
+  report->footer("Exit code: 0 written, 2 usage or I/O error.");
+  report->callback([&exitCode] { exitCode = ncclwatch::report::run(options, std::cerr); });
+}
+
+void addTimeline(CLI::App& app, int& exitCode) {
+  CLI::App* timeline = app.add_subcommand(
+      "timeline", "Write a Perfetto/Chrome trace-event JSON timeline of every rank's calls");
+  static ncclwatch::timeline::Options options;
+  timeline
+      ->add_option("dir", options.directory,
+                   "folder of a job's .ncclwatch files (searched recursively)")
+      ->required();
+  timeline->add_option("-o,--output", options.output, "the .json file to write ('-': stdout)")
+      ->required();
+  timeline->footer(R"TXT(Examples:
+  ncclwatch timeline ./ncclwatch-logs/job-1234 -o job.json    # then open ui.perfetto.dev
+  ncclwatch timeline /shared/logs/run7 -o - | gzip > run7.json.gz
+
+One process per rank ("rank 3 (host:pid)"), per communicator and stream a track of the calls as
+they ran (start to completion) and tracks of the calls queued on the stream (issue to start),
+instants for dumps and for the verdicts on the ranks they concern. Hosts' clocks are aligned on
+collective completion, not on wall clocks.
+Exit code: 0 written, 2 usage or I/O error. Unreadable or corrupt files are named on stderr.)TXT");
+  timeline->callback(
+      [&exitCode] { exitCode = ncclwatch::timeline::run(options, std::cout, std::cerr); });
+}
+
+void addStragglers(CLI::App& app, int& exitCode) {
+  CLI::App* stragglers = app.add_subcommand(
+      "stragglers", "How late each rank arrives at collectives; who the others wait for");
+  static ncclwatch::stragglers::Options options;
+  static bool colour = false, noColour = false;
+  stragglers
+      ->add_option("dir", options.directory,
+                   "folder of a job's .ncclwatch files (searched recursively)")
+      ->required();
+  stragglers->add_option("--top", options.top, "ranks shown per communicator, 0: all (default 5)")
+      ->check(CLI::Range(0, 1 << 24));
+  stragglers->add_flag("--color", colour, "colour the output even when it is not a terminal");
+  stragglers->add_flag("--no-color", noColour, "never colour the output");
+  stragglers->footer(R"TXT(Examples:
+  ncclwatch stragglers ./ncclwatch-logs/job-1234
+  ncclwatch stragglers /shared/logs/run7 --top 0
+
+For each collective every member issued, a rank's lateness is its issue time minus the earliest
+member's (hosts' clocks aligned on collective completion). Per communicator: median, p95 and
+max lateness and how often each rank was the last to arrive; then the ranks the others wait for.
+Exit code: 0 no straggler, 1 stragglers found, 2 usage or I/O error.)TXT");
+  stragglers->callback([&exitCode] {
+    options.colour = noColour ? 0 : colour ? 1 : -1;
+    exitCode = ncclwatch::stragglers::run(options, std::cout, std::cerr);
+  });
+}
+
+void addDemo(CLI::App& app, int& exitCode) {
+  CLI::App* demo = app.add_subcommand(
+      "demo", "Run 8 simulated ranks with an injected bug under ncclwatch (no GPU needed)");
+  static ncclwatch::demo::Options options;
+  static bool colour = false, noColour = false;
+  demo->add_option("--bug", options.bug,
+                   "train_loop bug: KIND or KIND:rank=R,step=S[,ms=N]; kinds: skip, op, count, "
+                   "dtype, root, extra, peer, color, order, exit, crash, slow (default "
+                   "skip:rank=3,step=5)");
+  demo->add_option("--ranks", options.ranks, "number of ranks (default 8)")
+      ->check(CLI::Range(2, 64));
+  demo->add_option("--steps", options.steps, "training steps (default 10)")
+      ->check(CLI::Range(1, 1000));
+  demo->add_option("--dir", options.directory,
+                   "folder for the traces, timeline and report (default: a new folder under "
+                   "./ncclwatch-demo)");
+  demo->add_option("--timeout", options.timeoutSeconds,
+                   "seconds after which a job still running is stopped (default 45)")
+      ->check(CLI::Range(1.0, 3600.0));
+  demo->add_flag("--color", colour, "colour the output even when it is not a terminal");
+  demo->add_flag("--no-color", noColour, "never colour the output");
+  demo->footer(R"TXT(Examples:
+  ncclwatch demo                      # rank 3 skips an allreduce at step 5: a mismatch
+  ncclwatch demo --bug order --ranks 4
+  ncclwatch demo --bug slow:rank=2,step=0,ms=30
+
+Runs build/examples/train_loop with the sim libraries and libncclwatch.so found next to this
+binary, shows the watchdogs' live blocks, stops the job once every rank has dumped, then prints
+the diagnosis and writes timeline.json and report.html next to the traces.
+Exit code: 0 nothing found, 1 findings (the injected bug), 2 usage or set-up error.)TXT");
+  demo->callback([&exitCode] {
+    options.colour = noColour ? 0 : colour ? 1 : -1;
+    exitCode = ncclwatch::demo::run(options, std::cout, std::cerr);
+  });
+}
+
+void addRun(CLI::App& app, int& exitCode) {
+  CLI::App* run = app.add_subcommand(
+      "run", "Run a job under ncclwatch: preloaded recorder, live cross-rank verdicts");
+  static ncclwatch::collect::RunOptions options;
+  run->add_option("--dir", options.directory, "folder for the traces and verdicts.jsonl");
+  run->add_flag("--abort", options.abortOnVerdict,
+                "abort the communicator of every verdict so that the job fails now");
+  run->add_option("--preload", options.preload,
+                  "libncclwatch.so to preload (default: beside "
+                  "the CLI, ../lib/libncclwatch.so)");
+  run->add_option("command", options.command, "the program and its arguments (after --)")
+      ->required();
+  run->footer(R"(Examples:
+  ncclwatch run -- torchrun --nproc_per_node=8 train.py
+  ncclwatch run --dir /tmp/logs -- ncclwatch launch -n 8 -- build/examples/train_loop --bug skip:rank=3,step=5
+
+Hosts the collector on 127.0.0.1, runs the program with NCCLWATCH_COLLECTOR, NCCLWATCH_SECRET,
+NCCLWATCH_DIR and LD_PRELOAD set, prints each verdict as soon as the ranks' calls show it, and
+exits with the program's exit code.)");
+  run->callback(
+      [&exitCode] { exitCode = ncclwatch::collect::runJob(options, std::cout, std::cerr); });
+}
+
+void addCollect(CLI::App& app, int& exitCode) {
+  CLI::App* collect =
+      app.add_subcommand("collect", "The collector alone, for jobs started without `run`");
+  static ncclwatch::collect::Options options;
+  static std::string secretFile;
+  collect->add_option("--listen", options.listen, "host:port to listen on")->required();
+  collect->add_option("--secret-file", secretFile, "file holding the job's secret")->required();
+  collect->add_option("--dir", options.directory, "folder for verdicts.jsonl");
+  collect->add_flag("--abort", options.abortOnVerdict, "abort communicators with verdicts");
+  collect->footer(R"(Example:
+  ncclwatch collect --listen 0.0.0.0:29555 --secret-file ~/.ncclwatch-secret --dir /shared/logs
+  (each rank: NCCLWATCH_COLLECTOR=<host>:29555 NCCLWATCH_SECRET=<the secret>))");
+  collect->callback([&exitCode] {
+    std::ifstream file(secretFile);
+    std::getline(file, options.secret);
+    if (!file && options.secret.empty()) {
+      std::cerr << "ncclwatch collect: cannot read the secret from " << secretFile << "\n";
+      exitCode = 2;
+      return;
+    }
+    exitCode = ncclwatch::collect::runCollect(options, std::cout, std::cerr);
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -97,6 +283,13 @@ int main(int argc, char** argv) {
   addLaunch(app, launchOptions, exitCode);
   addShow(app, exitCode);
   addInspect(app, exitCode);
+  addStacks(app, exitCode);
+  addReport(app, exitCode);
+  addTimeline(app, exitCode);
+  addStragglers(app, exitCode);
+  addDemo(app, exitCode);
+  addRun(app, exitCode);
+  addCollect(app, exitCode);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& help) {

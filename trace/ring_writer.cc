@@ -289,6 +289,20 @@ void RingWriter::noteFatalSignal(int signal, int threadId) {
   std::atomic_ref<int32_t>(header_->fatalSignal).store(signal, std::memory_order_release);
 }
 
+uint64_t RingWriter::nextIndex() const {
+  if (header_ == nullptr) return 0;
+  return atomicField(header_->nextIndex).load(std::memory_order_acquire);
+}
+
+std::vector<CommInfo> RingWriter::comms() const {
+  std::vector<CommInfo> table;
+  if (header_ == nullptr) return table;
+  uint32_t count =
+      std::min(atomicField(header_->commCount).load(std::memory_order_acquire), kCommTableCapacity);
+  table.assign(header_->comms, header_->comms + count);
+  return table;
+}
+
 bool RingWriter::read(uint64_t index, CallRecord* record) const {
   if (header_ == nullptr) return false;
   return loadStableSlot(slot(index), record) && record->ringIndex == index;

@@ -69,6 +69,11 @@ class RingWriter {
   void markCleanShutdown();
   // From a fatal-signal handler: async-signal-safe (two atomic stores into the mapping).
   void noteFatalSignal(int signal, int threadId);
+  // Records reserved so far (the next record's ring index).
+  uint64_t nextIndex() const;
+  // The communicator table as it stands, and the header (for its identity fields).
+  std::vector<CommInfo> comms() const;
+  const RingHeader* header() const { return header_; }
   // The record at ring `index` as it stands, if the slot still holds it (a stable copy).
   bool read(uint64_t index, CallRecord* record) const;
 

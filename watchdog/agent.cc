@@ -73,6 +73,10 @@ Agent* Agent::start(trace::RingWriter& writer, const AgentOptions& options) {
       std::fprintf(stderr, "[ncclwatch] GPU completion tracking off: %s\n", why);
     }
   }
+  if (options.hasCollector) {
+    agent->link_ = std::make_unique<CollectorLink>(options.collector, writer, options.rank,
+                                                   options.world, options.localRank);
+  }
   // On this (application) thread: the stack signal, the Python route, the dump triggers.
   std::string error;
   if (!prepareDumps(options.stackSignalOffset, &error)) {
@@ -123,6 +127,7 @@ void Agent::run() {
       Triggers::done(generation);
     }
     if (completion_) checkHangs(trace::FastClock::nowNs());
+    if (link_) exchange(last);
     if (last) break;
     // Until the fast clock has its first line, poll often enough to publish it within ~25 ms.
     // Continuous mode polls and persists at least every 10 ms, so that a burst of calls rarely
@@ -133,6 +138,24 @@ void Agent::run() {
   if (options_.dumpAtExit)
     dump("exit", "the process is exiting (NCCLWATCH_DUMP_AT_EXIT)", {}, true);
   finished_.store(true, std::memory_order_release);
+}
+
+void Agent::exchange(bool last) {
+  if (last) {
+    link_->finish(300);
+    return;
+  }
+  std::vector<CollectorRequest> requests;
+  link_->step(trace::FastClock::nowNs(), &requests);
+  for (const CollectorRequest& request : requests) {
+    if (request.kind == CollectorRequest::Kind::kDump) {
+      dump("collector", request.reason, {}, true);
+    } else if (options_.abortComm) {
+      std::fprintf(stderr, "[ncclwatch] rank %d: aborting comm %s as the collector asks\n",
+                   options_.rank, hex(request.commHash).c_str());
+      options_.abortComm(request.commHash);
+    }
+  }
 }
 
 void Agent::checkHangs(int64_t now) {

@@ -17,6 +17,7 @@
 #include "trace/ring_writer.h"
 #include "watchdog/completion.h"
 #include "watchdog/dumper.h"
+#include "watchdog/exchange.h"
 #include "watchdog/triggers.h"
 
 namespace ncclwatch::watchdog {
@@ -49,6 +50,11 @@ struct AgentOptions {
   TriggerOptions triggers;
   bool dumpAtExit = false;
   int rank = -1;
+  int world = -1;
+  int localRank = -1;
+  // The job's collector (NCCLWATCH_COLLECTOR); without one, detection stays local.
+  bool hasCollector = false;
+  CollectorAddress collector;
   // Aborts the communicator with this hash (set by the interposer: it knows the ncclComm_t).
   std::function<void(uint64_t commHash)> abortComm;
 };
@@ -74,6 +80,7 @@ class Agent {
   Agent(trace::RingWriter& writer, const AgentOptions& options);
   void run();
   void checkHangs(int64_t now);
+  void exchange(bool last);
   void dump(const std::string& trigger, const std::string& reason,
             std::vector<trace::DumpFinding> findings, bool withStacks);
   bool waitForWork(int waitMs);
@@ -86,6 +93,7 @@ class Agent {
   trace::RingWriter& writer_;
   AgentOptions options_;
   std::unique_ptr<CompletionTracker> completion_;
+  std::unique_ptr<CollectorLink> link_;
   std::map<uint64_t, Alarm> alarms_;  // watchdog thread only
   std::atomic<bool> stopping_{false};
   std::atomic<bool> finished_{false};

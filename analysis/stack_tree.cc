@@ -1,0 +1,496 @@
+#include "analysis/stack_tree.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+
+#include "analysis/describe.h"
+
+namespace ncclwatch::analysis {
+namespace {
+
+std::string hexText(uint64_t value) {
+  char buffer[24];
+  std::snprintf(buffer, sizeof buffer, "0x%llx", static_cast<unsigned long long>(value));
+  return buffer;
+}
+
+std::string_view baseName(std::string_view path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string_view::npos ? path : path.substr(slash + 1);
+}
+
+// Builds a prefix tree over interned frame keys. Ranks must be added in ascending order, so
+// that each node's rank list stays sorted by appending.
+class TreeBuilder {
+ public:
+  TreeBuilder() { tree_.nodes.emplace_back(); }
+
+  uint32_t intern(std::string key, std::string label) {
+    auto [it, inserted] = ids_.try_emplace(std::move(key), static_cast<uint32_t>(labels_.size()));
+    if (inserted) labels_.push_back(std::move(label));
+    return it->second;
+  }
+
+  // Walks `path` (label ids, outermost first) from the root; returns the last node.
+  uint32_t add(int rank, std::span<const uint32_t> path) {
+    uint32_t node = 0;
+    touch(0, rank);
+    for (uint32_t label : path) {
+      uint64_t edge = (static_cast<uint64_t>(node) << 32) | label;
+      auto [it, inserted] = edges_.try_emplace(edge, 0);
+      if (inserted) {
+        it->second = static_cast<uint32_t>(tree_.nodes.size());
+        StackNode child;
+        child.label = labels_[label];
+        tree_.nodes.push_back(std::move(child));
+        tree_.nodes[node].children.push_back(it->second);
+      }
+      node = it->second;
+      touch(node, rank);
+    }
+    return node;
+  }
+
+  const std::string& label(uint32_t id) const { return labels_[id]; }
+
+  StackTree finish() {
+    for (StackNode& node : tree_.nodes) {
+      std::sort(node.children.begin(), node.children.end(), [this](uint32_t a, uint32_t b) {
+        const StackNode& x = tree_.nodes[a];
+        const StackNode& y = tree_.nodes[b];
+        if (x.ranks.front() != y.ranks.front()) return x.ranks.front() < y.ranks.front();
+        return x.label < y.label;
+      });
+    }
+    return std::move(tree_);
+  }
+
+ private:
+  void touch(uint32_t node, int rank) {
+    StackNode& n = tree_.nodes[node];
+    if (n.ranks.empty() || n.ranks.back() != rank) n.ranks.push_back(rank);
+    ++n.threads;
+  }
+
+  StackTree tree_;
+  std::unordered_map<std::string, uint32_t> ids_;
+  std::vector<std::string> labels_;
+  std::unordered_map<uint64_t, uint32_t> edges_;
+};
+
+uint32_t nativeId(TreeBuilder& builder, const trace::DumpFrame& frame, FrameKey by) {
+  std::string label = frameLabel(frame, by);
+  if (by == FrameKey::kModule && !frame.buildId.empty()) {
+    std::string key = label + "@" + frame.buildId;
+    return builder.intern(std::move(key), std::move(label));
+  }
+  std::string key = label;
+  return builder.intern(std::move(key), std::move(label));
+}
+
+// A thread's native path, outermost first. A thread that did not answer gets one node naming
+// its kernel wait, so that it still shows where it is.
+void nativePath(TreeBuilder& builder, const trace::DumpThread& thread, FrameKey by,
+                std::vector<uint32_t>* path) {
+  path->clear();
+  if (thread.frames.empty()) {
+    std::string label = "(no native stack; kernel wait " +
+                        (thread.wchan.empty() ? std::string("?") : thread.wchan) + ")";
+    std::string key = label;
+    path->push_back(builder.intern(std::move(key), std::move(label)));
+    return;
+  }
+  path->reserve(thread.frames.size());
+  for (auto it = thread.frames.rbegin(); it != thread.frames.rend(); ++it) {
+    path->push_back(nativeId(builder, *it, by));
+  }
+}
+
+std::string threadText(const trace::DumpThread& thread) {
+  return (thread.name.empty() ? std::string("?") : thread.name) + " (tid " +
+         std::to_string(thread.tid) + ")";
+}
+
+void jsonString(std::ostream& out, std::string_view text) {
+  out << '"';
+  for (char c : text) {
+    auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out << '\\' << c;
+    } else if (u < 0x20) {
+      char buffer[8];
+      std::snprintf(buffer, sizeof buffer, "\\u%04x", u);
+      out << buffer;
+    } else {
+      out << c;
+    }
+  }
+  out << '"';
+}
+
+void jsonRanks(std::ostream& out, const std::vector<int>& ranks) {
+  out << '[';
+  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? "," : "") << ranks[i];
+  out << ']';
+}
+
+void jsonTree(const StackTree& tree, uint32_t index, std::ostream& out) {
+  const StackNode& node = tree.nodes[index];
+  out << "{\"label\":";
+  jsonString(out, node.label);
+  out << ",\"ranks\":\"" << formatRanks(node.ranks) << "\",\"count\":" << node.ranks.size()
+      << ",\"threads\":" << node.threads << ",\"children\":[";
+  for (size_t i = 0; i < node.children.size(); ++i) {
+    if (i) out << ',';
+    jsonTree(tree, node.children[i], out);
+  }
+  out << "]}";
+}
+
+void printChain(const StackTree& tree, uint32_t index, const std::string& first,
+                const std::string& rest, std::ostream& out) {
+  // A chain of single children keeps the continuation prefix; only branches recurse.
+  const StackNode* node = &tree.nodes[index];
+  out << first << "[" << formatRanks(node->ranks) << "] " << node->label << "\n";
+  while (node->children.size() == 1) {
+    node = &tree.nodes[node->children[0]];
+    out << rest << "[" << formatRanks(node->ranks) << "] " << node->label << "\n";
+  }
+  for (size_t i = 0; i < node->children.size(); ++i) {
+    bool last = i + 1 == node->children.size();
+    printChain(tree, node->children[i], rest + (last ? "\u2514\u2500" : "\u251c\u2500"),
+               rest + (last ? "  " : "\u2502 "), out);
+  }
+}
+
+}  // namespace
+
+std::string frameLabel(const trace::DumpFrame& frame, FrameKey by) {
+  std::string module(baseName(frame.module));
+  if (module.empty()) module = "?";
+  if (by == FrameKey::kModule) {
+    std::string label = module + "+" + hexText(frame.moduleOffset);
+    if (!frame.function.empty()) label += " " + frame.function;
+    return label;
+  }
+  if (!frame.function.empty()) return frame.function;
+  return module + "+" + hexText(frame.moduleOffset);
+}
+
+std::string pythonFrameLabel(const trace::DumpPythonFrame& frame) {
+  std::string label = frame.file.empty() ? std::string("?") : frame.file;
+  label += ":" + (frame.line < 0 ? std::string("?") : std::to_string(frame.line));
+  label += " " + (frame.function.empty() ? std::string("?") : frame.function);
+  return label;
+}
+
+int keyThreadOf(const trace::Dump& dump, int pid) {
+  const trace::DumpFinding* oldest = nullptr;
+  for (const trace::DumpFinding& finding : dump.findings) {
+    if (finding.state == "idle" || finding.threadId == 0) continue;
+    if (oldest == nullptr || finding.ageMs > oldest->ageMs) oldest = &finding;
+  }
+  if (oldest != nullptr) {
+    for (const trace::DumpThread& thread : dump.threads) {
+      if (thread.tid == oldest->threadId) return thread.tid;
+    }
+  }
+  for (const trace::DumpThread& thread : dump.threads) {
+    if (thread.tid == pid) return thread.tid;
+  }
+  return dump.threads.empty() ? 0 : dump.threads.front().tid;
+}
+
+StackReport mergeStacks(std::span<const RankDump> input, const StackOptions& options) {
+  StackReport report;
+  report.options = options;
+  std::vector<const RankDump*> ranks;
+  ranks.reserve(input.size());
+  for (const RankDump& r : input) ranks.push_back(&r);
+  std::sort(ranks.begin(), ranks.end(),
+            [](const RankDump* a, const RankDump* b) { return a->rank < b->rank; });
+  report.ranks = static_cast<int>(ranks.size());
+
+  TreeBuilder native, python;
+  std::vector<uint32_t> path;
+  // class key: the node where the thread that matters ends (same node = same path).
+  std::unordered_map<uint32_t, size_t> classOf;
+  std::vector<std::pair<uint32_t, StackClass>> classes;
+  bool anyPython = false;
+  std::string pythonNote;
+  for (const RankDump* r : ranks) {
+    RankNote note;
+    note.rank = r->rank;
+    if (r->dump == nullptr) {
+      note.note = "no dump";
+      report.noDump.push_back(r->rank);
+      report.notes.push_back(std::move(note));
+      continue;
+    }
+    const trace::Dump& dump = *r->dump;
+    note.trigger = dump.trigger;
+    const trace::DumpThread* key = nullptr;
+    for (const trace::DumpThread& thread : dump.threads) {
+      if (thread.tid == r->keyThread) key = &thread;
+    }
+    if (key == nullptr && !dump.threads.empty()) key = &dump.threads.front();
+    if (key == nullptr) {
+      note.note = "no threads in the dump";
+    } else {
+      note.thread = threadText(*key);
+    }
+    if (options.allThreads) {
+      // Non-key threads first, so that each merges independently of the key thread's end node.
+      for (const trace::DumpThread& thread : dump.threads) {
+        if (&thread == key) continue;
+        nativePath(native, thread, options.by, &path);
+        native.add(r->rank, path);
+      }
+    }
+    if (key != nullptr) {
+      nativePath(native, *key, options.by, &path);
+      uint32_t end = native.add(r->rank, path);
+      auto [it, inserted] = classOf.try_emplace(end, classes.size());
+      if (inserted) {
+        StackClass c;
+        c.representative = r->rank;
+        c.thread = key->name;
+        c.path.reserve(path.size());
+        for (uint32_t id : path) c.path.push_back(native.label(id));
+        classes.emplace_back(end, std::move(c));
+      }
+      classes[it->second].second.ranks.push_back(r->rank);
+    }
+    for (const trace::DumpPythonThread& thread : dump.pythonThreads) {
+      path.clear();
+      for (auto it = thread.frames.rbegin(); it != thread.frames.rend(); ++it) {
+        std::string label = pythonFrameLabel(*it);
+        std::string keyText = label;
+        path.push_back(python.intern(std::move(keyText), std::move(label)));
+      }
+      if (path.empty()) continue;
+      python.add(r->rank, path);
+      anyPython = true;
+    }
+    if (pythonNote.empty() && !dump.pythonNote.empty()) pythonNote = dump.pythonNote;
+    report.notes.push_back(std::move(note));
+  }
+  report.native = native.finish();
+  if (anyPython) {
+    report.python = python.finish();
+  } else {
+    report.pythonNote = pythonNote.empty() ? "no Python stacks in the dumps" : pythonNote;
+  }
+  for (auto& entry : classes) report.classes.push_back(std::move(entry.second));
+  std::stable_sort(report.classes.begin(), report.classes.end(),
+                   [](const StackClass& a, const StackClass& b) {
+                     if (a.ranks.size() != b.ranks.size()) return a.ranks.size() > b.ranks.size();
+                     return a.representative < b.representative;
+                   });
+  return report;
+}
+
+StackReport stackReport(std::span<const trace::TraceFile> files, const Report& analysed,
+                        const StackOptions& options) {
+  // The newest process of each rank, and its newest dump.
+  std::map<int, const trace::TraceFile*> newest;
+  for (const trace::TraceFile& file : files) {
+    if (!file.usable || file.header.rank < 0) continue;
+    auto [it, inserted] = newest.try_emplace(file.header.rank, &file);
+    if (!inserted && file.header.anchorRealtimeNs > it->second->header.anchorRealtimeNs) {
+      it->second = &file;
+    }
+  }
+  std::vector<RankDump> ranks;
+  ranks.reserve(newest.size());
+  for (const auto& [rank, file] : newest) {
+    RankDump r;
+    r.rank = rank;
+    if (!file->dumps.empty()) {
+      r.dump = &file->dumps.back();
+      r.keyThread = keyThreadOf(*r.dump, file->header.pid);
+    }
+    ranks.push_back(r);
+  }
+  StackReport report = mergeStacks(ranks, options);
+
+  // Suspects: on the communicator of the first primary verdict, else the largest one.
+  const JobReport* job = analysed.jobs.empty() ? nullptr : &analysed.jobs.back();
+  for (const JobReport& j : analysed.jobs) {
+    if (!j.verdicts.empty()) job = &j;
+  }
+  if (job == nullptr) return report;
+  const Verdict* verdict = nullptr;
+  for (const Verdict& v : job->verdicts) {
+    if (v.primary && v.kind != VerdictKind::kStraggler) {
+      verdict = &v;
+      break;
+    }
+  }
+  const CommSummary* comm = nullptr;
+  for (const CommSummary& c : job->comms) {
+    if (verdict != nullptr) {
+      if (c.comm.hash == verdict->comm.hash) comm = &c;
+    } else if (comm == nullptr || c.ranks.size() > comm->ranks.size() ||
+               (c.ranks.size() == comm->ranks.size() && c.calls > comm->calls)) {
+      comm = &c;
+    }
+  }
+  if (comm == nullptr) return report;
+  report.suspectComm = comm->comm.hash;
+  report.suspectCommText = commText(comm->comm);
+  uint64_t most = 0;
+  for (const auto& p : comm->progress) most = std::max(most, p.issuedSeq);
+  for (const auto& p : comm->progress) {
+    for (int rank : p.ranks) {
+      Suspect s;
+      s.rank = rank;
+      s.issuedSeq = p.issuedSeq;
+      s.completedSeq = p.completedSeq;
+      s.behind = most - p.issuedSeq;
+      if (verdict != nullptr) {
+        s.culprit = std::find(verdict->culprits.begin(), verdict->culprits.end(), rank) !=
+                    verdict->culprits.end();
+      }
+      if (s.behind > 0 || s.culprit) report.suspects.push_back(s);
+    }
+  }
+  std::sort(report.suspects.begin(), report.suspects.end(), [](const Suspect& a, const Suspect& b) {
+    if (a.behind != b.behind) return a.behind > b.behind;
+    if (a.culprit != b.culprit) return a.culprit;
+    if (a.completedSeq != b.completedSeq) return a.completedSeq < b.completedSeq;
+    return a.rank < b.rank;
+  });
+  return report;
+}
+
+void printStackTree(const StackTree& tree, std::ostream& out) {
+  if (tree.empty()) return;
+  const StackNode& root = tree.nodes[0];
+  for (size_t i = 0; i < root.children.size(); ++i) {
+    bool last = i + 1 == root.children.size();
+    if (root.children.size() == 1) {
+      printChain(tree, root.children[i], "", "", out);
+    } else {
+      printChain(tree, root.children[i], last ? "\u2514\u2500" : "\u251c\u2500",
+                 last ? "  " : "\u2502 ", out);
+    }
+  }
+}
+
+void printStacksText(const StackReport& report, std::ostream& out) {
+  out << "Stacks of " << report.ranks << (report.ranks == 1 ? " rank" : " ranks")
+      << ", newest dump of each, merged by "
+      << (report.options.by == FrameKey::kModule ? "module+offset" : "function") << "; "
+      << (report.options.allThreads ? "all threads"
+                                    : "the thread that issued the hung call, else the main thread")
+      << "\n";
+  out << report.classes.size() << (report.classes.size() == 1 ? " class" : " classes")
+      << "; representative ranks: ";
+  for (size_t i = 0; i < report.classes.size(); ++i) {
+    out << (i ? ", " : "") << report.classes[i].representative;
+  }
+  if (report.classes.empty()) out << "none";
+  out << "\n";
+  for (size_t i = 0; i < report.classes.size(); ++i) {
+    const StackClass& c = report.classes[i];
+    out << "  class " << i + 1 << "  [" << formatRanks(c.ranks) << "] (" << c.ranks.size()
+        << (c.ranks.size() == 1 ? " rank" : " ranks") << ")  representative " << c.representative;
+    if (!c.path.empty()) {
+      out << "  at ";
+      size_t from = c.path.size() > 3 ? c.path.size() - 3 : 0;
+      for (size_t k = from; k < c.path.size(); ++k) out << (k > from ? " > " : "") << c.path[k];
+    }
+    out << "\n";
+  }
+  if (report.suspectComm != 0) {
+    out << "Suspects on comm " << report.suspectCommText << ", furthest behind first:";
+    if (report.suspects.empty()) out << " none (every member issued the same calls)";
+    out << "\n";
+    for (const Suspect& s : report.suspects) {
+      out << "  rank " << s.rank << "  issued #" << s.issuedSeq << ", completed #" << s.completedSeq
+          << ", " << s.behind << " behind" << (s.culprit ? "  (culprit)" : "") << "\n";
+    }
+  }
+  if (!report.noDump.empty()) {
+    out << "No dump: " << (report.noDump.size() == 1 ? "rank " : "ranks ")
+        << formatRanks(report.noDump) << " (their stacks are not in the trees)\n";
+  }
+  out << "\nNative stacks, outermost frame first"
+      << (report.options.allThreads ? " (all threads):\n" : " (the thread that matters):\n");
+  if (report.native.empty()) {
+    out << "  none\n";
+  } else {
+    printStackTree(report.native, out);
+  }
+  out << "\nPython stacks, outermost frame first (all Python threads):\n";
+  if (report.python.empty()) {
+    out << "  none: " << report.pythonNote << "\n";
+  } else {
+    printStackTree(report.python, out);
+  }
+}
+
+void printStacksJson(const StackReport& report, std::ostream& out) {
+  out << "{\"by\":\"" << (report.options.by == FrameKey::kModule ? "module" : "function")
+      << "\",\"all_threads\":" << (report.options.allThreads ? "true" : "false")
+      << ",\"ranks\":" << report.ranks << ",\"classes\":[";
+  for (size_t i = 0; i < report.classes.size(); ++i) {
+    const StackClass& c = report.classes[i];
+    out << (i ? "," : "") << "{\"ranks\":\"" << formatRanks(c.ranks) << "\",\"rank_list\":";
+    jsonRanks(out, c.ranks);
+    out << ",\"representative\":" << c.representative << ",\"thread\":";
+    jsonString(out, c.thread);
+    out << ",\"path\":[";
+    for (size_t k = 0; k < c.path.size(); ++k) {
+      if (k) out << ',';
+      jsonString(out, c.path[k]);
+    }
+    out << "]}";
+  }
+  out << "],\"suspect_comm\":";
+  if (report.suspectComm == 0) {
+    out << "null";
+  } else {
+    out << "{\"hash\":\"" << hashText(report.suspectComm) << "\",\"text\":";
+    jsonString(out, report.suspectCommText);
+    out << "}";
+  }
+  out << ",\"suspects\":[";
+  for (size_t i = 0; i < report.suspects.size(); ++i) {
+    const Suspect& s = report.suspects[i];
+    out << (i ? "," : "") << "{\"rank\":" << s.rank << ",\"issued_seq\":" << s.issuedSeq
+        << ",\"completed_seq\":" << s.completedSeq << ",\"behind\":" << s.behind
+        << ",\"culprit\":" << (s.culprit ? "true" : "false") << "}";
+  }
+  out << "],\"no_dump\":";
+  jsonRanks(out, report.noDump);
+  out << ",\"rank_notes\":[";
+  for (size_t i = 0; i < report.notes.size(); ++i) {
+    const RankNote& n = report.notes[i];
+    out << (i ? "," : "") << "{\"rank\":" << n.rank << ",\"trigger\":";
+    jsonString(out, n.trigger);
+    out << ",\"thread\":";
+    jsonString(out, n.thread);
+    out << ",\"note\":";
+    jsonString(out, n.note);
+    out << "}";
+  }
+  out << "],\"native\":";
+  jsonTree(report.native, 0, out);
+  out << ",\"python\":";
+  if (report.python.empty()) {
+    out << "null";
+  } else {
+    jsonTree(report.python, 0, out);
+  }
+  out << ",\"python_note\":";
+  jsonString(out, report.pythonNote);
+  out << "}\n";
+}
+
+}  // namespace ncclwatch::analysis

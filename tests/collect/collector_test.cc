@@ -1,0 +1,255 @@
+// The collector against agents it cannot trust and agents it can: garbage, oversized frames and
+// wrong secrets are dropped and counted without disturbing anyone; two honest fake ranks whose
+// calls diverge get a mismatch verdict, written to verdicts.jsonl, and both are asked to dump.
+#include "collect.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "trace/fingerprint.h"
+#include "trace/wire.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+namespace wire = ncclwatch::trace::wire;
+using ncclwatch::collect::Collector;
+
+int connectTo(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  return fd;
+}
+
+void sendAll(int fd, const std::vector<std::byte>& bytes) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    sent += static_cast<size_t>(n);
+  }
+}
+
+// True when the peer closed the connection within `timeout`.
+bool closedByPeer(int fd, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd ready{fd, POLLIN, 0};
+    if (poll(&ready, 1, 20) > 0) {
+      char byte;
+      ssize_t n = recv(fd, &byte, 1, MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN)) return true;
+    }
+  }
+  return false;
+}
+
+template <typename Predicate>
+bool eventually(Predicate predicate, std::chrono::milliseconds timeout = 5000ms) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (predicate()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return predicate();
+}
+
+wire::Hello hello(const std::string& secret, int rank) {
+  wire::Hello h{};
+  std::strncpy(h.secret, secret.c_str(), sizeof h.secret - 1);
+  h.pid = 1000 + rank;
+  h.rank = rank;
+  h.world = 2;
+  h.localRank = rank;
+  std::strcpy(h.host, "fakehost");
+  std::strcpy(h.jobId, "fake-job");
+  std::snprintf(h.tracePath, sizeof h.tracePath, "/fake/rank%d.ncclwatch", rank);
+  h.anchorMonotonicNs = 1'000'000'000;
+  h.anchorRealtimeNs = 1'700'000'000'000'000'000;
+  return h;
+}
+
+ncclwatch::trace::CallRecord allReduce(uint64_t comm, uint64_t seq, uint64_t count) {
+  ncclwatch::trace::CallRecord record{};
+  record.commHash = comm;
+  record.seq = seq;
+  record.op = ncclwatch::trace::OpKind::kAllReduce;
+  record.count = count;
+  record.dtype = 7;
+  record.state = ncclwatch::trace::RecordState::kStarted;
+  record.issueNs = 1'000'000'000 + static_cast<int64_t>(seq) * 1'000'000;
+  record.startNs = record.issueNs + 1000;
+  record.rootOrPeer = -1;
+  record.ringIndex = seq;
+  record.slotVersion = 2;
+  record.fingerprint = ncclwatch::trace::fingerprint({record.op, count, 7, 0, -1});
+  return record;
+}
+
+class CollectorTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    directory_ = std::string(testing::TempDir()) + "/nw-collect-" + std::to_string(getpid());
+    std::filesystem::remove_all(directory_);
+    ncclwatch::collect::Options options;
+    options.secret = "s3cret-for-tests";
+    options.directory = directory_;
+    std::string error;
+    ASSERT_TRUE(collector_.start(options, out_, &error)) << error;
+  }
+  void TearDown() override {
+    collector_.stop();
+    std::filesystem::remove_all(directory_);
+  }
+  std::string directory_;
+  std::ostringstream out_;
+  Collector collector_;
+};
+
+TEST_F(CollectorTest, GarbageOversizedAndWrongSecretsAreDroppedAndCounted) {
+  int garbage = connectTo(collector_.port());
+  sendAll(garbage, std::vector<std::byte>(64, std::byte{0x41}));
+  EXPECT_TRUE(closedByPeer(garbage, 2000ms));
+
+  int oversized = connectTo(collector_.port());
+  wire::FrameHeader header{wire::kMagic, 3, wire::kVersion, wire::kMaxPayload + 1, 0};
+  std::vector<std::byte> bytes(sizeof header);
+  std::memcpy(bytes.data(), &header, sizeof header);
+  sendAll(oversized, bytes);
+  EXPECT_TRUE(closedByPeer(oversized, 2000ms));
+
+  int intruder = connectTo(collector_.port());
+  std::vector<std::byte> frame;
+  wire::encodeHello(hello("not-the-secret", 0), frame);
+  sendAll(intruder, frame);
+  EXPECT_TRUE(closedByPeer(intruder, 2000ms));
+
+  // Records before any HELLO: not authenticated either.
+  int eager = connectTo(collector_.port());
+  frame.clear();
+  std::vector<ncclwatch::trace::CallRecord> records{allReduce(7, 1, 16)};
+  wire::encodeRecords(5, records, frame);
+  sendAll(eager, frame);
+  EXPECT_TRUE(closedByPeer(eager, 2000ms));
+
+  EXPECT_TRUE(eventually([&] { return collector_.counters().rejected.load() == 4; }));
+  EXPECT_EQ(collector_.counters().agents.load(), 0u);
+  for (int fd : {garbage, oversized, intruder, eager}) close(fd);
+}
+
+TEST_F(CollectorTest, TwoRanksThatDivergeGetAMismatchAndAreAskedToDump) {
+  constexpr uint64_t kComm = 0x1234abcd5678ef00ull;
+  int agents[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    agents[rank] = connectTo(collector_.port());
+    std::vector<std::byte> frame;
+    wire::encodeHello(hello("s3cret-for-tests", rank), frame);
+    ncclwatch::trace::CommInfo comm{};
+    comm.commHash = kComm;
+    comm.nranks = 2;
+    comm.rank = rank;
+    comm.color = -1;
+    std::vector<ncclwatch::trace::CommInfo> comms{comm};
+    wire::encodeComms(comms, frame);
+    // Both make call 1 alike; at call 2 rank 1 uses another count.
+    std::vector<ncclwatch::trace::CallRecord> records{allReduce(kComm, 1, 1024),
+                                                      allReduce(kComm, 2, rank ? 512 : 1024)};
+    records[0].state = ncclwatch::trace::RecordState::kCompleted;
+    records[0].completeNs = records[0].startNs + 1000;
+    wire::encodeRecords(2'000'000'000, records, frame);
+    sendAll(agents[rank], frame);
+  }
+  ASSERT_TRUE(eventually([&] { return collector_.counters().verdicts.load() >= 1; })) << out_.str();
+  EXPECT_EQ(collector_.counters().agents.load(), 2u);
+  EXPECT_EQ(collector_.counters().rejected.load(), 0u);
+  // Both ranks are asked to dump.
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<std::byte> received;
+    wire::Frame frame;
+    size_t consumed = 0;
+    std::string error;
+    ASSERT_TRUE(eventually([&] {
+      std::byte buffer[4096];
+      ssize_t n = recv(agents[rank], buffer, sizeof buffer, MSG_DONTWAIT);
+      if (n > 0) received.insert(received.end(), buffer, buffer + n);
+      return wire::decodeFrame(received, &frame, &consumed, &error) == wire::DecodeStatus::kFrame;
+    })) << "rank "
+        << rank;
+    EXPECT_EQ(frame.type, wire::FrameType::kDump);
+    EXPECT_NE(frame.reason.find("mismatch"), std::string::npos) << frame.reason;
+  }
+  collector_.stop();
+  std::ifstream jsonl(directory_ + "/verdicts.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(jsonl, line));
+  EXPECT_NE(line.find("\"kind\":\"mismatch\""), std::string::npos) << line;
+  EXPECT_NE(line.find("\"seq\":2"), std::string::npos) << line;
+  EXPECT_NE(out_.str().find("MISMATCH"), std::string::npos) << out_.str();
+  for (int fd : agents) close(fd);
+}
+
+TEST(WireFrames, RoundTripAndBounds) {
+  std::vector<std::byte> bytes;
+  wire::encodeHello(hello("abc", 3), bytes);
+  std::vector<ncclwatch::trace::CallRecord> records{allReduce(9, 1, 8), allReduce(9, 2, 8)};
+  wire::encodeRecords(77, records, bytes);
+  wire::encodeDump("why", bytes);
+  wire::encodeAbort(0xfeed, bytes);
+  wire::encodeBye(bytes);
+  std::span<const std::byte> rest(bytes);
+  std::vector<wire::FrameType> types;
+  wire::Frame frame;
+  size_t consumed = 0;
+  std::string error;
+  while (!rest.empty()) {
+    ASSERT_EQ(wire::decodeFrame(rest, &frame, &consumed, &error), wire::DecodeStatus::kFrame)
+        << error;
+    types.push_back(frame.type);
+    if (frame.type == wire::FrameType::kRecords) {
+      EXPECT_EQ(frame.nowNs, 77);
+      ASSERT_EQ(frame.records.size(), 2u);
+      EXPECT_EQ(frame.records[1].seq, 2u);
+    }
+    if (frame.type == wire::FrameType::kHello) EXPECT_EQ(frame.hello.rank, 3);
+    if (frame.type == wire::FrameType::kAbort) EXPECT_EQ(frame.commHash, 0xfeedu);
+    if (frame.type == wire::FrameType::kDump) EXPECT_EQ(frame.reason, "why");
+    rest = rest.subspan(consumed);
+  }
+  EXPECT_EQ(types.size(), 5u);
+  // Every prefix of a frame is "need more", never a misread.
+  std::vector<std::byte> one;
+  wire::encodeRecords(1, records, one);
+  for (size_t cut = 0; cut < one.size(); ++cut) {
+    EXPECT_EQ(wire::decodeFrame(std::span(one.data(), cut), &frame, &consumed, &error),
+              wire::DecodeStatus::kNeedMore);
+  }
+  // A count that disagrees with the length is invalid.
+  one[sizeof(wire::FrameHeader) + 8] = std::byte{99};
+  EXPECT_EQ(wire::decodeFrame(one, &frame, &consumed, &error), wire::DecodeStatus::kInvalid);
+  EXPECT_FALSE(error.empty());
+}
+
+TEST(WireFrames, SecretsCompareExactly) {
+  wire::Hello h = hello("right", 0);
+  EXPECT_TRUE(wire::secretMatches(h.secret, "right"));
+  EXPECT_FALSE(wire::secretMatches(h.secret, "righ"));
+  EXPECT_FALSE(wire::secretMatches(h.secret, "right!"));
+  EXPECT_FALSE(wire::secretMatches(h.secret, ""));
+}
+
+}  // namespace

@@ -1,0 +1,141 @@
+// The collector live, on the sim: `ncclwatch run` names the skipping rank of an 8-rank job while
+// it hangs (and --abort ends the job), says nothing about a clean job, and a collector that dies
+// mid-run leaves the training untouched with local detection still working.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include "job.h"
+#include "traces.h"
+
+extern char** environ;
+
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::string kCli = NCCLWATCH_BINARY;
+
+std::string build(const std::string& path) {
+  return testsupport::buildDir() + "/" + path;
+}
+
+// Runs a shell command with the sim on the library path; returns its output and exit status.
+std::pair<std::string, int> shell(const std::string& command) {
+  std::string line = "LD_LIBRARY_PATH=" + testsupport::simLibDir() + " " + command + " 2>&1";
+  FILE* pipe = popen(line.c_str(), "r");
+  std::string out;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
+  int status = pclose(pipe);
+  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)};
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(LiveCollector, SkipBugIsNamedWhileTheJobHangsAndAbortEndsIt) {
+  std::string logs = testsupport::freshDirectory("live-skip");
+  auto [out, status] = shell("timeout 120 " + kCli + " run --abort --dir " + logs + " -- " + kCli +
+                             " launch -n 8 -- " + build("examples/train_loop") +
+                             " --steps 8 --bug skip:rank=3,step=5 --quiet");
+  EXPECT_NE(status, 124) << "still hanging when the test's bound ran out\n" << out;
+  EXPECT_NE(status, 0) << out;  // aborted, so the job failed instead of hanging
+  EXPECT_NE(out.find("MISMATCH"), std::string::npos) << out;
+  EXPECT_NE(out.find("culprit 3"), std::string::npos) << out;
+  EXPECT_NE(out.find("aborting comm"), std::string::npos) << out;
+  std::string verdicts = readFile(logs + "/verdicts.jsonl");
+  EXPECT_NE(verdicts.find("\"kind\":\"mismatch\""), std::string::npos) << verdicts;
+  EXPECT_NE(verdicts.find("\"culprits\":[3]"), std::string::npos) << verdicts;
+  // The involved ranks dumped where they were, as the collector asked.
+  int collectorDumps = 0;
+  for (const auto& file : testsupport::readTraceFiles(logs)) {
+    for (const auto& dump : file.dumps) collectorDumps += dump.trigger == "collector";
+  }
+  EXPECT_GE(collectorDumps, 2);
+}
+
+TEST(LiveCollector, CleanJobGetsNoVerdict) {
+  std::string logs = testsupport::freshDirectory("live-clean");
+  auto [out, status] =
+      shell("timeout 120 " + kCli + " run --dir " + logs + " -- " + kCli + " launch -n 4 -- " +
+            build("examples/train_loop") + " --steps 3 --quiet");
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("0 verdicts"), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(logs + "/verdicts.jsonl"));
+}
+
+// A collector process killed mid-run: the job finishes as if nothing happened, and a hang is
+// still reported by the ranks' own watchdogs.
+TEST(LiveCollector, CollectorKilledMidRunLeavesTrainingAlone) {
+  std::string logs = testsupport::freshDirectory("live-killed");
+  std::filesystem::create_directories(logs);
+  std::string secretFile = logs + "/secret";
+  std::ofstream(secretFile) << "killed-collector-secret\n";
+  std::string collectorOut = logs + "/collector.out";
+  pid_t collector = fork();
+  if (collector == 0) {
+    freopen(collectorOut.c_str(), "w", stdout);
+    execl(kCli.c_str(), kCli.c_str(), "collect", "--listen", "127.0.0.1:0", "--secret-file",
+          secretFile.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::smatch port;
+  std::string text;
+  for (int waited = 0; waited < 100; ++waited) {
+    text = readFile(collectorOut);
+    if (std::regex_search(text, port, std::regex("listening on port ([0-9]+)"))) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_FALSE(port.empty()) << text;
+  auto job = [&](const std::string& dir, std::vector<std::string> args) {
+    testsupport::JobSpec spec;
+    spec.program = build("examples/train_loop");
+    spec.args = std::move(args);
+    spec.ranks = 4;
+    spec.env = {{"LD_PRELOAD", build("lib/libncclwatch.so")},
+                {"NCCLWATCH_DIR", dir},
+                {"NCCLWATCH_COLLECTOR", "127.0.0.1:" + port[1].str()},
+                {"NCCLWATCH_SECRET", "killed-collector-secret"},
+                {"NCCLWATCH_HANG_MS", "1500"},
+                {"NCCLWATCH_POLL_MS", "50"}};
+    return spec;
+  };
+  testsupport::Job clean(job(logs + "/clean", {"--steps", "60", "--quiet"}));
+  std::this_thread::sleep_for(300ms);
+  kill(collector, SIGKILL);
+  waitpid(collector, nullptr, 0);
+  ASSERT_TRUE(clean.waitExit(120s));
+  for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(clean.exitStatus(rank), 0) << clean.output(rank);
+
+  // No collector any more: a hang is still found and dumped by every rank itself.
+  testsupport::Job hung(
+      job(logs + "/hung", {"--steps", "8", "--tp", "1", "--bug", "skip:rank=1,step=2", "--quiet"}));
+  bool dumped = false;
+  for (int waited = 0; waited < 300 && !dumped; ++waited) {
+    std::this_thread::sleep_for(100ms);
+    auto files = testsupport::readTraceFiles(logs + "/hung");
+    int withHangDump = 0;
+    for (const auto& file : files) {
+      for (const auto& dump : file.dumps) withHangDump += dump.trigger == "hang";
+    }
+    dumped = files.size() == 4 && withHangDump == 4;
+  }
+  EXPECT_TRUE(dumped);
+  hung.signalAll(SIGKILL);
+}
+
+}  // namespace

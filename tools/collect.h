@@ -1,0 +1,72 @@
+// The collector (`ncclwatch collect`, hosted by `ncclwatch run`): one per job. Agents connect
+// over TCP (docs/protocol.md), prove they know the job's secret, and stream their communicator
+// tables and call records; the collector keeps each rank's calls as a TraceFile and runs the
+// same analysis as `ncclwatch inspect` every few tens of ms. Each new verdict is printed on
+// stderr, appended to verdicts.jsonl in the log folder, and answered by asking every involved
+// rank to dump (and, with --abort, to abort the communicator).
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ncclwatch::collect {
+
+struct Options {
+  std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
+  std::string secret;                  // the job's secret agents must present
+  std::string directory;               // where verdicts.jsonl goes ("" : nowhere)
+  int analyzeEveryMs = 50;
+  int settleMs = 150;      // a verdict must hold this long, culprits unchanged, before it is said
+  int64_t quietMs = 3000;  // a job whose ranks wait this long without progress is hung
+  bool abortOnVerdict = false;
+  bool colour = false;
+  size_t maxAgents = 8192;
+};
+
+struct Counters {
+  std::atomic<uint64_t> agents{0};    // authenticated connections so far
+  std::atomic<uint64_t> rejected{0};  // connections dropped: bad secret or malformed frames
+  std::atomic<uint64_t> frames{0};    // frames accepted
+  std::atomic<uint64_t> records{0};   // records received
+  std::atomic<uint64_t> verdicts{0};  // verdicts reported
+  std::atomic<uint64_t> analyses{0};  // analysis passes run
+};
+
+class Collector {
+ public:
+  Collector();
+  ~Collector();
+  // Binds and starts the collector's thread; false with a one-line `error`.
+  bool start(const Options& options, std::ostream& out, std::string* error);
+  int port() const;
+  // Stops after one last analysis; idempotent.
+  void stop();
+  const Counters& counters() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// A random secret for a job: 32 hex digits from getrandom().
+std::string makeSecret();
+
+// `ncclwatch collect --listen H:P --secret-file F [--dir D]`: runs until SIGINT/SIGTERM.
+int runCollect(const Options& options, std::ostream& out, std::ostream& err);
+
+// `ncclwatch run [--dir D] [--abort] -- PROGRAM ARGS...`: hosts a collector on 127.0.0.1, runs
+// the program with libncclwatch.so preloaded (found beside the CLI) and the collector's address
+// and secret in its environment, forwards SIGINT/SIGTERM, and returns the program's exit code.
+struct RunOptions {
+  std::string directory;  // NCCLWATCH_DIR for the job; default ./ncclwatch-logs/run-<pid>
+  bool abortOnVerdict = false;
+  std::string preload;  // libncclwatch.so; default: ../lib/libncclwatch.so beside the CLI
+  std::vector<std::string> command;
+};
+int runJob(const RunOptions& options, std::ostream& out, std::ostream& err);
+
+}  // namespace ncclwatch::collect

@@ -1,0 +1,300 @@
+#include "watchdog/exchange.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace ncclwatch::watchdog {
+namespace {
+
+constexpr size_t kMaxOutgoing = 8u << 20;  // bytes queued for the collector at most
+constexpr size_t kMaxWatched = 65536;      // records watched for state changes at most
+constexpr int64_t kMaxBackoffNs = 5'000'000'000;
+
+template <size_t N>
+void copyText(char (&destination)[N], const char* text) {
+  std::strncpy(destination, text, N - 1);
+  destination[N - 1] = '\0';
+}
+
+bool isFinal(const trace::CallRecord& record) {
+  bool untracked = record.flags & (trace::kRecordNoEvents | trace::kRecordCaptured);
+  return record.state == trace::RecordState::kCompleted ||
+         record.state == trace::RecordState::kFailed ||
+         record.state == trace::RecordState::kAborted ||
+         (untracked && trace::isCollective(record.op)) ||
+         (untracked && trace::isPointToPoint(record.op)) || trace::isLifecycle(record.op);
+}
+
+}  // namespace
+
+bool collectorFromEnvironment(CollectorAddress* address, std::string* error) {
+  const char* target = std::getenv("NCCLWATCH_COLLECTOR");
+  if (target == nullptr || *target == '\0') return false;
+  std::string text = target;
+  size_t colon = text.rfind(':');
+  char* end = nullptr;
+  long port = colon == std::string::npos ? 0 : std::strtol(text.c_str() + colon + 1, &end, 10);
+  if (colon == std::string::npos || colon == 0 || *end != '\0' || port <= 0 || port > 65535) {
+    *error = "NCCLWATCH_COLLECTOR=" + text + " is not host:port";
+    return false;
+  }
+  const char* secret = std::getenv("NCCLWATCH_SECRET");
+  if (secret == nullptr || *secret == '\0' || std::strlen(secret) >= trace::wire::kSecretBytes) {
+    *error = "NCCLWATCH_COLLECTOR is set but NCCLWATCH_SECRET is missing or too long";
+    return false;
+  }
+  address->host = text.substr(0, colon);
+  if (address->host.size() > 2 && address->host.front() == '[') {
+    address->host = address->host.substr(1, address->host.size() - 2);
+  }
+  address->port = static_cast<int>(port);
+  address->secret = secret;
+  return true;
+}
+
+CollectorLink::CollectorLink(const CollectorAddress& address, trace::RingWriter& writer, int rank,
+                             int world, int localRank)
+    : address_(address), writer_(writer) {
+  copyText(hello_.secret, address.secret.c_str());
+  const trace::RingHeader* header = writer.header();
+  hello_.pid = static_cast<int32_t>(getpid());
+  hello_.rank = rank;
+  hello_.world = world;
+  hello_.localRank = localRank;
+  if (header != nullptr) {
+    copyText(hello_.host, header->host);
+    copyText(hello_.jobId, header->jobId);
+    hello_.anchorMonotonicNs = header->anchorMonotonicNs;
+    hello_.anchorRealtimeNs = header->anchorRealtimeNs;
+  }
+  copyText(hello_.tracePath, writer.path().c_str());
+}
+
+CollectorLink::~CollectorLink() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void CollectorLink::connectNow(int64_t nowNs) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  std::string port = std::to_string(address_.port);
+  if (getaddrinfo(address_.host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
+    disconnect(nowNs);
+    return;
+  }
+  fd_ = socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd_ >= 0) {
+    int one = 1;
+    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int result = ::connect(fd_, found->ai_addr, found->ai_addrlen);
+    connecting_ = result != 0 && errno == EINPROGRESS;
+    if (result != 0 && !connecting_) {
+      freeaddrinfo(found);
+      disconnect(nowNs);
+      return;
+    }
+  }
+  freeaddrinfo(found);
+  if (fd_ < 0) {
+    disconnect(nowNs);
+    return;
+  }
+  ++counters_.connects;
+  // A fresh connection starts over: who we are, the table, every record the ring still holds.
+  outgoing_.clear();
+  outgoingSent_ = 0;
+  std::vector<std::byte> frame;
+  trace::wire::encodeHello(hello_, frame);
+  queue(std::move(frame));
+  commsSent_ = 0;
+  uint64_t next = writer_.nextIndex();
+  sentUpTo_ = next > writer_.capacity() ? next - writer_.capacity() : 0;
+  watched_.clear();
+}
+
+void CollectorLink::disconnect(int64_t nowNs) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  connecting_ = false;
+  incoming_.clear();
+  outgoing_.clear();
+  outgoingSent_ = 0;
+  nextAttemptNs_ = nowNs + backoffNs_;
+  backoffNs_ = std::min(backoffNs_ * 2, kMaxBackoffNs);
+}
+
+void CollectorLink::queue(std::vector<std::byte>&& frame) {
+  if (outgoing_.size() - outgoingSent_ + frame.size() > kMaxOutgoing) {
+    counters_.bytesDropped += frame.size();
+    return;
+  }
+  outgoing_.insert(outgoing_.end(), frame.begin(), frame.end());
+  ++counters_.framesSent;
+}
+
+void CollectorLink::collectRecords(int64_t nowNs) {
+  std::vector<trace::CommInfo> comms = writer_.comms();
+  if (comms.size() != commsSent_) {
+    std::vector<std::byte> frame;
+    trace::wire::encodeComms(comms, frame);
+    queue(std::move(frame));
+    commsSent_ = comms.size();
+  }
+  std::vector<trace::CallRecord> records;
+  // Records sent earlier whose state has moved on.
+  size_t kept = 0;
+  for (Watched& watched : watched_) {
+    trace::CallRecord record;
+    if (!writer_.read(watched.index, &record)) continue;  // overwritten: nothing more to say
+    if (record.state != watched.state) {
+      records.push_back(record);
+      watched.state = record.state;
+    }
+    if (!isFinal(record)) watched_[kept++] = watched;
+  }
+  watched_.resize(kept);
+  uint64_t next = writer_.nextIndex();
+  if (next - sentUpTo_ > writer_.capacity()) sentUpTo_ = next - writer_.capacity();
+  for (; sentUpTo_ < next; ++sentUpTo_) {
+    trace::CallRecord record;
+    if (!writer_.read(sentUpTo_, &record)) {
+      if (next - sentUpTo_ < writer_.capacity()) break;  // still being written: next step
+      continue;                                          // overwritten before it was sent
+    }
+    records.push_back(record);
+    if (!isFinal(record) && watched_.size() < kMaxWatched) {
+      watched_.push_back({sentUpTo_, record.state});
+    }
+  }
+  for (size_t first = 0; first < records.size() || first == 0;
+       first += trace::wire::kMaxRecordsPerFrame) {
+    size_t count = std::min<size_t>(trace::wire::kMaxRecordsPerFrame, records.size() - first);
+    std::vector<std::byte> frame;
+    // An empty RECORDS frame is the heartbeat: it tells the collector this rank is alive.
+    trace::wire::encodeRecords(nowNs, std::span(records.data() + first, count), frame);
+    queue(std::move(frame));
+    counters_.recordsSent += count;
+    if (records.empty()) break;
+  }
+}
+
+bool CollectorLink::flush() {
+  while (outgoingSent_ < outgoing_.size()) {
+    ssize_t sent = ::send(fd_, outgoing_.data() + outgoingSent_, outgoing_.size() - outgoingSent_,
+                          MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    if (sent <= 0) return false;
+    outgoingSent_ += static_cast<size_t>(sent);
+  }
+  outgoing_.clear();
+  outgoingSent_ = 0;
+  return true;
+}
+
+void CollectorLink::receive(std::vector<CollectorRequest>* requests, int64_t nowNs) {
+  std::byte buffer[4096];
+  for (;;) {
+    ssize_t got = ::recv(fd_, buffer, sizeof buffer, MSG_DONTWAIT);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (got <= 0) {
+      disconnect(nowNs);
+      return;
+    }
+    incoming_.insert(incoming_.end(), buffer, buffer + got);
+    if (incoming_.size() > 2 * trace::wire::kMaxPayload) {
+      disconnect(nowNs);
+      return;
+    }
+  }
+  size_t offset = 0;
+  for (;;) {
+    trace::wire::Frame frame;
+    size_t consumed = 0;
+    std::string error;
+    auto status =
+        trace::wire::decodeFrame(std::span(incoming_).subspan(offset), &frame, &consumed, &error);
+    if (status == trace::wire::DecodeStatus::kNeedMore) break;
+    if (status == trace::wire::DecodeStatus::kInvalid) {
+      disconnect(nowNs);
+      return;
+    }
+    offset += consumed;
+    if (frame.type == trace::wire::FrameType::kDump) {
+      requests->push_back({CollectorRequest::Kind::kDump, frame.reason, 0});
+    } else if (frame.type == trace::wire::FrameType::kAbort) {
+      requests->push_back({CollectorRequest::Kind::kAbort, "", frame.commHash});
+    }
+  }
+  incoming_.erase(incoming_.begin(), incoming_.begin() + static_cast<std::ptrdiff_t>(offset));
+}
+
+void CollectorLink::step(int64_t nowNs, std::vector<CollectorRequest>* requests) {
+  if (fd_ < 0) {
+    if (nowNs < nextAttemptNs_) return;
+    connectNow(nowNs);
+    if (fd_ < 0) return;
+  }
+  if (connecting_) {
+    pollfd ready{fd_, POLLOUT, 0};
+    if (poll(&ready, 1, 0) <= 0) return;
+    int error = 0;
+    socklen_t length = sizeof error;
+    getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &length);
+    if (error != 0) {
+      disconnect(nowNs);
+      return;
+    }
+    connecting_ = false;
+    backoffNs_ = 100'000'000;
+  }
+  collectRecords(nowNs);
+  if (!flush()) {
+    disconnect(nowNs);
+    return;
+  }
+  receive(requests, nowNs);
+}
+
+void CollectorLink::finish(int boundMs) {
+  if (fd_ < 0) return;
+  if (connecting_) {
+    // A short-lived process may end before its connection completed: finish it, briefly.
+    pollfd ready{fd_, POLLOUT, 0};
+    int error = 0;
+    socklen_t length = sizeof error;
+    if (poll(&ready, 1, boundMs) <= 0 ||
+        getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &length) != 0 || error != 0) {
+      return;
+    }
+    connecting_ = false;
+  }
+  collectRecords(0);
+  std::vector<std::byte> frame;
+  trace::wire::encodeBye(frame);
+  queue(std::move(frame));
+  for (int waited = 0; waited < boundMs && outgoingSent_ < outgoing_.size(); ++waited) {
+    if (!flush()) break;
+    if (outgoingSent_ < outgoing_.size()) {
+      pollfd ready{fd_, POLLOUT, 0};
+      poll(&ready, 1, 1);
+    }
+  }
+  ::close(fd_);
+  fd_ = -1;
+}
+
+}  // namespace ncclwatch::watchdog

@@ -1,0 +1,84 @@
+// The agent's side of the exchange with the collector (docs/protocol.md). The watchdog thread
+// calls step() every poll: it connects (non-blocking, with backoff), sends HELLO with the job's
+// secret, the communicator table when it changed, and the records that are new or changed
+// since the last step, and reads the collector's requests. Nothing here runs on an application
+// thread; every buffer is bounded and what does not fit is dropped and counted. Without a
+// collector the agent keeps its local detection.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trace/ring_writer.h"
+#include "trace/wire.h"
+
+namespace ncclwatch::watchdog {
+
+struct CollectorAddress {
+  std::string host;  // numeric IPv4/IPv6 or a name getaddrinfo resolves
+  int port = 0;
+  std::string secret;
+};
+
+// NCCLWATCH_COLLECTOR=host:port and NCCLWATCH_SECRET; false (with `error` when the variables
+// are set but wrong) when there is no collector to talk to.
+bool collectorFromEnvironment(CollectorAddress* address, std::string* error);
+
+// What the collector asked for.
+struct CollectorRequest {
+  enum class Kind { kDump, kAbort } kind;
+  std::string reason;
+  uint64_t commHash = 0;
+};
+
+struct ExchangeCounters {
+  uint64_t framesSent = 0;
+  uint64_t recordsSent = 0;
+  uint64_t bytesDropped = 0;  // frames that did not fit the send buffer
+  uint64_t connects = 0;
+};
+
+class CollectorLink {
+ public:
+  CollectorLink(const CollectorAddress& address, trace::RingWriter& writer, int rank, int world,
+                int localRank);
+  ~CollectorLink();
+  CollectorLink(const CollectorLink&) = delete;
+  CollectorLink& operator=(const CollectorLink&) = delete;
+
+  // One exchange step; appends the collector's requests to `requests`.
+  void step(int64_t nowNs, std::vector<CollectorRequest>* requests);
+  // At a normal exit: the last records and BYE, sent within `boundMs`.
+  void finish(int boundMs);
+  const ExchangeCounters& counters() const { return counters_; }
+
+ private:
+  void connectNow(int64_t nowNs);
+  void disconnect(int64_t nowNs);
+  void queue(std::vector<std::byte>&& frame);
+  void collectRecords(int64_t nowNs);
+  bool flush();
+  void receive(std::vector<CollectorRequest>* requests, int64_t nowNs);
+
+  CollectorAddress address_;
+  trace::RingWriter& writer_;
+  trace::wire::Hello hello_{};
+  int fd_ = -1;
+  bool connecting_ = false;
+  int64_t nextAttemptNs_ = 0;
+  int64_t backoffNs_ = 100'000'000;
+  uint64_t sentUpTo_ = 0;  // ring indices below this were sent at least once
+  size_t commsSent_ = 0;
+  struct Watched {
+    uint64_t index;
+    trace::RecordState state;
+  };
+  std::vector<Watched> watched_;  // sent while not final: resent when their state changes
+  std::vector<std::byte> outgoing_;
+  size_t outgoingSent_ = 0;
+  std::vector<std::byte> incoming_;
+  ExchangeCounters counters_;
+};
+
+}  // namespace ncclwatch::watchdog
