@@ -127,7 +127,7 @@ struct Collector::State {
   bool handle(Connection& connection, wire::Frame& frame);
   void drop(Connection& connection, bool rejected);
   void write(Connection& connection);
-  void analyze(bool final);
+  void analyze();
   void report(const analysis::Verdict& verdict, const analysis::JobReport& job);
 };
 
@@ -306,10 +306,10 @@ void Collector::State::report(const analysis::Verdict& verdict, const analysis::
   }
 }
 
-void Collector::State::analyze(bool final) {
+void Collector::State::analyze() {
   int64_t now = steadyNs();
   // Verdicts that depend on time (missing, stuck, dead) need passes without new data too.
-  if (!final && !dirty && candidates.empty() && now - lastAnalysisNs < 200'000'000) return;
+  if (!dirty && candidates.empty() && now - lastAnalysisNs < 200'000'000) return;
   lastAnalysisNs = now;
   dirty = false;
   std::vector<trace::TraceFile> files;
@@ -345,7 +345,7 @@ void Collector::State::analyze(bool final) {
                           ? previous->second.sinceNs
                           : now;
       seen[key] = Candidate{culprits, since};
-      if (!final && now - since < options.settleMs * 1'000'000) continue;
+      if (now - since < options.settleMs * 1'000'000) continue;
       reported.insert(key);
       counters.verdicts++;
       report(verdict, job);
@@ -389,9 +389,11 @@ void Collector::State::run() {
         processes[static_cast<size_t>(connections[i].process)].connection = static_cast<int>(i);
       }
     }
-    analyze(false);
+    analyze();
   }
-  analyze(true);
+  // No last pass once the job is gone: ranks killed while stopping never sent their last calls,
+  // and a verdict drawn from that would blame the wrong rank; `ncclwatch inspect` reads the
+  // complete files instead.
 }
 
 Collector::Collector() : state_(std::make_unique<State>()) {}

@@ -1,12 +1,14 @@
 // Writes the fuzzer's seed corpus: a valid ring file and a truncated one, and a continuous-mode
 // file (segments after the ring) whole, truncated inside a segment, and with a corrupt segment.
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "trace/dump.h"
 #include "trace/ring_writer.h"
+#include "trace/wire.h"
 
 namespace {
 
@@ -47,10 +49,45 @@ bool writeContinuous(const std::string& path, std::string* error) {
 
 }  // namespace
 
+// Seeds for the protocol decoder: a whole agent conversation, and the collector's requests.
+int writeWireSeeds(const std::string& dir) {
+  using namespace ncclwatch::trace;
+  std::vector<std::byte> agent;
+  wire::Hello hello{};
+  std::strcpy(hello.secret, "seed-secret");
+  hello.rank = 1;
+  hello.world = 2;
+  wire::encodeHello(hello, agent);
+  CommInfo comm{};
+  comm.commHash = 0x1234;
+  comm.nranks = 2;
+  comm.rank = 1;
+  std::vector<CommInfo> comms{comm};
+  wire::encodeComms(comms, agent);
+  CallRecord record{};
+  record.commHash = 0x1234;
+  record.seq = 1;
+  record.op = OpKind::kAllReduce;
+  std::vector<CallRecord> records{record, record};
+  wire::encodeRecords(42, records, agent);
+  wire::encodeBye(agent);
+  std::vector<std::byte> collector;
+  wire::encodeDump("seed reason", collector);
+  wire::encodeAbort(0x1234, collector);
+  for (auto& [name, bytes] :
+       {std::pair{"agent.bin", &agent}, std::pair{"collector.bin", &collector}}) {
+    std::ofstream(dir + "/" + name, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes->data()),
+               static_cast<std::streamsize>(bytes->size()));
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   using namespace ncclwatch::trace;
+  if (argc == 3 && std::string(argv[2]) == "--wire") return writeWireSeeds(argv[1]);
   if (argc != 2) {
-    std::fprintf(stderr, "usage: make_seeds DIR\n");
+    std::fprintf(stderr, "usage: make_seeds DIR [--wire]\n");
     return 2;
   }
   std::string dir = argv[1];

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Live detection latency: for each train_loop bug class, an N-rank sim job under `ncclwatch run`
+# (the collector aborts what it diagnoses, so every job ends); prints the first verdict's kind,
+# culprit and how long after the divergent call the collector printed it. Time-based verdicts
+# (missing, stuck, dead_rank, deadlock) wait for the collector's quiet threshold (3 s) first:
+# the table says so.
+# Usage: bench/detection_latency.sh [BUILD_DIR] [RANKS...]   (default ranks: 8 32)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+shift || true
+sizes=("$@")
+((${#sizes[@]})) || sizes=(8 32)
+cli="$PWD/$build/bin/ncclwatch"
+loop="$PWD/$build/examples/train_loop"
+for f in "$cli" "$loop" "$build/lib/libncclwatch.so"; do
+  [ -e "$f" ] || { echo "detection_latency.sh: $f is missing; build first" >&2; exit 2; }
+done
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export LD_LIBRARY_PATH="$PWD/$build/sim/lib"
+
+printf '%-6s %-7s %-14s %-8s %s\n' ranks bug verdict culprit "reported after the divergent call"
+for ranks in "${sizes[@]}"; do
+  for bug in skip op count dtype root extra peer color order exit crash; do
+    dir="$work/$ranks-$bug"
+    out=$(timeout 120 "$cli" run --abort --dir "$dir" -- "$cli" launch -n "$ranks" -- "$loop" \
+      --steps 8 --quiet --bug "$bug:rank=3,step=5" 2>&1 || true)
+    verdict=$(printf '%s\n' "$out" | sed -n 's/^\[ncclwatch\] \([A-Z_]*\) on comm.*/\1/p' | head -1)
+    culprit=$(printf '%s\n' "$out" | sed -n 's/.*culprits\{0,1\} \([0-9,-]*\);.*/\1/p' | head -1)
+    after=$(printf '%s\n' "$out" | sed -n 's/.*(reported \([0-9]*\) ms after the divergent call).*/\1 ms/p' | head -1)
+    printf '%-6s %-7s %-14s %-8s %s\n' "$ranks" "$bug" "${verdict:-none}" "${culprit:--}" "${after:-?}"
+  done
+done
