@@ -24,6 +24,7 @@
 
 #include "analysis/analyze.h"
 #include "analysis/describe.h"
+#include "load.h"
 #include "trace/wire.h"
 
 namespace ncclwatch::collect {
@@ -519,7 +520,7 @@ int runJob(const RunOptions& options, std::ostream& out, std::ostream& err) {
   collectorOptions.secret = makeSecret();
   collectorOptions.directory = directory;
   collectorOptions.abortOnVerdict = options.abortOnVerdict;
-  collectorOptions.colour = isatty(STDERR_FILENO);
+  collectorOptions.colour = cli::useColour(-1, STDOUT_FILENO);
   Collector collector;
   std::string error;
   if (!collector.start(collectorOptions, out, &error)) {

@@ -17,8 +17,10 @@
 #include <thread>
 #include <vector>
 
+#include "collect.h"
 #include "inspect.h"
 #include "load.h"
+#include "stacks.h"
 #include "stragglers.h"
 #include "timeline.h"
 #include "trace/ring_reader.h"
@@ -185,7 +187,19 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
       std::to_string(options.steps) + " steps, tensor-parallel " + std::to_string(tp) +
       " x data-parallel " + std::to_string(options.ranks / tp) +
       "; injected bug: " + describeBug(bug) + " (--bug " + bug + ")");
-  say("traces go to " + directory + "; the watchdogs declare a hang after 1 s and dump stacks");
+  say("traces go to " + directory +
+      "; the collector prints live verdicts, the watchdogs declare a hang after 1 s and dump");
+
+  // The collector, as `ncclwatch run` hosts it: the live cross-rank verdict appears below as
+  // soon as the ranks' calls show it.
+  collect::Options collectorOptions;
+  collectorOptions.secret = collect::makeSecret();
+  collectorOptions.directory = directory;
+  collectorOptions.colour = colour;
+  collect::Collector collector;
+  std::string collectorError;
+  bool live = collector.start(collectorOptions, out, &collectorError);
+  if (!live) say("no live verdicts: " + collectorError);
 
   const char* oldPath = std::getenv("LD_LIBRARY_PATH");
   std::vector<std::string> env = {
@@ -199,6 +213,10 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
       "NCCLWATCH_POLL_MS=10",
       "NCCLWATCH_DUMP_WAIT_MS=1500",
       "NCCLWATCH_RING_RECORDS=8192"};
+  if (live) {
+    env.push_back("NCCLWATCH_COLLECTOR=127.0.0.1:" + std::to_string(collector.port()));
+    env.push_back("NCCLWATCH_SECRET=" + collectorOptions.secret);
+  }
   std::vector<std::string> argv = {
       self,   "launch",          "-n",      std::to_string(options.ranks), "--grace", "2",
       "--",   program,           "--steps", std::to_string(options.steps), "--bug",   bug,
@@ -259,6 +277,7 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
   }
   sigaction(SIGINT, &oldInt, nullptr);
   sigaction(SIGTERM, &oldTerm, nullptr);
+  collector.stop();
   double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   char took[64];
   std::snprintf(took, sizeof took, "%.1f s", seconds);
@@ -282,6 +301,12 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
   }
   out << "\n";
 
+  // Where every rank was: the merged stack tree of their dumps.
+  stacks::Options stackOptions;
+  stackOptions.directory = directory;
+  stacks::run(stackOptions, out, err);
+  out << "\n";
+
   timeline::Options timelineOptions;
   timelineOptions.directory = directory;
   timelineOptions.output = directory + "/timeline.json";
@@ -299,7 +324,8 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
       : reportExists
           ? std::string("report:   could not be written (see above)")
           : std::string("report:   not available in this build (no `ncclwatch report`)"));
-  say("more:     ncclwatch stacks " + directory + "   ncclwatch stragglers " + directory);
+  say("more:     ncclwatch stacks " + directory + " --all-threads   ncclwatch stragglers " +
+      directory);
   return code;
 }
 

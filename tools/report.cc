@@ -1,5 +1,7 @@
 #include "report.h"
 
+#include "load.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -455,7 +457,9 @@ void writeHtml(std::span<const trace::TraceFile> files, const analysis::Report& 
 
 int run(const Options& options, std::ostream& err) {
   std::vector<trace::TraceFile> files;
-  if (!stacks::loadTraces(options.directory, "report", &files, err)) return 2;
+  cli::Loaded loaded;
+  if (!cli::loadTraces(options.directory, "report", err, &loaded)) return 2;
+  files = std::move(loaded.files);
   analysis::Options analysisOptions;
   analysisOptions.quietNs = static_cast<int64_t>(options.quietSeconds * 1e9);
   analysis::Report report = analysis::analyze(files, analysisOptions);

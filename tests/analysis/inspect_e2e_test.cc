@@ -54,6 +54,19 @@ Output command(const std::string& line) {
 }
 
 // Hashes, times, addresses, job ids and pending states vary from run to run.
+// The text without its STRAGGLER blocks (a block runs to the next blank line).
+std::string withoutStragglers(const std::string& text) {
+  std::istringstream lines(text);
+  std::string out, line;
+  bool skipping = false;
+  while (std::getline(lines, line)) {
+    if (line.rfind("[ncclwatch] STRAGGLER", 0) == 0) skipping = true;
+    if (!skipping) out += line + "\n";
+    if (line.empty()) skipping = false;
+  }
+  return out;
+}
+
 std::string normalize(const std::string& text) {
   std::string out = text.substr(0, text.find("Communicators:"));
   out = std::regex_replace(out, std::regex("[0-9a-f]{16}"), "HASH");
@@ -134,14 +147,18 @@ TEST_P(Inspect, NamesTheVerdictAUserExpects) {
   }
   EXPECT_EQ(found, e.kind[0] != '\0') << text.text;
   std::string golden = std::string(NCCLWATCH_GOLDEN_DIR) + "/" + name + ".txt";
-  std::string got = normalize(text.text);
+  // Straggler verdicts depend on how busy the machine was; only the slow bug's output keeps
+  // them (it is the verdict that case is about).
+  bool keepStragglers = std::string(e.kind) == "straggler";
+  std::string got = keepStragglers ? normalize(text.text) : withoutStragglers(normalize(text.text));
   if (std::getenv("NCCLWATCH_UPDATE_GOLDEN") != nullptr) {
     std::ofstream(golden) << got;
   } else {
     std::ifstream in(golden);
     std::stringstream want;
     want << in.rdbuf();
-    EXPECT_EQ(got, want.str()) << "golden " << golden << " differs; full output:\n" << text.text;
+    std::string expected = keepStragglers ? want.str() : withoutStragglers(want.str());
+    EXPECT_EQ(got, expected) << "golden " << golden << " differs; full output:\n" << text.text;
   }
   std::filesystem::remove_all(logs);
 }
