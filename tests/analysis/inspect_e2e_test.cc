@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 
+#include "command.h"
 #include "job.h"
 
 namespace {
@@ -34,23 +35,6 @@ struct Expect {
 
 void PrintTo(const Expect& e, std::ostream* out) {
   *out << e.bug;
-}
-
-struct Output {
-  int status = -1;
-  std::string text;
-};
-
-Output command(const std::string& line) {
-  Output out;
-  FILE* pipe = popen((line + " 2>/dev/null").c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.text.append(buffer, n);
-  int status = pclose(pipe);
-  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
 }
 
 // Hashes, times, addresses, job ids and pending states vary from run to run.
@@ -113,8 +97,10 @@ TEST_P(Inspect, NamesTheVerdictAUserExpects) {
       ASSERT_EQ(job.exitStatus(0), 0) << job.output(0);
     }
   }
-  Output json = command(std::string(NCCLWATCH_BINARY) + " inspect --json " + logs);
-  Output text = command(std::string(NCCLWATCH_BINARY) + " inspect --no-color " + logs);
+  testsupport::Output json = testsupport::command(
+      std::string(NCCLWATCH_BINARY) + " inspect --json " + logs, "2>/dev/null");
+  testsupport::Output text = testsupport::command(
+      std::string(NCCLWATCH_BINARY) + " inspect --no-color " + logs, "2>/dev/null");
   EXPECT_EQ(json.status, e.kind[0] == '\0' || std::string(e.kind) == "straggler" ? 0 : 1)
       << text.text;
   std::istringstream lines(json.text);

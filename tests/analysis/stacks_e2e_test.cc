@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "command.h"
 #include "job.h"
 #include "trace/ring_reader.h"
 
@@ -24,21 +25,11 @@ namespace {
 
 using namespace std::chrono_literals;
 
-struct Output {
-  int status = -1;
-  std::string text;
-};
+using testsupport::Output;
 
-Output command(const std::string& line, const char* stderrTo = "/dev/null") {
-  Output out;
-  FILE* pipe = popen((line + " 2>" + stderrTo).c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.text.append(buffer, n);
-  int status = pclose(pipe);
-  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
+// stderr goes to `stderrTo` (a file, /dev/null, or &1 for stdout).
+Output command(const std::string& line, const std::string& stderrTo = "/dev/null") {
+  return testsupport::command(line, "2>" + stderrTo);
 }
 
 std::string readText(const std::string& path) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "command.h"
 #include "job.h"
 #include "traces.h"
 
@@ -32,14 +33,9 @@ std::string build(const std::string& path) {
 
 // Runs a shell command with the sim on the library path; returns its output and exit status.
 std::pair<std::string, int> shell(const std::string& command) {
-  std::string line = "LD_LIBRARY_PATH=" + testsupport::simLibDir() + " " + command + " 2>&1";
-  FILE* pipe = popen(line.c_str(), "r");
-  std::string out;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
-  int status = pclose(pipe);
-  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)};
+  testsupport::Output out =
+      testsupport::command("LD_LIBRARY_PATH=" + testsupport::simLibDir() + " " + command);
+  return {out.text, out.status};
 }
 
 std::string readFile(const std::string& path) {

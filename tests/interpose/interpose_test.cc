@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "command.h"
 #include "job.h"
 #include "trace/ring_reader.h"
 #include "traces.h"
@@ -37,13 +38,7 @@ using ncclwatch::trace::RecordState;
 using ncclwatch::trace::TraceFile;
 
 std::string command(const std::string& line) {
-  FILE* pipe = popen(line.c_str(), "r");
-  std::string out;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
-  pclose(pipe);
-  return out;
+  return testsupport::command(line, "").text;
 }
 
 std::set<std::string> exportedNames(const std::string& library) {

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "analysis/timing.h"
+#include "command.h"
 #include "job.h"
 #include "trace/ring_reader.h"
 #include "trace_event_check.h"
@@ -21,22 +22,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-struct Output {
-  int status = -1;
-  std::string text;
-};
-
-Output command(const std::string& line) {
-  Output out;
-  FILE* pipe = popen((line + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.text.append(buffer, n);
-  int status = pclose(pipe);
-  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
+using testsupport::command;
+using testsupport::Output;
 
 std::string freshDirectory(const std::string& name) {
   std::string directory = (std::filesystem::path(testing::TempDir()) /
