@@ -55,12 +55,14 @@ const char* kindName(uint8_t kind) {
 
 }  // namespace
 
-// The table's trailing notes: how far a record's state can be trusted.
-std::string flagNotes(uint8_t flags) {
+// The table's trailing notes: how far a record's state can be trusted. Lifecycle calls never
+// get GPU events (they are done when they return), so only communication says "untracked".
+std::string flagNotes(const CallRecord& record) {
   std::string notes;
-  if (flags & trace::kRecordInGroup) notes += " group";
-  if (flags & trace::kRecordCaptured) notes += " captured";
-  if (flags & trace::kRecordNoEvents) notes += " untracked";
+  bool communication = trace::isCollective(record.op) || trace::isPointToPoint(record.op);
+  if (record.flags & trace::kRecordInGroup) notes += " group";
+  if (record.flags & trace::kRecordCaptured) notes += " captured";
+  if (communication && (record.flags & trace::kRecordNoEvents)) notes += " untracked";
   return notes;
 }
 
@@ -210,16 +212,15 @@ void printTable(const TraceFile& file, std::ostream& out) {
   for (const CallRecord& r : file.records) {
     bool hasRedop = trace::hasReduction(r.op);
     bool movesData = trace::isCollective(r.op) || trace::isPointToPoint(r.op);
-    std::snprintf(line, sizeof line,
-                  "  %6" PRIu64 "  %-16s  %5" PRIu64 "  %-13s  %10" PRIu64
-                  "  %-8s  %-6s  %5d  %-9s  %10s  %10s  %10s  %d%s\n",
-                  r.ringIndex, hex(r.commHash).c_str(), r.seq, trace::opName(r.op), r.count,
-                  movesData ? dtypeName(r.dtype) : "-", hasRedop ? redopName(r.redop).c_str() : "-",
-                  r.rootOrPeer, stateName(r.state),
-                  milliseconds(r.issueNs, h.anchorMonotonicNs).c_str(),
-                  milliseconds(r.startNs, h.anchorMonotonicNs).c_str(),
-                  milliseconds(r.completeNs, h.anchorMonotonicNs).c_str(), r.result,
-                  flagNotes(r.flags).c_str());
+    std::snprintf(
+        line, sizeof line,
+        "  %6" PRIu64 "  %-16s  %5" PRIu64 "  %-13s  %10" PRIu64
+        "  %-8s  %-6s  %5d  %-9s  %10s  %10s  %10s  %d%s\n",
+        r.ringIndex, hex(r.commHash).c_str(), r.seq, trace::opName(r.op), r.count,
+        movesData ? dtypeName(r.dtype) : "-", hasRedop ? redopName(r.redop).c_str() : "-",
+        r.rootOrPeer, stateName(r.state), milliseconds(r.issueNs, h.anchorMonotonicNs).c_str(),
+        milliseconds(r.startNs, h.anchorMonotonicNs).c_str(),
+        milliseconds(r.completeNs, h.anchorMonotonicNs).c_str(), r.result, flagNotes(r).c_str());
     out << line;
   }
   printDumps(file, out);
