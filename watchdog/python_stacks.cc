@@ -474,6 +474,15 @@ PythonStackRoute preparePythonStacks(int faulthandlerSignal) {
                   "no exported _Py_DumpTracebackThreads (NCCLWATCH_PY_ROUTE=dump)");
     return publish(PythonStackRoute::kUnavailable);
   }
+  // The faulthandler route is opt-in: once, under load, CPython 3.9 crashed inside faulthandler's
+  // signal handler while its main thread ran without the GIL, and a dump must never take the
+  // host down.
+  if (forced != "faulthandler") {
+    std::snprintf(s.reason, sizeof(s.reason),
+                  "it does not export _Py_DumpTracebackThreads; NCCLWATCH_PY_ROUTE=faulthandler "
+                  "tries CPython's faulthandler instead (experimental)");
+    return publish(PythonStackRoute::kUnavailable);
+  }
   if (signalNumber < SIGRTMIN || signalNumber > SIGRTMAX) {
     std::snprintf(s.reason, sizeof(s.reason),
                   "faulthandler signal %d is not a real-time signal (%d..%d)", signalNumber,

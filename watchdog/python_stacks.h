@@ -6,13 +6,15 @@
 //  1. kDumpTracebackThreads: PyUnstable_DumpTracebackThreads (3.15+) or _Py_DumpTracebackThreads
 //     (exported by 3.8, 3.11, 3.12), called directly from the watchdog into a memfd. The same
 //     code CPython's own faulthandler watchdog thread runs without the GIL.
-//  2. kFaulthandler: a pending call (Py_AddPendingCall, run by the main thread with the GIL)
+//  2. kFaulthandler (opt-in, NCCLWATCH_PY_ROUTE=faulthandler: once, under load, CPython 3.9
+//     crashed inside faulthandler's handler while its main thread ran without the GIL): a
+//     pending call (Py_AddPendingCall, run by the main thread with the GIL)
 //     registers faulthandler on a real-time signal, writing into a memfd we own, all_threads and
 //     chain=True. chain goes to our own handler, installed first, which tells the watchdog that
 //     faulthandler has finished writing. At hang time the watchdog sends the signal to the main
 //     thread (tgkill).
 //  3. kUnavailable: a one-line reason instead of stacks.
-// NCCLWATCH_PY_ROUTE=faulthandler forces route 2 (for tests), =dump allows route 1 only, =off
+// NCCLWATCH_PY_ROUTE=faulthandler allows route 2, =dump allows route 1 only (the default), =off
 // disables Python stacks.
 #pragma once
 #include <chrono>

@@ -301,15 +301,21 @@ TEST(PythonStacks, RealCPythonEveryRoute) {
       // Automatic: the best route this Python offers.
       const ScriptRun automatic = runScript(python, "", holdGil ? "gil" : "");
       ASSERT_NE(automatic.exported, -1) << automatic.raw;
-      const int expectedRoute = automatic.exported == 1
-                                    ? static_cast<int>(nw::PythonStackRoute::kDumpTracebackThreads)
-                                    : static_cast<int>(nw::PythonStackRoute::kFaulthandler);
-      EXPECT_EQ(automatic.route, expectedRoute) << automatic.raw;
+      if (automatic.exported != 1) {
+        // No exported dumper: one clear line pointing at the opt-in faulthandler route.
+        EXPECT_EQ(automatic.route, static_cast<int>(nw::PythonStackRoute::kUnavailable))
+            << automatic.raw;
+        EXPECT_NE(automatic.dump.find("NCCLWATCH_PY_ROUTE=faulthandler"), std::string::npos)
+            << automatic.raw;
+        continue;
+      }
+      EXPECT_EQ(automatic.route, static_cast<int>(nw::PythonStackRoute::kDumpTracebackThreads))
+          << automatic.raw;
       checkDump(automatic);
       std::printf("%s %s%s: automatic route %d\n", python.path.c_str(), python.version.c_str(),
                   holdGil ? " (GIL held)" : "", automatic.route);
-      // Forced faulthandler: the route of Pythons that do not export the dumper.
-      if (automatic.exported == 1) {
+      // The opt-in faulthandler route, where the dumper route works too.
+      {
         const ScriptRun forced = runScript(python, "faulthandler", holdGil ? "gil" : "");
         EXPECT_EQ(forced.route, static_cast<int>(nw::PythonStackRoute::kFaulthandler))
             << forced.raw;
