@@ -17,6 +17,7 @@
 
 #include "trace/ring_reader.h"
 #include "trace/ring_writer.h"
+#include "trace_files.h"
 
 namespace {
 
@@ -26,32 +27,11 @@ constexpr RingOptions kFull64{64, TraceMode::kFull};
 constexpr uint64_t kRingEnd64 = kRingHeaderBytes + 64 * sizeof(CallRecord);
 
 std::string tempPath(const std::string& name) {
-  const char* base = std::getenv("TMPDIR");
-  return std::string(base ? base : "/tmp") + "/continuous-test-" + std::to_string(getpid()) + "-" +
-         name + ".ncclwatch";
+  return tracetest::tempPath("continuous-test", name);
 }
 
-CallRecord makeRecord(uint64_t seq) {
-  CallRecord record{};
-  record.commHash = 0xabcdef;
-  record.seq = seq;
-  record.count = seq * 10;  // a per-record invariant a torn copy would break
-  record.op = OpKind::kAllReduce;
-  record.dtype = 7;
-  record.state = RecordState::kIssued;
-  record.issueNs = static_cast<int64_t>(seq) * 1000;
-  record.rootOrPeer = -1;
-  return record;
-}
-
-std::vector<std::byte> fileBytes(const std::string& path) {
-  std::ifstream stream(path, std::ios::binary);
-  std::vector<char> chars((std::istreambuf_iterator<char>(stream)),
-                          std::istreambuf_iterator<char>());
-  std::vector<std::byte> bytes(chars.size());
-  std::memcpy(bytes.data(), chars.data(), chars.size());
-  return bytes;
-}
+using tracetest::fileBytes;
+using tracetest::makeRecord;
 
 uint64_t segmentBytes(uint64_t records) {
   return sizeof(SegmentHeader) + records * sizeof(CallRecord);

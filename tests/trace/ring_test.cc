@@ -14,38 +14,18 @@
 
 #include "trace/ring_reader.h"
 #include "trace/ring_writer.h"
+#include "trace_files.h"
 
 namespace {
 
 using namespace ncclwatch::trace;
 
 std::string tempPath(const std::string& name) {
-  const char* base = std::getenv("TMPDIR");
-  return std::string(base ? base : "/tmp") + "/ring-test-" + std::to_string(getpid()) + "-" + name +
-         ".ncclwatch";
+  return tracetest::tempPath("ring-test", name);
 }
 
-CallRecord makeRecord(uint64_t seq, OpKind op = OpKind::kAllReduce) {
-  CallRecord record{};
-  record.commHash = 0xabcdef;
-  record.seq = seq;
-  record.count = seq * 10;
-  record.op = op;
-  record.dtype = 7;
-  record.state = RecordState::kIssued;
-  record.issueNs = static_cast<int64_t>(seq) * 1000;
-  record.rootOrPeer = -1;
-  return record;
-}
-
-std::vector<std::byte> fileBytes(const std::string& path) {
-  std::ifstream stream(path, std::ios::binary);
-  std::vector<char> chars((std::istreambuf_iterator<char>(stream)),
-                          std::istreambuf_iterator<char>());
-  std::vector<std::byte> bytes(chars.size());
-  std::memcpy(bytes.data(), chars.data(), chars.size());
-  return bytes;
-}
+using tracetest::fileBytes;
+using tracetest::makeRecord;
 
 TEST(Ring, AppendUpdateAndReadBack) {
   std::string path = tempPath("basic");
