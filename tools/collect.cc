@@ -6,12 +6,15 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -24,6 +27,7 @@
 
 #include "analysis/analyze.h"
 #include "analysis/describe.h"
+#include "analysis/live_triage.h"
 #include "load.h"
 #include "trace/wire.h"
 
@@ -34,8 +38,11 @@ namespace {
 
 constexpr size_t kMaxIncoming = 2 * wire::kMaxPayload + sizeof(wire::FrameHeader);
 constexpr size_t kMaxOutgoing = 1u << 20;
-constexpr size_t kMaxRecordsPerProcess = 1u << 16;  // the newest calls of each rank analysed
 constexpr int64_t kHelloTimeoutNs = 5'000'000'000;
+constexpr int64_t kMs = 1'000'000;
+// epoll tags of the two descriptors that are not connections (connections use their slot).
+constexpr uint64_t kListenTag = ~0ull;
+constexpr uint64_t kWakeTag = ~0ull - 1;
 
 int64_t realtimeNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -70,7 +77,7 @@ int listenOn(const std::string& address, std::string* error) {
   int fd = socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   int one = 1;
   if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (fd < 0 || bind(fd, found->ai_addr, found->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+  if (fd < 0 || bind(fd, found->ai_addr, found->ai_addrlen) != 0 || listen(fd, 4096) != 0) {
     *error = "--listen " + address + ": " + std::strerror(errno);
     if (fd >= 0) close(fd);
     freeaddrinfo(found);
@@ -80,24 +87,35 @@ int listenOn(const std::string& address, std::string* error) {
   return fd;
 }
 
+// Thousands of agents need thousands of descriptors: take what the hard limit allows.
+void raiseDescriptorLimit(size_t wanted) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= wanted) return;
+  limit.rlim_cur = std::min<rlim_t>(limit.rlim_max, wanted);
+  setrlimit(RLIMIT_NOFILE, &limit);
+}
+
 }  // namespace
 
-// One agent connection.
+// One agent connection, in a slot of State::connections (the slot is its epoll tag).
 struct Connection {
   int fd = -1;
   bool authenticated = false;
+  bool wantsWrite = false;  // EPOLLOUT is in its interest set
   int64_t acceptedNs = 0;
   int process = -1;  // index into State::processes once HELLO arrived
   std::vector<std::byte> incoming;
   std::vector<std::byte> outgoing;
 };
 
-// What the collector knows of one process (one rank of one job attempt).
+// What the collector knows of one process (one rank of one job attempt). Its calls are
+// State::files[i]: the newest `window` of them, in ring-index order, as the analysis reads them.
 struct Process {
-  trace::TraceFile file;
-  std::map<uint64_t, trace::CallRecord> records;  // by ring index
+  size_t window = 0;
+  uint64_t firstNewIndex = 0;  // ring indices below it arrived before: later copies are updates
+  int64_t toWall = 0;          // add to a record time for the wall clock
   bool connected = false;
-  bool said_bye = false;
+  bool saidBye = false;
   int connection = -1;
 };
 
@@ -105,30 +123,44 @@ struct Collector::State {
   Options options;
   std::ostream* out = nullptr;
   int listenFd = -1;
+  int epollFd = -1;
   int port = 0;
   int wakePipe[2] = {-1, -1};
   std::thread thread;
   std::atomic<bool> stopping{false};
   Counters counters;
-  std::vector<Connection> connections;
+  std::vector<Connection> connections;  // slots; fd < 0: free
+  std::vector<size_t> freeSlots;
   std::vector<Process> processes;
+  std::vector<trace::TraceFile> files;                            // parallel to processes
   std::map<std::tuple<std::string, int, int>, int> processIndex;  // (job, rank, pid)
-  std::set<std::string> reported;                                 // verdict keys already said
+  analysis::LiveTriage triage;
+  std::set<std::string> reported;  // verdict keys already said
   struct Candidate {
     std::string culprits;
     int64_t sinceNs;
   };
   std::map<std::string, Candidate> candidates;  // verdicts seen, not yet settled
-  bool dirty = false;
+  // What asks for an analysis pass: a divergence the triage saw or a member joining or leaving
+  // (`wanted`), or any new record (`activity`). Passes are paced by their own cost.
+  bool wanted = false;
+  bool activity = false;
+  int64_t nextCheckNs = 0;
+  int64_t nextSweepNs = 0;
   int64_t lastAnalysisNs = 0;
+  int64_t lastCostNs = 0;
 
   void run();
   void accept();
   void read(Connection& connection);
   bool handle(Connection& connection, wire::Frame& frame);
+  bool hello(Connection& connection, const wire::Hello& hello);
+  void store(size_t process, const trace::CallRecord& record);
   void drop(Connection& connection, bool rejected);
   void write(Connection& connection);
-  void analyze();
+  void watchWrites(Connection& connection, bool on);
+  void maybeAnalyze(int64_t now);
+  void analyze(int64_t now);
   void report(const analysis::Verdict& verdict, const analysis::JobReport& job);
 };
 
@@ -136,15 +168,27 @@ void Collector::State::accept() {
   for (;;) {
     int fd = ::accept4(listenFd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
-    if (connections.size() >= options.maxAgents) {
+    if (counters.connected.load() + 1 > options.maxAgents ||
+        connections.size() - freeSlots.size() >= options.maxAgents) {
       close(fd);
       counters.rejected++;
       continue;
     }
-    Connection connection;
+    size_t slot = connections.size();
+    if (!freeSlots.empty()) {
+      slot = freeSlots.back();
+      freeSlots.pop_back();
+    } else {
+      connections.emplace_back();
+    }
+    Connection& connection = connections[slot];
+    connection = Connection{};
     connection.fd = fd;
     connection.acceptedNs = steadyNs();
-    connections.push_back(std::move(connection));
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.u64 = slot;
+    epoll_ctl(epollFd, EPOLL_CTL_ADD, fd, &event);
   }
 }
 
@@ -154,72 +198,122 @@ void Collector::State::drop(Connection& connection, bool rejected) {
     Process& process = processes[static_cast<size_t>(connection.process)];
     process.connected = false;
     process.connection = -1;
-    dirty = true;
+    counters.connected--;
+    wanted = true;  // a rank gone without BYE may be a dead rank
   }
-  close(connection.fd);
-  connection.fd = -1;
+  close(connection.fd);  // also leaves the epoll set
+  size_t slot = static_cast<size_t>(&connection - connections.data());
+  connection = Connection{};
+  freeSlots.push_back(slot);
+}
+
+bool Collector::State::hello(Connection& connection, const wire::Hello& hello) {
+  if (!wire::secretMatches(hello.secret, options.secret)) return false;
+  auto key = std::make_tuple(std::string(hello.jobId, strnlen(hello.jobId, sizeof hello.jobId)),
+                             hello.rank, hello.pid);
+  auto [found, added] = processIndex.emplace(key, static_cast<int>(processes.size()));
+  if (added) {
+    // Processes are never forgotten (a dead one is evidence): bound them too.
+    if (processes.size() >= 4 * options.maxAgents) {
+      processIndex.erase(found);
+      return false;
+    }
+    Process process;
+    // The record budget is shared by the job's ranks; the world size is known from HELLO.
+    size_t share = options.maxRecords / static_cast<size_t>(std::max(hello.world, 1));
+    process.window = std::clamp<size_t>(share, 256, 65536);
+    process.toWall = hello.anchorRealtimeNs - hello.anchorMonotonicNs;
+    trace::TraceFile file;
+    trace::RingHeader& header = file.header;
+    header.pid = hello.pid;
+    header.rank = hello.rank;
+    header.world = hello.world;
+    header.localRank = hello.localRank;
+    header.anchorMonotonicNs = hello.anchorMonotonicNs;
+    header.anchorRealtimeNs = hello.anchorRealtimeNs;
+    std::memcpy(header.host, hello.host, sizeof header.host);
+    std::memcpy(header.jobId, hello.jobId, sizeof header.jobId);
+    header.host[sizeof header.host - 1] = header.jobId[sizeof header.jobId - 1] = '\0';
+    file.usable = true;
+    file.path = std::string(hello.tracePath, strnlen(hello.tracePath, sizeof hello.tracePath));
+    processes.push_back(process);
+    files.push_back(std::move(file));
+  }
+  Process& process = processes[static_cast<size_t>(found->second)];
+  if (process.connected) return false;  // one connection per process
+  connection.authenticated = true;
+  connection.process = found->second;
+  process.connected = true;
+  process.connection = static_cast<int>(&connection - connections.data());
+  counters.agents++;
+  counters.connected++;
+  wanted = true;
+  return true;
+}
+
+// Keeps the newest copy of each ring index, the newest `window` indices of the process.
+void Collector::State::store(size_t index, const trace::CallRecord& record) {
+  Process& process = processes[index];
+  std::vector<trace::CallRecord>& records = files[index].records;
+  size_t before = records.size();
+  int64_t wall = analysis::latestTime(record);
+  wall = wall == 0 ? 0 : wall + process.toWall;
+  if (record.ringIndex >= process.firstNewIndex) {
+    if (triage.observe(record, wall)) wanted = true;
+    process.firstNewIndex = record.ringIndex + 1;
+  } else {
+    triage.observeUpdate(wall);  // a state change, or a resend after a reconnect
+  }
+  if (records.empty() || record.ringIndex > records.back().ringIndex) {
+    records.push_back(record);
+  } else {
+    auto at = std::lower_bound(records.begin(), records.end(), record.ringIndex,
+                               [](const trace::CallRecord& kept, uint64_t ringIndex) {
+                                 return kept.ringIndex < ringIndex;
+                               });
+    if (at != records.end() && at->ringIndex == record.ringIndex) {
+      *at = record;
+    } else if (at != records.begin() || records.size() < process.window) {
+      records.insert(at, record);
+    }
+  }
+  // Trim in steps of a quarter window, so that each record is moved a few times at most.
+  if (records.size() > process.window + process.window / 4) {
+    records.erase(records.begin(), records.end() - static_cast<std::ptrdiff_t>(process.window));
+  }
+  counters.recordsHeld += records.size() - before;  // unsigned: wraps right when it shrank
 }
 
 bool Collector::State::handle(Connection& connection, wire::Frame& frame) {
   if (!connection.authenticated) {
-    if (frame.type != wire::FrameType::kHello ||
-        !wire::secretMatches(frame.hello.secret, options.secret)) {
-      return false;
-    }
-    connection.authenticated = true;
-    counters.agents++;
-    const wire::Hello& hello = frame.hello;
-    auto key = std::make_tuple(std::string(hello.jobId, strnlen(hello.jobId, sizeof hello.jobId)),
-                               hello.rank, hello.pid);
-    auto [found, added] = processIndex.emplace(key, static_cast<int>(processes.size()));
-    if (added) {
-      Process process;
-      trace::RingHeader& header = process.file.header;
-      header.pid = hello.pid;
-      header.rank = hello.rank;
-      header.world = hello.world;
-      header.localRank = hello.localRank;
-      header.anchorMonotonicNs = hello.anchorMonotonicNs;
-      header.anchorRealtimeNs = hello.anchorRealtimeNs;
-      std::memcpy(header.host, hello.host, sizeof header.host);
-      std::memcpy(header.jobId, hello.jobId, sizeof header.jobId);
-      header.host[sizeof header.host - 1] = header.jobId[sizeof header.jobId - 1] = '\0';
-      process.file.usable = true;
-      process.file.path = std::string(hello.tracePath, strnlen(hello.tracePath, 256));
-      processes.push_back(std::move(process));
-    }
-    connection.process = found->second;
-    Process& process = processes[static_cast<size_t>(found->second)];
-    process.connected = true;
-    process.connection = static_cast<int>(&connection - connections.data());
-    dirty = true;
-    return true;
+    return frame.type == wire::FrameType::kHello && hello(connection, frame.hello);
   }
-  Process& process = processes[static_cast<size_t>(connection.process)];
+  size_t index = static_cast<size_t>(connection.process);
+  Process& process = processes[index];
+  trace::TraceFile& file = files[index];
   switch (frame.type) {
     case wire::FrameType::kComms:
-      process.file.comms.clear();
+      file.comms.clear();
       for (const trace::CommInfo& comm : frame.comms) {
-        if (comm.commHash != 0 && comm.nranks > 0) process.file.comms.push_back(comm);
+        if (comm.commHash == 0 || comm.nranks <= 0) continue;
+        file.comms.push_back(comm);
+        triage.addComm(comm);
       }
+      wanted = true;
       break;
     case wire::FrameType::kRecords:
-      for (const trace::CallRecord& record : frame.records) {
-        process.records[record.ringIndex] = record;
-      }
-      while (process.records.size() > kMaxRecordsPerProcess) {
-        process.records.erase(process.records.begin());
-      }
+      for (const trace::CallRecord& record : frame.records) store(index, record);
       counters.records += frame.records.size();
+      activity |= !frame.records.empty();
       break;
     case wire::FrameType::kBye:
-      process.said_bye = true;
-      process.file.header.cleanShutdown = 1;
+      process.saidBye = true;
+      file.header.cleanShutdown = 1;
+      wanted = true;
       break;
     default:
       return false;  // HELLO twice, or a collector's frame from an agent
   }
-  dirty |= frame.type != wire::FrameType::kRecords || !frame.records.empty();
   return true;
 }
 
@@ -239,6 +333,7 @@ void Collector::State::read(Connection& connection) {
       drop(connection, true);
       return;
     }
+    if (static_cast<size_t>(got) < sizeof buffer) break;  // drained: spare the EAGAIN call
   }
   size_t offset = 0;
   for (;;) {
@@ -260,21 +355,31 @@ void Collector::State::read(Connection& connection) {
   if (ended) drop(connection, false);
 }
 
+void Collector::State::watchWrites(Connection& connection, bool on) {
+  if (connection.wantsWrite == on) return;
+  connection.wantsWrite = on;
+  epoll_event event{};
+  event.events = EPOLLIN | (on ? static_cast<uint32_t>(EPOLLOUT) : 0u);
+  event.data.u64 = static_cast<uint64_t>(&connection - connections.data());
+  epoll_ctl(epollFd, EPOLL_CTL_MOD, connection.fd, &event);
+}
+
 void Collector::State::write(Connection& connection) {
   while (!connection.outgoing.empty()) {
     ssize_t sent = send(connection.fd, connection.outgoing.data(), connection.outgoing.size(),
                         MSG_NOSIGNAL | MSG_DONTWAIT);
     if (sent < 0 && errno == EINTR) continue;
-    if (sent <= 0) return;  // a slow agent keeps its backlog (bounded when queued)
+    if (sent <= 0) break;  // a slow agent keeps its backlog (bounded when queued)
     connection.outgoing.erase(connection.outgoing.begin(), connection.outgoing.begin() + sent);
   }
+  watchWrites(connection, !connection.outgoing.empty());
 }
 
 void Collector::State::report(const analysis::Verdict& verdict, const analysis::JobReport& job) {
   std::ostringstream text;
   analysis::printVerdictText(verdict, text, analysis::TextStyle{options.colour});
   if (verdict.divergenceNs > 0 && verdict.detectionNs >= verdict.divergenceNs) {
-    text << "  (reported " << (verdict.detectionNs - verdict.divergenceNs) / 1'000'000
+    text << "  (reported " << (verdict.detectionNs - verdict.divergenceNs) / kMs
          << " ms after the divergent call)\n";
   }
   *out << text.str() << std::flush;
@@ -290,10 +395,11 @@ void Collector::State::report(const analysis::Verdict& verdict, const analysis::
   std::string reason = std::string("collector: ") + analysis::kindName(verdict.kind) + " on comm " +
                        analysis::hashText(verdict.comm.hash) + " at call #" +
                        std::to_string(verdict.seq) + ": " + verdict.explanation;
-  for (Process& process : processes) {
+  for (size_t i = 0; i < processes.size(); ++i) {
+    const Process& process = processes[i];
     if (!process.connected || process.connection < 0) continue;
-    if (std::string(process.file.header.jobId) != job.jobId) continue;
-    if (!involved.count(process.file.header.rank)) continue;
+    if (std::string(files[i].header.jobId) != job.jobId) continue;
+    if (!involved.count(files[i].header.rank)) continue;
     Connection& connection = connections[static_cast<size_t>(process.connection)];
     std::vector<std::byte> frame;
     wire::encodeDump(reason, frame);
@@ -307,31 +413,61 @@ void Collector::State::report(const analysis::Verdict& verdict, const analysis::
   }
 }
 
-void Collector::State::analyze() {
-  int64_t now = steadyNs();
-  // Verdicts that depend on time (missing, stuck, dead) need passes without new data too.
-  if (!dirty && candidates.empty() && now - lastAnalysisNs < 200'000'000) return;
-  lastAnalysisNs = now;
-  dirty = false;
-  std::vector<trace::TraceFile> files;
+// Whether every member of the verdict's communicator has issued its call: then no rank still
+// to report can change the classes, and the verdict need not wait to settle.
+bool everyMemberSpoke(const analysis::Verdict& verdict, const analysis::JobReport& job) {
+  for (const analysis::CommSummary& comm : job.comms) {
+    if (comm.comm.hash != verdict.comm.hash) continue;
+    if (static_cast<int>(comm.ranks.size()) < comm.comm.size) return false;
+    for (const analysis::CommSummary::Progress& progress : comm.progress) {
+      if (progress.issuedSeq < verdict.seq) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+void Collector::State::maybeAnalyze(int64_t now) {
+  if (now < nextCheckNs) return;
+  nextCheckNs = now + options.analyzeEveryMs * kMs;
+  for (uint64_t comm : triage.takeDivergent()) {
+    (void)comm;
+    wanted = true;
+  }
+  // Time-based verdicts (missing, stuck, deadlock, dead rank) need passes while nothing moves.
+  bool quiet = counters.connected.load() > 0 && triage.lastActivityNs() > 0 &&
+               realtimeNs() - triage.lastActivityNs() >= options.quietMs * kMs;
+  int64_t since = now - lastAnalysisNs;
+  // Each pass's cost paces the next: a divergence, a settling verdict or a quiet job may use a
+  // quarter of a core; plain activity a tenth (a healthy job of thousands of ranks costs little).
+  bool urgent = wanted || !candidates.empty();
+  bool due = (urgent && since >= 3 * lastCostNs) ||
+             (quiet && since >= std::max<int64_t>(200 * kMs, 3 * lastCostNs)) ||
+             (activity && since >= 9 * lastCostNs) ||
+             since >= std::max<int64_t>(2000 * kMs, 20 * lastCostNs);
+  if (!due || processes.empty()) return;
+  wanted = activity = false;
+  analyze(now);
+  int64_t end = steadyNs();
+  lastCostNs = end - now;
+  lastAnalysisNs = end;
+}
+
+void Collector::State::analyze(int64_t now) {
   analysis::Options analysisOptions;
   analysisOptions.nowNs = realtimeNs();
-  analysisOptions.quietNs = options.quietMs * 1'000'000;
+  analysisOptions.quietNs = options.quietMs * kMs;
   analysisOptions.probeProcesses = false;
-  for (const Process& process : processes) {
-    trace::TraceFile file = process.file;
-    file.records.reserve(process.records.size());
-    for (const auto& [index, record] : process.records) file.records.push_back(record);
-    if (process.connected && !process.said_bye) {
-      analysisOptions.aliveRanks.push_back(process.file.header.rank);
+  for (size_t i = 0; i < processes.size(); ++i) {
+    if (processes[i].connected && !processes[i].saidBye) {
+      analysisOptions.aliveRanks.push_back(files[i].header.rank);
     }
-    files.push_back(std::move(file));
   }
-  if (files.empty()) return;
   counters.analyses++;
   analysis::Report result = analysis::analyze(files, analysisOptions);
-  // A verdict is said once it has held, with the same culprits, for settleMs: ranks report a
-  // little apart, and a verdict drawn before the last of them has spoken can blame the wrong one.
+  // A verdict is said once every member of its communicator has issued the call, or once it
+  // has held, with the same culprits, for settleMs: ranks report a little apart, and a verdict
+  // drawn before the last of them has spoken can blame the wrong one.
   std::map<std::string, Candidate> seen;
   for (const analysis::JobReport& job : result.jobs) {
     for (const analysis::Verdict& verdict : job.verdicts) {
@@ -346,8 +482,12 @@ void Collector::State::analyze() {
                           ? previous->second.sinceNs
                           : now;
       seen[key] = Candidate{culprits, since};
-      if (now - since < options.settleMs * 1'000'000) continue;
+      bool settled =
+          now - since >= options.settleMs * kMs ||
+          (verdict.kind == analysis::VerdictKind::kMismatch && everyMemberSpoke(verdict, job));
+      if (!settled) continue;
       reported.insert(key);
+      seen.erase(key);
       counters.verdicts++;
       report(verdict, job);
     }
@@ -356,41 +496,34 @@ void Collector::State::analyze() {
 }
 
 void Collector::State::run() {
+  epoll_event events[256];
   while (!stopping.load()) {
-    std::vector<pollfd> fds;
-    fds.push_back({listenFd, POLLIN, 0});
-    fds.push_back({wakePipe[0], POLLIN, 0});
-    for (const Connection& connection : connections) {
-      short events = POLLIN | (connection.outgoing.empty() ? 0 : POLLOUT);
-      fds.push_back({connection.fd, events, 0});
+    int ready = epoll_wait(epollFd, events, 256, options.analyzeEveryMs);
+    for (int i = 0; i < ready; ++i) {
+      uint64_t tag = events[i].data.u64;
+      if (tag == kListenTag) {
+        accept();
+        continue;
+      }
+      if (tag == kWakeTag) continue;  // stop() wrote it; the loop condition sees why
+      if (tag >= connections.size()) continue;
+      Connection& connection = connections[tag];
+      if (connection.fd < 0) continue;  // dropped earlier in this batch
+      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) read(connection);
+      if (connection.fd >= 0 && (events[i].events & EPOLLOUT)) write(connection);
     }
-    poll(fds.data(), fds.size(), options.analyzeEveryMs);
-    if (fds[0].revents & POLLIN) accept();
     int64_t now = steadyNs();
-    for (size_t i = 2; i < fds.size(); ++i) {
-      Connection& connection = connections[i - 2];
-      if (connection.fd < 0) continue;
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read(connection);
-      if (connection.fd >= 0 && (fds[i].revents & POLLOUT)) write(connection);
+    if (now >= nextSweepNs) {
+      nextSweepNs = now + 100 * kMs;
       // A connection that never proves it belongs to the job is dropped.
-      if (connection.fd >= 0 && !connection.authenticated &&
-          now - connection.acceptedNs > kHelloTimeoutNs) {
-        drop(connection, true);
+      for (Connection& connection : connections) {
+        if (connection.fd >= 0 && !connection.authenticated &&
+            now - connection.acceptedNs > kHelloTimeoutNs) {
+          drop(connection, true);
+        }
       }
     }
-    // Closed connections leave; processes keep pointing at the live ones.
-    std::vector<Connection> open;
-    for (Connection& connection : connections) {
-      if (connection.fd >= 0) open.push_back(std::move(connection));
-    }
-    connections = std::move(open);
-    for (Process& process : processes) process.connection = -1;
-    for (size_t i = 0; i < connections.size(); ++i) {
-      if (connections[i].process >= 0) {
-        processes[static_cast<size_t>(connections[i].process)].connection = static_cast<int>(i);
-      }
-    }
-    analyze();
+    maybeAnalyze(now);
   }
   // No last pass once the job is gone: ranks killed while stopping never sent their last calls,
   // and a verdict drawn from that would blame the wrong rank; `ncclwatch inspect` reads the
@@ -423,6 +556,20 @@ bool Collector::start(const Options& options, std::ostream& out, std::string* er
     *error = std::string("pipe: ") + std::strerror(errno);
     return false;
   }
+  state_->epollFd = epoll_create1(EPOLL_CLOEXEC);
+  if (state_->epollFd < 0) {
+    *error = std::string("epoll: ") + std::strerror(errno);
+    return false;
+  }
+  epoll_event listenEvent{};
+  listenEvent.events = EPOLLIN;
+  listenEvent.data.u64 = kListenTag;
+  epoll_ctl(state_->epollFd, EPOLL_CTL_ADD, state_->listenFd, &listenEvent);
+  epoll_event wakeEvent{};
+  wakeEvent.events = EPOLLIN;
+  wakeEvent.data.u64 = kWakeTag;
+  epoll_ctl(state_->epollFd, EPOLL_CTL_ADD, state_->wakePipe[0], &wakeEvent);
+  raiseDescriptorLimit(options.maxAgents + 64);
   if (!options.directory.empty()) std::filesystem::create_directories(options.directory);
   state_->thread = std::thread([state = state_.get()] { state->run(); });
   return true;
@@ -439,8 +586,11 @@ void Collector::stop() {
   ssize_t ignored = ::write(state_->wakePipe[1], &byte, 1);
   (void)ignored;
   state_->thread.join();
-  for (Connection& connection : state_->connections) close(connection.fd);
+  for (Connection& connection : state_->connections) {
+    if (connection.fd >= 0) close(connection.fd);
+  }
   state_->connections.clear();
+  close(state_->epollFd);
   close(state_->listenFd);
   close(state_->wakePipe[0]);
   close(state_->wakePipe[1]);
@@ -495,9 +645,25 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
   out << "[ncclwatch] collector listening on port " << collector.port() << "\n" << std::flush;
   signal(SIGINT, forward);
   signal(SIGTERM, forward);
-  while (!g_stopCollect.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const Counters& counters = collector.counters();
+  auto started = std::chrono::steady_clock::now(), lastConnected = started;
+  while (!g_stopCollect.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto now = std::chrono::steady_clock::now();
+    if (counters.connected.load() > 0) lastConnected = now;
+    if (!options.untilIdle) continue;
+    bool came = counters.agents.load() > 0;
+    if ((came && now - lastConnected >= std::chrono::seconds(1)) ||
+        (!came && now - started >= std::chrono::seconds(60))) {
+      break;
+    }
+  }
   collector.stop();
-  return collector.counters().verdicts.load() > 0 ? 1 : 0;
+  err << "[ncclwatch] collector stats: agents=" << counters.agents.load()
+      << " rejected=" << counters.rejected.load() << " frames=" << counters.frames.load()
+      << " records=" << counters.records.load() << " verdicts=" << counters.verdicts.load()
+      << " analyses=" << counters.analyses.load() << "\n";
+  return counters.verdicts.load() > 0 ? 1 : 0;
 }
 
 int runJob(const RunOptions& options, std::ostream& out, std::ostream& err) {

@@ -25,15 +25,23 @@ struct Options {
   bool abortOnVerdict = false;
   bool colour = false;
   size_t maxAgents = 8192;
+  // Call records kept for analysis, shared by the job's ranks: each keeps the newest
+  // maxRecords / world of its calls, between 256 and 65536 (128 bytes each).
+  size_t maxRecords = 1u << 20;
+  // `collect --until-idle`: end once agents came and none has been connected for 1 s, or
+  // when none came within 60 s (the sidecar a rank starts must not outlive its job).
+  bool untilIdle = false;
 };
 
 struct Counters {
-  std::atomic<uint64_t> agents{0};    // authenticated connections so far
-  std::atomic<uint64_t> rejected{0};  // connections dropped: bad secret or malformed frames
-  std::atomic<uint64_t> frames{0};    // frames accepted
-  std::atomic<uint64_t> records{0};   // records received
-  std::atomic<uint64_t> verdicts{0};  // verdicts reported
-  std::atomic<uint64_t> analyses{0};  // analysis passes run
+  std::atomic<uint64_t> agents{0};       // authenticated connections so far
+  std::atomic<uint64_t> connected{0};    // authenticated connections open now
+  std::atomic<uint64_t> rejected{0};     // connections dropped: bad secret or malformed frames
+  std::atomic<uint64_t> frames{0};       // frames accepted
+  std::atomic<uint64_t> records{0};      // records received
+  std::atomic<uint64_t> recordsHeld{0};  // records kept for analysis now (bounded)
+  std::atomic<uint64_t> verdicts{0};     // verdicts reported
+  std::atomic<uint64_t> analyses{0};     // analysis passes run
 };
 
 class Collector {

@@ -252,21 +252,45 @@ void addCollect(CLI::App& app, int& exitCode) {
   CLI::App* collect =
       app.add_subcommand("collect", "The collector alone, for jobs started without `run`");
   static ncclwatch::collect::Options options;
-  static std::string secretFile;
+  static std::string secretFile, secretVariable;
   collect->add_option("--listen", options.listen, "host:port to listen on")->required();
-  collect->add_option("--secret-file", secretFile, "file holding the job's secret")->required();
+  auto* fromFile =
+      collect->add_option("--secret-file", secretFile, "file holding the job's secret");
+  auto* fromEnvironment = collect->add_option("--secret-env", secretVariable,
+                                              "environment variable holding the job's secret");
+  fromFile->excludes(fromEnvironment);
   collect->add_option("--dir", options.directory, "folder for verdicts.jsonl");
   collect->add_flag("--abort", options.abortOnVerdict, "abort communicators with verdicts");
+  collect
+      ->add_option("--max-records", options.maxRecords,
+                   "call records kept for analysis, shared by the ranks (128 bytes each)")
+      ->check(CLI::Range(size_t{1024}, size_t{1} << 28));
+  collect->add_flag("--until-idle", options.untilIdle,
+                    "exit once every agent has gone for 1 s (or none came within 60 s)");
   collect->footer(R"(Example:
   ncclwatch collect --listen 0.0.0.0:29555 --secret-file ~/.ncclwatch-secret --dir /shared/logs
   (each rank: NCCLWATCH_COLLECTOR=<host>:29555 NCCLWATCH_SECRET=<the secret>))");
   collect->callback([&exitCode] {
-    std::ifstream file(secretFile);
-    std::getline(file, options.secret);
-    if (!file && options.secret.empty()) {
-      std::cerr << "ncclwatch collect: cannot read the secret from " << secretFile << "\n";
+    if (!secretVariable.empty()) {
+      const char* value = std::getenv(secretVariable.c_str());
+      if (value == nullptr || *value == '\0') {
+        std::cerr << "ncclwatch collect: " << secretVariable << " holds no secret\n";
+        exitCode = 2;
+        return;
+      }
+      options.secret = value;
+    } else if (secretFile.empty()) {
+      std::cerr << "ncclwatch collect: give the job's secret with --secret-file or --secret-env\n";
       exitCode = 2;
       return;
+    } else {
+      std::ifstream file(secretFile);
+      std::getline(file, options.secret);
+      if (!file && options.secret.empty()) {
+        std::cerr << "ncclwatch collect: cannot read the secret from " << secretFile << "\n";
+        exitCode = 2;
+        return;
+      }
     }
     exitCode = ncclwatch::collect::runCollect(options, std::cout, std::cerr);
   });

@@ -225,9 +225,15 @@ TEST(WireFrames, RoundTripAndBounds) {
       ASSERT_EQ(frame.records.size(), 2u);
       EXPECT_EQ(frame.records[1].seq, 2u);
     }
-    if (frame.type == wire::FrameType::kHello) EXPECT_EQ(frame.hello.rank, 3);
-    if (frame.type == wire::FrameType::kAbort) EXPECT_EQ(frame.commHash, 0xfeedu);
-    if (frame.type == wire::FrameType::kDump) EXPECT_EQ(frame.reason, "why");
+    if (frame.type == wire::FrameType::kHello) {
+      EXPECT_EQ(frame.hello.rank, 3);
+    }
+    if (frame.type == wire::FrameType::kAbort) {
+      EXPECT_EQ(frame.commHash, 0xfeedu);
+    }
+    if (frame.type == wire::FrameType::kDump) {
+      EXPECT_EQ(frame.reason, "why");
+    }
     rest = rest.subspan(consumed);
   }
   EXPECT_EQ(types.size(), 5u);
@@ -253,3 +259,71 @@ TEST(WireFrames, SecretsCompareExactly) {
 }
 
 }  // namespace
+
+// A rank of a 4096-rank job keeps only its share of the collector's record budget, however
+// long it runs: the collector's memory is bounded by the budget, not by the job's length.
+TEST_F(CollectorTest, EachRankKeepsABoundedWindowOfItsCalls) {
+  constexpr uint64_t kComm = 0x77ull;
+  int agent = connectTo(collector_.port());
+  std::vector<std::byte> frame;
+  wire::Hello h = hello("s3cret-for-tests", 5);
+  h.world = 4096;  // the default budget (1 Mi records) gives each rank 256
+  wire::encodeHello(h, frame);
+  ncclwatch::trace::CommInfo comm{};
+  comm.commHash = kComm;
+  comm.nranks = 4096;
+  comm.rank = 5;
+  comm.color = -1;
+  std::vector<ncclwatch::trace::CommInfo> comms{comm};
+  wire::encodeComms(comms, frame);
+  sendAll(agent, frame);
+  constexpr uint64_t kCalls = 5000;
+  for (uint64_t first = 1; first <= kCalls; first += 1000) {
+    std::vector<ncclwatch::trace::CallRecord> records;
+    for (uint64_t seq = first; seq < first + 1000; ++seq) {
+      records.push_back(allReduce(kComm, seq, 1024));
+      records.back().ncclSeqNumber = seq - 1;
+    }
+    frame.clear();
+    wire::encodeRecords(2'000'000'000, records, frame);
+    sendAll(agent, frame);
+  }
+  ASSERT_TRUE(eventually([&] { return collector_.counters().records.load() == kCalls; }));
+  EXPECT_GE(collector_.counters().recordsHeld.load(), 256u);
+  EXPECT_LE(collector_.counters().recordsHeld.load(), 320u);  // the window and its trim slack
+  close(agent);
+}
+
+// Four ranks, one of which calls with another count: the verdict names that rank alone, and
+// comes without the settling wait since every member has issued the call.
+TEST_F(CollectorTest, TheOddRankOutOfFourIsTheCulprit) {
+  constexpr uint64_t kComm = 0x4242ull;
+  std::vector<int> agents;
+  for (int rank = 0; rank < 4; ++rank) {
+    agents.push_back(connectTo(collector_.port()));
+    std::vector<std::byte> frame;
+    wire::Hello h = hello("s3cret-for-tests", rank);
+    h.world = 4;
+    wire::encodeHello(h, frame);
+    ncclwatch::trace::CommInfo comm{};
+    comm.commHash = kComm;
+    comm.nranks = 4;
+    comm.rank = rank;
+    comm.color = -1;
+    std::vector<ncclwatch::trace::CommInfo> comms{comm};
+    wire::encodeComms(comms, frame);
+    std::vector<ncclwatch::trace::CallRecord> records{allReduce(kComm, 1, 1024),
+                                                      allReduce(kComm, 2, rank == 2 ? 96 : 1024)};
+    records[1].ncclSeqNumber = 1;
+    wire::encodeRecords(2'000'000'000, records, frame);
+    sendAll(agents.back(), frame);
+  }
+  ASSERT_TRUE(eventually([&] { return collector_.counters().verdicts.load() >= 1; })) << out_.str();
+  collector_.stop();
+  std::ifstream jsonl(directory_ + "/verdicts.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(jsonl, line));
+  EXPECT_NE(line.find("\"kind\":\"mismatch\""), std::string::npos) << line;
+  EXPECT_NE(line.find("\"culprits\":[2]"), std::string::npos) << line;
+  for (int fd : agents) close(fd);
+}

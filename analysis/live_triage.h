@@ -1,0 +1,59 @@
+// Incremental alignment for the live collector: keeps, per communicator, the fingerprint of every
+// collective ordinal that some but not all members have reported, and the job's last activity.
+// It costs one small map lookup per arriving record, so that a collector of thousands of ranks
+// runs the full analysis (analysis::analyze) only when the stream shows a reason to: two
+// fingerprints at one (comm, ordinal), a member joining or leaving, or the job going quiet.
+// The full analysis stays the judge; triage only says when to ask it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+#include "trace/ring_format.h"
+
+namespace ncclwatch::analysis {
+
+class LiveTriage {
+ public:
+  // At most `maxOpenPerComm` ordinals are tracked per communicator; past that the oldest are
+  // forgotten (counted in `forgotten()`), which only costs the triage its view of them.
+  explicit LiveTriage(size_t maxOpenPerComm = 4096) : maxOpen_(maxOpenPerComm) {}
+
+  // A communicator of the job and its size (from an agent's COMMS frame).
+  void addComm(const trace::CommInfo& comm);
+
+  // A record seen for the first time. `wallNs`: the record's latest time (issue, start or
+  // completion) on the wall clock, 0 if none. Returns true when the record's collective has a
+  // fingerprint other than the one another member reported at the same (comm, ordinal).
+  bool observe(const trace::CallRecord& record, int64_t wallNs);
+  // A record seen again with a newer state: only its times count, as activity.
+  void observeUpdate(int64_t wallNs);
+
+  // Communicators whose members disagreed since the last call, and forget them.
+  std::vector<uint64_t> takeDivergent();
+  int64_t lastActivityNs() const { return lastActivityNs_; }
+  size_t openOrdinals() const;  // (comm, ordinal) pairs some but not all members reported
+  uint64_t forgotten() const { return forgotten_; }
+
+ private:
+  struct Open {
+    uint64_t fingerprint = 0;
+    int reported = 0;
+  };
+  struct Comm {
+    int size = 0;
+    std::map<uint64_t, Open> open;  // by collective ordinal (NCCL's per-comm counter)
+  };
+  size_t maxOpen_;
+  std::unordered_map<uint64_t, Comm> comms_;
+  std::vector<uint64_t> divergent_;
+  int64_t lastActivityNs_ = 0;
+  uint64_t forgotten_ = 0;
+};
+
+// The latest time of a record (issue, start or completion), CLOCK_MONOTONIC; 0 if none.
+int64_t latestTime(const trace::CallRecord& record);
+
+}  // namespace ncclwatch::analysis

@@ -1,0 +1,105 @@
+// The collector's triage: it must flag two fingerprints at one (comm, collective ordinal) —
+// whatever p2p calls shifted the ranks' seqs — and stay silent while ranks agree, however far
+// apart they report; its memory must not grow with the job's length.
+#include "analysis/live_triage.h"
+
+#include <gtest/gtest.h>
+
+#include "trace/fingerprint.h"
+
+namespace {
+
+using ncclwatch::analysis::LiveTriage;
+using ncclwatch::trace::CallRecord;
+using ncclwatch::trace::OpKind;
+
+constexpr uint64_t kWorld = 0xabcull;
+
+ncclwatch::trace::CommInfo comm(uint64_t hash, int nranks) {
+  ncclwatch::trace::CommInfo info{};
+  info.commHash = hash;
+  info.nranks = nranks;
+  return info;
+}
+
+CallRecord collective(uint64_t ordinal, uint64_t count, OpKind op = OpKind::kAllReduce) {
+  CallRecord record{};
+  record.commHash = kWorld;
+  record.op = op;
+  record.ncclSeqNumber = ordinal;
+  record.seq = ordinal + 1;
+  record.count = count;
+  record.fingerprint = ncclwatch::trace::fingerprint({op, count, 7, 0, -1});
+  return record;
+}
+
+TEST(LiveTriage, RanksThatAgreeRaiseNothingAndLeaveNothingOpen) {
+  LiveTriage triage;
+  triage.addComm(comm(kWorld, 3));
+  // Rank 0 runs 50 calls ahead before the others report: only agreement, in any order.
+  for (uint64_t ordinal = 0; ordinal < 50; ++ordinal) {
+    EXPECT_FALSE(triage.observe(collective(ordinal, 1024 + ordinal), 100 + ordinal));
+  }
+  EXPECT_EQ(triage.openOrdinals(), 50u);
+  for (int rank = 1; rank < 3; ++rank) {
+    for (uint64_t ordinal = 0; ordinal < 50; ++ordinal) {
+      EXPECT_FALSE(triage.observe(collective(ordinal, 1024 + ordinal), 10));
+    }
+  }
+  EXPECT_EQ(triage.openOrdinals(), 0u);
+  EXPECT_TRUE(triage.takeDivergent().empty());
+  EXPECT_EQ(triage.lastActivityNs(), 149);
+}
+
+TEST(LiveTriage, ADifferentCountAtTheSameOrdinalIsFlaggedOnce) {
+  LiveTriage triage;
+  triage.addComm(comm(kWorld, 4));
+  EXPECT_FALSE(triage.observe(collective(0, 1024), 1));
+  EXPECT_FALSE(triage.observe(collective(0, 1024), 1));
+  EXPECT_TRUE(triage.observe(collective(0, 512), 1));
+  EXPECT_EQ(triage.takeDivergent(), std::vector<uint64_t>{kWorld});
+  EXPECT_TRUE(triage.takeDivergent().empty());  // taken
+}
+
+TEST(LiveTriage, SendsAndReceivesDoNotShiftTheCollectiveOrdinal) {
+  LiveTriage triage;
+  triage.addComm(comm(kWorld, 2));
+  // Rank 0 sends twice before its allreduce, rank 1 receives once: their seqs differ, the
+  // collective ordinal does not.
+  CallRecord send{};
+  send.commHash = kWorld;
+  send.op = OpKind::kSend;
+  send.fingerprint = 1;
+  EXPECT_FALSE(triage.observe(send, 1));
+  send.fingerprint = 2;
+  EXPECT_FALSE(triage.observe(send, 1));
+  CallRecord first = collective(0, 64);
+  first.seq = 3;
+  EXPECT_FALSE(triage.observe(first, 1));
+  CallRecord receive = send;
+  receive.op = OpKind::kRecv;
+  EXPECT_FALSE(triage.observe(receive, 1));
+  CallRecord second = collective(0, 64);
+  second.seq = 2;
+  EXPECT_FALSE(triage.observe(second, 1));
+  EXPECT_TRUE(triage.takeDivergent().empty());
+}
+
+TEST(LiveTriage, AnUnknownCommunicatorIsNotAligned) {
+  LiveTriage triage;
+  EXPECT_FALSE(triage.observe(collective(0, 1), 5));
+  EXPECT_FALSE(triage.observe(collective(0, 2), 6));
+  EXPECT_EQ(triage.openOrdinals(), 0u);
+  EXPECT_EQ(triage.lastActivityNs(), 6);  // still activity
+}
+
+TEST(LiveTriage, OpenOrdinalsAreBounded) {
+  LiveTriage triage(16);
+  triage.addComm(comm(kWorld, 2));
+  // One rank alone (its peer skipped everything): only the newest 16 stay open.
+  for (uint64_t ordinal = 0; ordinal < 1000; ++ordinal) triage.observe(collective(ordinal, 8), 1);
+  EXPECT_LE(triage.openOrdinals(), 17u);
+  EXPECT_GE(triage.forgotten(), 983u);
+}
+
+}  // namespace
