@@ -809,11 +809,16 @@ void JobAnalysis::checkP2p() {
 // ----- hangs: dead ranks and missing ones -----
 
 void JobAnalysis::checkDeadAndMissing() {
-  if (!stalled_) return;
+  // A process that ended without a clean shutdown while live ones wait is evidence enough: it
+  // will never issue what they wait for, so the job need not go quiet first.
+  bool liveOnesWait = false;
+  for (const Proc& proc : procs_) liveOnesWait |= proc.alive && proc.pending;
   // Dead (or silent) ranks: behind on every comm they share with others, nothing that explains
   // it pending, and the process gone, or alive but silent for quietNs.
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
     const Proc& proc = procs_[p];
+    bool crashed = !proc.alive && !proc.clean && liveOnesWait;
+    if (!stalled_ && !crashed) continue;
     bool silent = proc.alive ? now_ - proc.lastActivity >= options_.quietNs : true;
     if (!silent) continue;
     bool behindSomewhere = false, aheadOrEqualSomewhere = false;
@@ -880,7 +885,9 @@ void JobAnalysis::checkDeadAndMissing() {
     verdicts_.push_back(std::move(v));
   }
   // Missing: on each comm, the first call some ranks wait in and others never issued (unless an
-  // earlier mismatch on the comm already explains why their counts differ).
+  // earlier mismatch on the comm already explains why their counts differ). Only once the job
+  // stopped moving: ranks merely ahead by a few calls look the same.
+  if (!stalled_) return;
   for (const Comm& comm : comms_) {
     if (comm.members.size() < 2) continue;
     bool explained = false;
@@ -1508,6 +1515,16 @@ bool stillRunning(const trace::TraceFile& file) {
 }
 
 }  // namespace
+
+bool runningHere(const trace::TraceFile& file) {
+  std::string fileHost(file.header.host, strnlen(file.header.host, sizeof file.header.host));
+  return fileHost == hostName() && stillRunning(file);
+}
+
+bool onThisHost(const trace::TraceFile& file) {
+  return std::string(file.header.host, strnlen(file.header.host, sizeof file.header.host)) ==
+         hostName();
+}
 
 const char* kindName(VerdictKind kind) {
   switch (kind) {

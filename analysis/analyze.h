@@ -132,6 +132,11 @@ struct Options {
 // Analyses every job (job id, attempt) in `files`; files that are not usable are skipped.
 Report analyze(std::span<const trace::TraceFile> files, const Options& options = {});
 
+// Whether the file's process runs on this host and still maps its trace file (pids are reused;
+// the mapping is not); onThisHost: whether it was written on this host at all.
+bool runningHere(const trace::TraceFile& file);
+bool onThisHost(const trace::TraceFile& file);
+
 // "0-4,6-7" from ranks in any order.
 std::string formatRanks(std::vector<int> ranks);
 

@@ -29,6 +29,7 @@
 #include "analysis/describe.h"
 #include "analysis/live_triage.h"
 #include "load.h"
+#include "trace/ring_reader.h"
 #include "trace/wire.h"
 
 namespace ncclwatch::collect {
@@ -40,6 +41,7 @@ constexpr size_t kMaxIncoming = 2 * wire::kMaxPayload + sizeof(wire::FrameHeader
 constexpr size_t kMaxOutgoing = 1u << 20;
 constexpr int64_t kHelloTimeoutNs = 5'000'000'000;
 constexpr int64_t kMs = 1'000'000;
+constexpr int64_t kReconnectGraceNs = 1000 * kMs;
 // epoll tags of the two descriptors that are not connections (connections use their slot).
 constexpr uint64_t kListenTag = ~0ull;
 constexpr uint64_t kWakeTag = ~0ull - 1;
@@ -117,6 +119,11 @@ struct Process {
   bool connected = false;
   bool saidBye = false;
   int connection = -1;
+  // A connection that ended without BYE: when, and whether the process is certainly gone (it ran
+  // on this host and no longer maps its trace). Otherwise it counts as alive for a grace period,
+  // long enough for an agent to reconnect after a network hiccup.
+  int64_t goneNs = 0;
+  bool goneForSure = false;
 };
 
 struct Collector::State {
@@ -156,12 +163,14 @@ struct Collector::State {
   bool handle(Connection& connection, wire::Frame& frame);
   bool hello(Connection& connection, const wire::Hello& hello);
   void store(size_t process, const trace::CallRecord& record);
+  void reloadFromFile(size_t process);
   void drop(Connection& connection, bool rejected);
   void write(Connection& connection);
   void watchWrites(Connection& connection, bool on);
   void maybeAnalyze(int64_t now);
   void analyze(int64_t now);
   void report(const analysis::Verdict& verdict, const analysis::JobReport& job);
+  bool culpritsGoneForSure(const analysis::Verdict& verdict, const analysis::JobReport& job) const;
 };
 
 void Collector::State::accept() {
@@ -199,6 +208,12 @@ void Collector::State::drop(Connection& connection, bool rejected) {
     process.connected = false;
     process.connection = -1;
     counters.connected--;
+    if (!process.saidBye) {
+      process.goneNs = steadyNs();
+      const trace::TraceFile& file = files[static_cast<size_t>(connection.process)];
+      process.goneForSure = analysis::onThisHost(file) && !analysis::runningHere(file);
+      if (process.goneForSure) reloadFromFile(static_cast<size_t>(connection.process));
+    }
     wanted = true;  // a rank gone without BYE may be a dead rank
   }
   close(connection.fd);  // also leaves the epoll set
@@ -282,6 +297,20 @@ void Collector::State::store(size_t index, const trace::CallRecord& record) {
     records.erase(records.begin(), records.end() - static_cast<std::ptrdiff_t>(process.window));
   }
   counters.recordsHeld += records.size() - before;  // unsigned: wraps right when it shrank
+}
+
+// A process that died on this host took its last unsent calls with it, but its ring file
+// survives: read them from there, so that the verdict shows where it really stopped.
+void Collector::State::reloadFromFile(size_t index) {
+  trace::TraceFile& known = files[index];
+  trace::TraceFile file = trace::readTraceFile(known.path);
+  if (!file.usable || file.header.pid != known.header.pid) return;
+  if (!file.comms.empty()) {
+    known.comms = file.comms;
+    for (const trace::CommInfo& comm : file.comms) triage.addComm(comm);
+  }
+  for (const trace::CallRecord& record : file.records) store(index, record);
+  known.dumps = std::move(file.dumps);
 }
 
 bool Collector::State::handle(Connection& connection, wire::Frame& frame) {
@@ -395,18 +424,32 @@ void Collector::State::report(const analysis::Verdict& verdict, const analysis::
   std::string reason = std::string("collector: ") + analysis::kindName(verdict.kind) + " on comm " +
                        analysis::hashText(verdict.comm.hash) + " at call #" +
                        std::to_string(verdict.seq) + ": " + verdict.explanation;
+  // With --abort, the communicators the verdict involves are aborted on every rank that has
+  // them, so that nobody stays blocked in them: the verdict's own, and for a dead rank every
+  // communicator it belonged to (its partners wait in those too).
+  std::set<uint64_t> toAbort;
+  if (options.abortOnVerdict && verdict.kind != analysis::VerdictKind::kStraggler) {
+    toAbort.insert(verdict.comm.hash);
+    if (verdict.kind == analysis::VerdictKind::kDeadRank) {
+      for (const trace::TraceFile& file : files) {
+        bool culprit = std::find(verdict.culprits.begin(), verdict.culprits.end(),
+                                 file.header.rank) != verdict.culprits.end();
+        if (!culprit || std::string(file.header.jobId) != job.jobId) continue;
+        for (const trace::CommInfo& comm : file.comms) toAbort.insert(comm.commHash);
+      }
+    }
+  }
   for (size_t i = 0; i < processes.size(); ++i) {
     const Process& process = processes[i];
     if (!process.connected || process.connection < 0) continue;
     if (std::string(files[i].header.jobId) != job.jobId) continue;
-    if (!involved.count(files[i].header.rank)) continue;
-    Connection& connection = connections[static_cast<size_t>(process.connection)];
     std::vector<std::byte> frame;
-    wire::encodeDump(reason, frame);
-    if (options.abortOnVerdict && verdict.kind != analysis::VerdictKind::kStraggler) {
-      wire::encodeAbort(verdict.comm.hash, frame);
+    if (involved.count(files[i].header.rank)) wire::encodeDump(reason, frame);
+    for (const trace::CommInfo& comm : files[i].comms) {
+      if (toAbort.count(comm.commHash)) wire::encodeAbort(comm.commHash, frame);
     }
-    if (connection.outgoing.size() + frame.size() <= kMaxOutgoing) {
+    Connection& connection = connections[static_cast<size_t>(process.connection)];
+    if (!frame.empty() && connection.outgoing.size() + frame.size() <= kMaxOutgoing) {
       connection.outgoing.insert(connection.outgoing.end(), frame.begin(), frame.end());
       write(connection);
     }
@@ -425,6 +468,23 @@ bool everyMemberSpoke(const analysis::Verdict& verdict, const analysis::JobRepor
     return true;
   }
   return false;
+}
+
+// Whether every culprit of the verdict is a process known to be gone: nothing it could still
+// send would change the verdict, so it need not wait to settle (a launcher that stops the other
+// ranks after a crash would otherwise end the job first).
+bool Collector::State::culpritsGoneForSure(const analysis::Verdict& verdict,
+                                           const analysis::JobReport& job) const {
+  for (int culprit : verdict.culprits) {
+    bool gone = false;
+    for (size_t i = 0; i < processes.size(); ++i) {
+      if (files[i].header.rank == culprit && std::string(files[i].header.jobId) == job.jobId) {
+        gone |= processes[i].goneForSure;
+      }
+    }
+    if (!gone) return false;
+  }
+  return !verdict.culprits.empty();
 }
 
 void Collector::State::maybeAnalyze(int64_t now) {
@@ -458,11 +518,17 @@ void Collector::State::analyze(int64_t now) {
   analysisOptions.nowNs = realtimeNs();
   analysisOptions.quietNs = options.quietMs * kMs;
   analysisOptions.probeProcesses = false;
+  bool graceRunning = false;
   for (size_t i = 0; i < processes.size(); ++i) {
-    if (processes[i].connected && !processes[i].saidBye) {
+    const Process& process = processes[i];
+    bool inGrace = !process.connected && !process.saidBye && !process.goneForSure &&
+                   now - process.goneNs < kReconnectGraceNs;
+    graceRunning |= inGrace;
+    if ((process.connected && !process.saidBye) || inGrace) {
       analysisOptions.aliveRanks.push_back(files[i].header.rank);
     }
   }
+  if (graceRunning) wanted = true;  // look again once the grace is over
   counters.analyses++;
   analysis::Report result = analysis::analyze(files, analysisOptions);
   // A verdict is said once every member of its communicator has issued the call, or once it
@@ -484,7 +550,8 @@ void Collector::State::analyze(int64_t now) {
       seen[key] = Candidate{culprits, since};
       bool settled =
           now - since >= options.settleMs * kMs ||
-          (verdict.kind == analysis::VerdictKind::kMismatch && everyMemberSpoke(verdict, job));
+          (verdict.kind == analysis::VerdictKind::kMismatch && everyMemberSpoke(verdict, job)) ||
+          (verdict.kind == analysis::VerdictKind::kDeadRank && culpritsGoneForSure(verdict, job));
       if (!settled) continue;
       reported.insert(key);
       seen.erase(key);

@@ -242,7 +242,10 @@ int run(const Options& options) {
           exit.status = WEXITSTATUS(status);
         }
         exits.push_back(exit);
-        if (exit.status != 0 && !stopping) {
+        if (exit.status != 0 && !stopping && options.keepGoing) {
+          std::fprintf(stderr, "[ncclwatch] %s; the other ranks keep running (--keep-going)\n",
+                       describeExit(exit).c_str());
+        } else if (exit.status != 0 && !stopping) {
           std::fprintf(stderr, "[ncclwatch] %s; stopping the other ranks\n",
                        describeExit(exit).c_str());
           stopping = true;

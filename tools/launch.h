@@ -14,6 +14,9 @@ struct Options {
   int ranks = 0;
   std::chrono::milliseconds grace{5000};  // SIGTERM → SIGKILL delay when stopping ranks
   bool prefix = true;
+  // Leave the other ranks running when one fails (as a job whose launcher does not notice would
+  // hang), so that the failure's effect on them can be watched; the job ends when all have.
+  bool keepGoing = false;
   std::vector<std::string> command;  // program and its arguments
 };
 

@@ -42,6 +42,8 @@ void addLaunch(CLI::App& app, ncclwatch::launch::Options& options, int& exitCode
       ->check(CLI::Range(0.0, 3600.0));
   bool noPrefix = false;
   launch->add_flag("--no-prefix", noPrefix, "do not prefix output lines with [rank R]");
+  launch->add_flag("--keep-going", options.keepGoing,
+                   "leave the other ranks running when one fails (watch what its failure does)");
   launch->add_option("command", options.command, "PROGRAM [ARGS...] (after --)")->required();
   launch->footer(R"(Examples:
   ncclwatch launch -n 4 -- build/examples/train_loop --steps 5
