@@ -279,6 +279,8 @@ void Collector::State::store(size_t index, const trace::CallRecord& record) {
   } else {
     triage.observeUpdate(wall);  // a state change, or a resend after a reconnect
   }
+  // Exactly the window and its trim slack: growth by doubling would overshoot the budget.
+  if (records.capacity() == 0) records.reserve(process.window + process.window / 4 + 1);
   if (records.empty() || record.ringIndex > records.back().ringIndex) {
     records.push_back(record);
   } else {
@@ -510,6 +512,7 @@ void Collector::State::maybeAnalyze(int64_t now) {
   analyze(now);
   int64_t end = steadyNs();
   lastCostNs = end - now;
+  counters.analysisNs += static_cast<uint64_t>(lastCostNs);
   lastAnalysisNs = end;
 }
 
@@ -729,7 +732,8 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
   err << "[ncclwatch] collector stats: agents=" << counters.agents.load()
       << " rejected=" << counters.rejected.load() << " frames=" << counters.frames.load()
       << " records=" << counters.records.load() << " verdicts=" << counters.verdicts.load()
-      << " analyses=" << counters.analyses.load() << "\n";
+      << " analyses=" << counters.analyses.load()
+      << " analysis_ms=" << counters.analysisNs.load() / 1'000'000 << "\n";
   return counters.verdicts.load() > 0 ? 1 : 0;
 }
 

@@ -42,6 +42,7 @@ struct Counters {
   std::atomic<uint64_t> recordsHeld{0};  // records kept for analysis now (bounded)
   std::atomic<uint64_t> verdicts{0};     // verdicts reported
   std::atomic<uint64_t> analyses{0};     // analysis passes run
+  std::atomic<uint64_t> analysisNs{0};   // time spent in them
 };
 
 class Collector {
