@@ -30,9 +30,10 @@ namespace {
 using examples::LaunchEnv;
 
 constexpr const char* kUsage =
-    "usage: train_loop [--steps N] [--tp N] [--bucket-kib N] [--verbose] [--quiet]\n"
+    "usage: train_loop [--steps N] [--tp N] [--bucket-kib N] [--step-ms N] [--verbose] [--quiet]\n"
     "                  [--bug KIND:rank=R,step=S[,ms=N]]...\n"
-    "Rank and world come from torchrun, OpenMPI or SLURM variables.\n"
+    "Rank and world come from torchrun, OpenMPI or SLURM variables. --step-ms: host compute\n"
+    "  time at the start of every step on every rank (no NCCL call pending meanwhile).\n"
     "Bug kinds (each on rank R at step S): skip, op, count, dtype, root, extra, peer,\n"
     "  color (at the split; step ignored), order, exit, crash, slow (ms=N per call).\n"
     "Every kind but slow makes the job hang, as it would on GPUs.\n";
@@ -63,6 +64,7 @@ struct Options {
   int steps = 10;
   int tp = 0;  // 0: 2 when the world size is even, else 1
   int bucketKib = 16;
+  int stepMs = 0;
   bool verbose = false;
   bool quiet = false;
   std::vector<Bug> bugs;
@@ -135,6 +137,8 @@ Options parseOptions(int argc, char** argv) {
       options.steps = parseCount(value(), "--steps");
     } else if (arg == "--tp") {
       options.tp = parseCount(value(), "--tp");
+    } else if (arg == "--step-ms") {
+      options.stepMs = parseCount(value(), "--step-ms");
     } else if (arg == "--bucket-kib") {
       options.bucketKib = parseCount(value(), "--bucket-kib");
     } else if (arg == "--bug") {
@@ -276,6 +280,9 @@ class TrainLoop {
   // Not inlined: a training step is a frame of its own in real programs, and stack dumps of a
   // hang should show it here too.
   __attribute__((noinline)) bool runStep(int step) {
+    if (options_.stepMs > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.stepMs));
+    }
     if (bugAt(BugKind::kExit, step)) {
       std::printf("train_loop: rank %d leaves early at step %d (injected bug)\n", env_.rank, step);
       std::fflush(stdout);

@@ -1,6 +1,7 @@
 #include "interpose/lifecycle.h"
 
 #include "trace/identity.h"
+#include "watchdog/discovery.h"
 
 namespace ncclwatch::interpose {
 namespace {
@@ -32,11 +33,15 @@ ncclResult_t recordOnComm(ncclComm_t comm, OpKind op, int detail, CallReal&& cal
 }
 
 // A root communicator: its hash comes from the unique id, known even when init fails, so a
-// failed init is still recorded under the communicator it was meant to create.
+// failed init is still recorded under the communicator it was meant to create. `sharedId`:
+// the id came from the job's rendezvous (not made in this process by ncclCommInitAll), so the
+// first such id is what every rank can derive the collector's secret from.
 ncclResult_t finishRootInit(ncclResult_t result, ncclComm_t comm, const ncclUniqueId& id,
-                            int nranks, int rank) {
+                            int nranks, int rank, bool sharedId) {
   Recorder* recorder = Recorder::get();
   if (recorder == nullptr) return result;
+  // Before the watchdog starts below, so that its first step already has the secret.
+  if (sharedId && accepted(result)) watchdog::offerUniqueIdForSecret(&id, sizeof id);
   CommCreation creation;
   creation.comm = comm;
   creation.hash = trace::rootCommHash(&id, sizeof id);
@@ -88,14 +93,14 @@ void addChild(ncclComm_t child, CommEntry* parent, uint64_t hash, OpKind kind, i
 ncclResult_t lifecycle_ncclCommInitRank(decltype(&::pncclCommInitRank) real, ncclComm_t* comm,
                                         int nranks, ncclUniqueId commId, int rank) {
   ncclResult_t result = real(comm, nranks, commId, rank);
-  return finishRootInit(result, comm != nullptr ? *comm : nullptr, commId, nranks, rank);
+  return finishRootInit(result, comm != nullptr ? *comm : nullptr, commId, nranks, rank, true);
 }
 
 ncclResult_t lifecycle_ncclCommInitRankConfig(decltype(&::pncclCommInitRankConfig) real,
                                               ncclComm_t* comm, int nranks, ncclUniqueId commId,
                                               int rank, ncclConfig_t* config) {
   ncclResult_t result = real(comm, nranks, commId, rank, config);
-  return finishRootInit(result, comm != nullptr ? *comm : nullptr, commId, nranks, rank);
+  return finishRootInit(result, comm != nullptr ? *comm : nullptr, commId, nranks, rank, true);
 }
 
 ncclResult_t lifecycle_ncclCommInitRankScalable(decltype(&::pncclCommInitRankScalable) real,
@@ -104,8 +109,8 @@ ncclResult_t lifecycle_ncclCommInitRankScalable(decltype(&::pncclCommInitRankSca
                                                 ncclConfig_t* config) {
   ncclResult_t result = real(newcomm, nranks, myrank, nId, commIds, config);
   if (commIds == nullptr || nId < 1) return result;
-  return finishRootInit(result, newcomm != nullptr ? *newcomm : nullptr, commIds[0], nranks,
-                        myrank);
+  return finishRootInit(result, newcomm != nullptr ? *newcomm : nullptr, commIds[0], nranks, myrank,
+                        true);
 }
 
 ncclResult_t lifecycle_ncclCommInitAll(decltype(&::pncclCommInitAll) real, ncclComm_t* comms,
@@ -114,7 +119,7 @@ ncclResult_t lifecycle_ncclCommInitAll(decltype(&::pncclCommInitAll) real, ncclC
   ncclUniqueId id;
   if (!takeNestedUniqueId(&id) || comms == nullptr) return result;
   for (int i = 0; i < ndev; ++i) {
-    finishRootInit(result, accepted(result) ? comms[i] : nullptr, id, ndev, i);
+    finishRootInit(result, accepted(result) ? comms[i] : nullptr, id, ndev, i, false);
   }
   return result;
 }

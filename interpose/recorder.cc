@@ -24,6 +24,7 @@
 #include "trace/fingerprint.h"
 #include "trace/ring_writer.h"
 #include "watchdog/agent.h"
+#include "watchdog/discovery.h"
 
 namespace ncclwatch::interpose {
 namespace {
@@ -237,9 +238,14 @@ watchdog::AgentOptions agentOptionsFromEnvironment(const trace::ProcessInfo& pro
   options.stackSignalOffset = static_cast<int>(
       envCount("NCCLWATCH_STACK_SIGNAL", 0, SIGRTMAX - SIGRTMIN, options.stackSignalOffset));
   options.dumpAtExit = envSwitch("NCCLWATCH_DUMP_AT_EXIT", false);
-  std::string error;
-  options.hasCollector = watchdog::collectorFromEnvironment(&options.collector, &error);
-  if (!error.empty()) std::fprintf(stderr, "[ncclwatch] no collector: %s\n", error.c_str());
+  std::string note;
+  options.hasCollector = watchdog::collectorFromEnvironment(&options.collector, &note);
+  if (!note.empty()) std::fprintf(stderr, "[ncclwatch] %s\n", note.c_str());
+  // Without a collector set up for the job (NCCLWATCH_COLLECTOR), global rank 0 hosts one.
+  if (options.hasCollector && options.collector.fromMasterAddr && process.rank == 0) {
+    options.sidecar = true;
+    options.sidecarOptions = watchdog::sidecarFromEnvironment(options.collector);
+  }
   options.abortComm = [](uint64_t commHash) {
     if (Recorder* recorder = Recorder::existing()) recorder->abortByHash(commHash);
   };

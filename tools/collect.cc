@@ -42,6 +42,8 @@ constexpr size_t kMaxOutgoing = 1u << 20;
 constexpr int64_t kHelloTimeoutNs = 5'000'000'000;
 constexpr int64_t kMs = 1'000'000;
 constexpr int64_t kReconnectGraceNs = 1000 * kMs;
+// Agents poll every 100 ms by default and a dump takes tens of ms: the aborts wait for them.
+constexpr int64_t kAbortAfterDumpNs = 400 * kMs;
 // epoll tags of the two descriptors that are not connections (connections use their slot).
 constexpr uint64_t kListenTag = ~0ull;
 constexpr uint64_t kWakeTag = ~0ull - 1;
@@ -171,6 +173,14 @@ struct Collector::State {
   void analyze(int64_t now);
   void report(const analysis::Verdict& verdict, const analysis::JobReport& job);
   bool culpritsGoneForSure(const analysis::Verdict& verdict, const analysis::JobReport& job) const;
+  void queueFrame(size_t slot, const std::vector<std::byte>& frame);
+  void sendDueAborts(int64_t now);
+  struct PendingAbort {
+    size_t process;
+    uint64_t commHash;
+    int64_t dueNs;
+  };
+  std::vector<PendingAbort> pendingAborts;
 };
 
 void Collector::State::accept() {
@@ -441,21 +451,45 @@ void Collector::State::report(const analysis::Verdict& verdict, const analysis::
       }
     }
   }
+  // The aborts go out a little after the dump requests: a rank that aborts fails and exits at
+  // once, its launcher stops the job, and ranks still taking their dump would lose it.
+  int64_t abortAt = steadyNs() + kAbortAfterDumpNs;
   for (size_t i = 0; i < processes.size(); ++i) {
     const Process& process = processes[i];
     if (!process.connected || process.connection < 0) continue;
     if (std::string(files[i].header.jobId) != job.jobId) continue;
-    std::vector<std::byte> frame;
-    if (involved.count(files[i].header.rank)) wire::encodeDump(reason, frame);
-    for (const trace::CommInfo& comm : files[i].comms) {
-      if (toAbort.count(comm.commHash)) wire::encodeAbort(comm.commHash, frame);
+    if (involved.count(files[i].header.rank)) {
+      std::vector<std::byte> frame;
+      wire::encodeDump(reason, frame);
+      queueFrame(static_cast<size_t>(process.connection), frame);
     }
-    Connection& connection = connections[static_cast<size_t>(process.connection)];
-    if (!frame.empty() && connection.outgoing.size() + frame.size() <= kMaxOutgoing) {
-      connection.outgoing.insert(connection.outgoing.end(), frame.begin(), frame.end());
-      write(connection);
+    for (const trace::CommInfo& comm : files[i].comms) {
+      if (toAbort.count(comm.commHash)) pendingAborts.push_back({i, comm.commHash, abortAt});
     }
   }
+}
+
+void Collector::State::queueFrame(size_t slot, const std::vector<std::byte>& frame) {
+  Connection& connection = connections[slot];
+  if (connection.outgoing.size() + frame.size() > kMaxOutgoing) return;  // a stuck agent
+  connection.outgoing.insert(connection.outgoing.end(), frame.begin(), frame.end());
+  write(connection);
+}
+
+void Collector::State::sendDueAborts(int64_t now) {
+  std::vector<PendingAbort> later;
+  for (const PendingAbort& abort : pendingAborts) {
+    if (abort.dueNs > now) {
+      later.push_back(abort);
+      continue;
+    }
+    const Process& process = processes[abort.process];
+    if (!process.connected || process.connection < 0) continue;
+    std::vector<std::byte> frame;
+    wire::encodeAbort(abort.commHash, frame);
+    queueFrame(static_cast<size_t>(process.connection), frame);
+  }
+  pendingAborts = std::move(later);
 }
 
 // Whether every member of the verdict's communicator has issued its call: then no rank still
@@ -593,6 +627,7 @@ void Collector::State::run() {
         }
       }
     }
+    if (!pendingAborts.empty()) sendDueAborts(now);
     maybeAnalyze(now);
   }
   // No last pass once the job is gone: ranks killed while stopping never sent their last calls,
@@ -757,6 +792,7 @@ int runJob(const RunOptions& options, std::ostream& out, std::ostream& err) {
   collectorOptions.secret = makeSecret();
   collectorOptions.directory = directory;
   collectorOptions.abortOnVerdict = options.abortOnVerdict;
+  collectorOptions.quietMs = options.quietMs;
   collectorOptions.colour = cli::useColour(-1, STDOUT_FILENO);
   Collector collector;
   std::string error;

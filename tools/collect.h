@@ -73,7 +73,8 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err);
 struct RunOptions {
   std::string directory;  // NCCLWATCH_DIR for the job; default ./ncclwatch-logs/run-<pid>
   bool abortOnVerdict = false;
-  std::string preload;  // libncclwatch.so; default: ../lib/libncclwatch.so beside the CLI
+  int64_t quietMs = 3000;  // the collector's quietMs
+  std::string preload;     // libncclwatch.so; default: ../lib/libncclwatch.so beside the CLI
   std::vector<std::string> command;
 };
 int runJob(const RunOptions& options, std::ostream& out, std::ostream& err);

@@ -234,6 +234,9 @@ void addRun(CLI::App& app, int& exitCode) {
   run->add_option("--dir", options.directory, "folder for the traces and verdicts.jsonl");
   run->add_flag("--abort", options.abortOnVerdict,
                 "abort the communicator of every verdict so that the job fails now");
+  run->add_option("--quiet-ms", options.quietMs,
+                  "a job whose ranks wait this long without progress is hung (default 3000)")
+      ->check(CLI::Range(int64_t{100}, int64_t{86'400'000}));
   run->add_option("--preload", options.preload,
                   "libncclwatch.so to preload (default: beside "
                   "the CLI, ../lib/libncclwatch.so)");
@@ -263,6 +266,10 @@ void addCollect(CLI::App& app, int& exitCode) {
   fromFile->excludes(fromEnvironment);
   collect->add_option("--dir", options.directory, "folder for verdicts.jsonl");
   collect->add_flag("--abort", options.abortOnVerdict, "abort communicators with verdicts");
+  collect
+      ->add_option("--quiet-ms", options.quietMs,
+                   "a job whose ranks wait this long without progress is hung (default 3000)")
+      ->check(CLI::Range(int64_t{100}, int64_t{86'400'000}));
   collect
       ->add_option("--max-records", options.maxRecords,
                    "call records kept for analysis, shared by the ranks (128 bytes each)")

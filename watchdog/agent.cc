@@ -1,5 +1,6 @@
 #include "watchdog/agent.h"
 
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 
 #include "trace/clock.h"
 #include "trace/record.h"
+#include "watchdog/discovery.h"
 
 namespace ncclwatch::watchdog {
 namespace {
@@ -26,6 +28,7 @@ void forgetAfterFork() {
   // The parent's thread does not exist in the child; its agent (and any lock it held) is left.
   g_agent.store(nullptr);
   Triggers::forgetAfterFork();
+  forgetUnfinishedSecretAfterFork();
   new (&g_startMutex) std::mutex();
 }
 
@@ -48,6 +51,15 @@ std::string callText(const trace::CallRecord& call) {
     text += " root " + std::to_string(call.rootOrPeer);
   }
   return text;
+}
+
+// The folder of the trace file, absolute: the sidecar collector writes verdicts.jsonl there,
+// and it may start in another working directory than the one the path is relative to.
+std::string traceFolder(const std::string& tracePath) {
+  size_t slash = tracePath.rfind('/');
+  std::string folder = slash == std::string::npos ? "." : tracePath.substr(0, slash);
+  char resolved[PATH_MAX];
+  return realpath(folder.c_str(), resolved) != nullptr ? resolved : folder;
 }
 
 }  // namespace
@@ -76,6 +88,11 @@ Agent* Agent::start(trace::RingWriter& writer, const AgentOptions& options) {
   if (options.hasCollector) {
     agent->link_ = std::make_unique<CollectorLink>(options.collector, writer, options.rank,
                                                    options.world, options.localRank);
+  }
+  if (options.sidecar) {
+    SidecarOptions sidecar = options.sidecarOptions;
+    if (sidecar.directory.empty()) sidecar.directory = traceFolder(writer.path());
+    agent->sidecar_ = std::make_unique<Sidecar>(std::move(sidecar));
   }
   // On this (application) thread: the stack signal, the Python route, the dump triggers.
   std::string error;
@@ -127,8 +144,15 @@ void Agent::run() {
       Triggers::done(generation);
     }
     if (completion_) checkHangs(trace::FastClock::nowNs());
+    // Rank 0 starts the sidecar before its own link's first attempt to reach it.
+    if (sidecar_ && !last) sidecar_->step(jobSecret());
     if (link_) exchange(last);
-    if (last) break;
+    if (last) {
+      // A job that ended before any agent reached the sidecar (rank 0 connects first) would
+      // leave it waiting a minute for agents while it holds rank 0's stderr open.
+      if (sidecar_ && (!link_ || link_->counters().established == 0)) sidecar_->stopUnused();
+      break;
+    }
     // Until the fast clock has its first line, poll often enough to publish it within ~25 ms.
     // Continuous mode polls and persists at least every 10 ms, so that a burst of calls rarely
     // laps the ring before its records reach the file with their settled states.
@@ -140,7 +164,22 @@ void Agent::run() {
   finished_.store(true, std::memory_order_release);
 }
 
+const char* Agent::jobSecret() {
+  if (!secret_.empty()) return secret_.c_str();
+  DerivedSecretText derived;
+  if (!options_.collector.secret.empty()) {
+    secret_ = options_.collector.secret;
+  } else if (options_.collector.secretFromUniqueId && derivedSecret(derived)) {
+    secret_ = derived;
+  } else {
+    return nullptr;  // no root communicator seen yet: nothing to present
+  }
+  if (link_) link_->setSecret(secret_.c_str());
+  return secret_.c_str();
+}
+
 void Agent::exchange(bool last) {
+  jobSecret();
   if (last) {
     link_->finish(300);
     return;

@@ -18,6 +18,7 @@
 #include "watchdog/completion.h"
 #include "watchdog/dumper.h"
 #include "watchdog/exchange.h"
+#include "watchdog/sidecar.h"
 #include "watchdog/triggers.h"
 
 namespace ncclwatch::watchdog {
@@ -52,9 +53,13 @@ struct AgentOptions {
   int rank = -1;
   int world = -1;
   int localRank = -1;
-  // The job's collector (NCCLWATCH_COLLECTOR); without one, detection stays local.
+  // The job's collector (watchdog/discovery.h); without one, detection stays local.
   bool hasCollector = false;
   CollectorAddress collector;
+  // Rank 0 with the default address hosts the collector itself (watchdog/sidecar.h). An empty
+  // directory means the trace folder.
+  bool sidecar = false;
+  SidecarOptions sidecarOptions;
   // Aborts the communicator with this hash (set by the interposer: it knows the ncclComm_t).
   std::function<void(uint64_t commHash)> abortComm;
 };
@@ -81,6 +86,7 @@ class Agent {
   void run();
   void checkHangs(int64_t now);
   void exchange(bool last);
+  const char* jobSecret();
   void dump(const std::string& trigger, const std::string& reason,
             std::vector<trace::DumpFinding> findings, bool withStacks);
   bool waitForWork(int waitMs);
@@ -94,6 +100,8 @@ class Agent {
   AgentOptions options_;
   std::unique_ptr<CompletionTracker> completion_;
   std::unique_ptr<CollectorLink> link_;
+  std::unique_ptr<Sidecar> sidecar_;
+  std::string secret_;                // the job's secret once known (watchdog thread only)
   std::map<uint64_t, Alarm> alarms_;  // watchdog thread only
   std::atomic<bool> stopping_{false};
   std::atomic<bool> finished_{false};

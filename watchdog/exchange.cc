@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 
 namespace ncclwatch::watchdog {
@@ -19,11 +18,14 @@ namespace {
 constexpr size_t kMaxOutgoing = 8u << 20;  // bytes queued for the collector at most
 constexpr size_t kMaxWatched = 65536;      // records watched for state changes at most
 constexpr int64_t kMaxBackoffNs = 5'000'000'000;
+constexpr int64_t kHeartbeatNs = 1'000'000'000;
 
+// NUL-padded, as the wire format wants, and always terminated.
 template <size_t N>
 void copyText(char (&destination)[N], const char* text) {
-  std::strncpy(destination, text, N - 1);
-  destination[N - 1] = '\0';
+  size_t length = strnlen(text, N - 1);
+  std::memcpy(destination, text, length);
+  std::memset(destination + length, 0, N - length);
 }
 
 bool isFinal(const trace::CallRecord& record) {
@@ -32,35 +34,10 @@ bool isFinal(const trace::CallRecord& record) {
          record.state == trace::RecordState::kFailed ||
          record.state == trace::RecordState::kAborted ||
          (untracked && trace::isCollective(record.op)) ||
-         (untracked && trace::isPointToPoint(record.op)) || trace::isLifecycle(record.op);
+         (untracked && trace::isPointToPoint(record.op));
 }
 
 }  // namespace
-
-bool collectorFromEnvironment(CollectorAddress* address, std::string* error) {
-  const char* target = std::getenv("NCCLWATCH_COLLECTOR");
-  if (target == nullptr || *target == '\0') return false;
-  std::string text = target;
-  size_t colon = text.rfind(':');
-  char* end = nullptr;
-  long port = colon == std::string::npos ? 0 : std::strtol(text.c_str() + colon + 1, &end, 10);
-  if (colon == std::string::npos || colon == 0 || *end != '\0' || port <= 0 || port > 65535) {
-    *error = "NCCLWATCH_COLLECTOR=" + text + " is not host:port";
-    return false;
-  }
-  const char* secret = std::getenv("NCCLWATCH_SECRET");
-  if (secret == nullptr || *secret == '\0' || std::strlen(secret) >= trace::wire::kSecretBytes) {
-    *error = "NCCLWATCH_COLLECTOR is set but NCCLWATCH_SECRET is missing or too long";
-    return false;
-  }
-  address->host = text.substr(0, colon);
-  if (address->host.size() > 2 && address->host.front() == '[') {
-    address->host = address->host.substr(1, address->host.size() - 2);
-  }
-  address->port = static_cast<int>(port);
-  address->secret = secret;
-  return true;
-}
 
 CollectorLink::CollectorLink(const CollectorAddress& address, trace::RingWriter& writer, int rank,
                              int world, int localRank)
@@ -90,7 +67,15 @@ void CollectorLink::connectNow(int64_t nowNs) {
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* found = nullptr;
   std::string port = std::to_string(address_.port);
-  if (getaddrinfo(address_.host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
+  // The sidecar listens on IPv4 unless MASTER_ADDR is an IPv6 literal (sidecar.h), while a name
+  // like localhost may resolve to ::1 first: ask for IPv4 first, then for anything.
+  hints.ai_family = address_.fromMasterAddr ? AF_INET : AF_UNSPEC;
+  int lookup = getaddrinfo(address_.host.c_str(), port.c_str(), &hints, &found);
+  if (lookup != 0 && hints.ai_family != AF_UNSPEC) {
+    hints.ai_family = AF_UNSPEC;
+    lookup = getaddrinfo(address_.host.c_str(), port.c_str(), &hints, &found);
+  }
+  if (lookup != 0 || found == nullptr) {
     disconnect(nowNs);
     return;
   }
@@ -100,6 +85,7 @@ void CollectorLink::connectNow(int64_t nowNs) {
     setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     int result = ::connect(fd_, found->ai_addr, found->ai_addrlen);
     connecting_ = result != 0 && errno == EINPROGRESS;
+    if (result == 0) ++counters_.established;
     if (result != 0 && !connecting_) {
       freeaddrinfo(found);
       disconnect(nowNs);
@@ -178,11 +164,15 @@ void CollectorLink::collectRecords(int64_t nowNs) {
       watched_.push_back({sentUpTo_, record.state});
     }
   }
+  // An empty RECORDS frame is the heartbeat: it tells the collector this rank is alive. Once a
+  // second is enough (a collector of thousands of ranks pays for every frame); a connection
+  // that ends is noticed at once anyway.
+  if (records.empty() && nowNs - lastFrameNs_ < kHeartbeatNs) return;
+  lastFrameNs_ = nowNs;
   for (size_t first = 0; first < records.size() || first == 0;
        first += trace::wire::kMaxRecordsPerFrame) {
     size_t count = std::min<size_t>(trace::wire::kMaxRecordsPerFrame, records.size() - first);
     std::vector<std::byte> frame;
-    // An empty RECORDS frame is the heartbeat: it tells the collector this rank is alive.
     trace::wire::encodeRecords(nowNs, std::span(records.data() + first, count), frame);
     queue(std::move(frame));
     counters_.recordsSent += count;
@@ -242,7 +232,13 @@ void CollectorLink::receive(std::vector<CollectorRequest>* requests, int64_t now
   incoming_.erase(incoming_.begin(), incoming_.begin() + static_cast<std::ptrdiff_t>(offset));
 }
 
+void CollectorLink::setSecret(const char* secret) {
+  copyText(hello_.secret, secret);
+}
+
 void CollectorLink::step(int64_t nowNs, std::vector<CollectorRequest>* requests) {
+  // A HELLO without the secret would only be rejected: wait until the secret is known.
+  if (hello_.secret[0] == '\0') return;
   if (fd_ < 0) {
     if (nowNs < nextAttemptNs_) return;
     connectNow(nowNs);
@@ -259,6 +255,7 @@ void CollectorLink::step(int64_t nowNs, std::vector<CollectorRequest>* requests)
       return;
     }
     connecting_ = false;
+    ++counters_.established;
     backoffNs_ = 100'000'000;
   }
   collectRecords(nowNs);
@@ -281,6 +278,7 @@ void CollectorLink::finish(int boundMs) {
       return;
     }
     connecting_ = false;
+    ++counters_.established;
   }
   collectRecords(0);
   std::vector<std::byte> frame;

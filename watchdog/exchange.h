@@ -3,7 +3,7 @@
 // secret, the communicator table when it changed, and the records that are new or changed
 // since the last step, and reads the collector's requests. Nothing here runs on an application
 // thread; every buffer is bounded and what does not fit is dropped and counted. Without a
-// collector the agent keeps its local detection.
+// collector the agent keeps its local detection. Where the collector is: watchdog/discovery.h.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -18,12 +18,13 @@ namespace ncclwatch::watchdog {
 struct CollectorAddress {
   std::string host;  // numeric IPv4/IPv6 or a name getaddrinfo resolves
   int port = 0;
-  std::string secret;
+  std::string secret;  // empty while it waits to be derived
+  // The default address from MASTER_ADDR and MASTER_PORT, not NCCLWATCH_COLLECTOR: rank 0
+  // then hosts the collector as a sidecar.
+  bool fromMasterAddr = false;
+  // The secret comes from the first root communicator's unique id (NCCLWATCH_SECRET unset).
+  bool secretFromUniqueId = false;
 };
-
-// NCCLWATCH_COLLECTOR=host:port and NCCLWATCH_SECRET; false (with `error` when the variables
-// are set but wrong) when there is no collector to talk to.
-bool collectorFromEnvironment(CollectorAddress* address, std::string* error);
 
 // What the collector asked for.
 struct CollectorRequest {
@@ -36,7 +37,8 @@ struct ExchangeCounters {
   uint64_t framesSent = 0;
   uint64_t recordsSent = 0;
   uint64_t bytesDropped = 0;  // frames that did not fit the send buffer
-  uint64_t connects = 0;
+  uint64_t connects = 0;      // connection attempts
+  uint64_t established = 0;   // attempts that reached the collector
 };
 
 class CollectorLink {
@@ -47,6 +49,8 @@ class CollectorLink {
   CollectorLink(const CollectorLink&) = delete;
   CollectorLink& operator=(const CollectorLink&) = delete;
 
+  // The job's secret, for a link created before it was known; it never connects without one.
+  void setSecret(const char* secret);
   // One exchange step; appends the collector's requests to `requests`.
   void step(int64_t nowNs, std::vector<CollectorRequest>* requests);
   // At a normal exit: the last records and BYE, sent within `boundMs`.
@@ -78,6 +82,7 @@ class CollectorLink {
   std::vector<std::byte> outgoing_;
   size_t outgoingSent_ = 0;
   std::vector<std::byte> incoming_;
+  int64_t lastFrameNs_ = INT64_MIN / 2;  // when the last RECORDS frame was queued
   ExchangeCounters counters_;
 };
 

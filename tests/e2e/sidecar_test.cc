@@ -1,0 +1,216 @@
+// The sidecar collector on the sim: a job started with the preload under `ncclwatch launch`
+// (torchrun's variables, MASTER_ADDR and MASTER_PORT) and no NCCLWATCH_COLLECTOR gets its
+// collector from rank 0, which names the skipping rank while the job hangs; the collector
+// ends by itself once the job is gone; NCCLWATCH_COLLECTOR=off starts none.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "job.h"
+#include "traces.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+const std::string kCli = NCCLWATCH_BINARY;
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// `ncclwatch launch` in the background, its output (every rank's, unprefixed) in a file.
+class Launch {
+ public:
+  Launch(const std::string& logs, std::vector<std::string> program,
+         std::vector<std::pair<std::string, std::string>> env)
+      : output_(logs + ".out") {
+    pid_ = fork();
+    if (pid_ == 0) {
+      int out = open(output_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      dup2(out, STDOUT_FILENO);
+      dup2(out, STDERR_FILENO);
+      setpgid(0, 0);
+      for (const char* name : {"NCCLWATCH_COLLECTOR", "NCCLWATCH_SECRET", "NCCLWATCH_JOB",
+                               "NCCLWATCH_COLLECTOR_PORT", "NCCLWATCH_CLI"}) {
+        unsetenv(name);
+      }
+      const char* path = std::getenv("LD_LIBRARY_PATH");
+      setenv("LD_LIBRARY_PATH",
+             (testsupport::simLibDir() + (path ? std::string(":") + path : "")).c_str(), 1);
+      setenv("LD_PRELOAD", (testsupport::buildDir() + "/lib/libncclwatch.so").c_str(), 1);
+      setenv("NCCLWATCH_DIR", logs.c_str(), 1);
+      for (auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
+      std::vector<std::string> words = {kCli,          "launch",  "-n", "4",
+                                        "--no-prefix", "--grace", "3",  "--"};
+      words.insert(words.end(), program.begin(), program.end());
+      std::vector<char*> argv;
+      for (std::string& word : words) argv.push_back(word.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~Launch() {
+    if (status_ == -1) {
+      kill(-pid_, SIGKILL);
+      waitExit(10s);
+    }
+  }
+
+  std::string output() const { return readFile(output_); }
+  bool waitForOutput(const std::string& needle, std::chrono::seconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    while (output().find(needle) == std::string::npos) {
+      if (Clock::now() >= deadline || !running()) return output().find(needle) != std::string::npos;
+      std::this_thread::sleep_for(50ms);
+    }
+    return true;
+  }
+  bool running() {
+    if (status_ == -1) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        status_ = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+      }
+    }
+    return status_ == -1;
+  }
+  bool waitExit(std::chrono::seconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    while (running() && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
+    return !running();
+  }
+  void signal(int number) { kill(pid_, number); }  // launch forwards it to every rank
+  int status() const { return status_; }
+
+ private:
+  std::string output_;
+  pid_t pid_ = -1;
+  int status_ = -1;
+};
+
+// Live `ncclwatch collect` processes started for the job whose traces go to `logs`.
+std::vector<int> collectorsFor(const std::string& logs) {
+  std::vector<int> found;
+  DIR* proc = opendir("/proc");
+  while (dirent* entry = proc ? readdir(proc) : nullptr) {
+    int pid = std::atoi(entry->d_name);
+    if (pid <= 0) continue;
+    std::string base = "/proc/" + std::string(entry->d_name);
+    std::string cmdline = readFile(base + "/cmdline");
+    std::string stat = readFile(base + "/stat");
+    size_t close = stat.rfind(')');
+    bool zombie = close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
+    if (!zombie && cmdline.find(std::string("collect\0", 8)) != std::string::npos &&
+        cmdline.find("--until-idle") != std::string::npos &&
+        cmdline.find(logs) != std::string::npos) {
+      found.push_back(pid);
+    }
+  }
+  if (proc) closedir(proc);
+  return found;
+}
+
+bool collectorsGone(const std::string& logs, std::chrono::seconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  while (!collectorsFor(logs).empty()) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(50ms);
+  }
+  return true;
+}
+
+// Whether a rank's trace shows a dump the collector asked for, within `timeout`.
+bool collectorDumpsAppear(const std::string& logs, std::chrono::seconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  for (;;) {
+    for (const auto& file : testsupport::readTraceFiles(logs)) {
+      for (const auto& dump : file.dumps) {
+        if (dump.trigger == "collector") return true;
+      }
+    }
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(100ms);
+  }
+}
+
+// The lines of `text` that start with `prefix`.
+std::vector<std::string> linesStartingWith(const std::string& text, const std::string& prefix) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(prefix, 0) == 0) lines.push_back(line);
+  }
+  return lines;
+}
+
+std::string trainLoop() {
+  return testsupport::buildDir() + "/examples/train_loop";
+}
+
+TEST(SidecarCollector, RankZeroHostsTheCollectorThatNamesTheSkippingRank) {
+  std::string logs = testsupport::freshDirectory("sidecar-skip", true);
+  {
+    // --tp 1: the skipped call is on the 4-rank world, where the odd one out is clear (in a
+    // 2-rank group neither side is).
+    Launch job(logs,
+               {trainLoop(), "--steps", "8", "--tp", "1", "--bug", "skip:rank=3,step=5", "--quiet"},
+               {});
+    bool said = job.waitForOutput("[ncclwatch] MISMATCH", 90s);
+    std::string out = job.output();
+    ASSERT_TRUE(said) << out;
+    EXPECT_TRUE(job.running()) << "the job should still hang: nothing aborts it\n" << out;
+    // The collector asks the ranks it names to dump where they are; let them, then stop the job
+    // as a user would.
+    EXPECT_TRUE(collectorDumpsAppear(logs, 30s));
+    job.signal(SIGTERM);
+    EXPECT_TRUE(job.waitExit(30s)) << job.output();
+    out = job.output();
+    std::vector<std::string> verdicts = linesStartingWith(out, "[ncclwatch] MISMATCH");
+    ASSERT_EQ(verdicts.size(), 1u) << out;  // said once, by the one collector
+    EXPECT_NE(out.find("culprit 3"), std::string::npos) << out;
+    EXPECT_NE(out.find("collector listening on port"), std::string::npos) << out;
+    EXPECT_EQ(out.find("no sidecar collector"), std::string::npos) << out;
+  }
+  std::string verdicts = readFile(logs + "/verdicts.jsonl");
+  EXPECT_NE(verdicts.find("\"kind\":\"mismatch\""), std::string::npos) << verdicts;
+  EXPECT_NE(verdicts.find("\"culprits\":[3]"), std::string::npos) << verdicts;
+  // --until-idle: the collector ends about a second after the last agent left.
+  EXPECT_TRUE(collectorsGone(logs, 15s));
+}
+
+TEST(SidecarCollector, CleanJobEndsAndItsCollectorWithIt) {
+  std::string logs = testsupport::freshDirectory("sidecar-clean", true);
+  Launch job(logs, {trainLoop(), "--steps", "3", "--quiet"}, {});
+  ASSERT_TRUE(job.waitExit(60s)) << job.output();
+  EXPECT_EQ(job.status(), 0) << job.output();
+  EXPECT_EQ(linesStartingWith(job.output(), "[ncclwatch] MISMATCH").size(), 0u) << job.output();
+  EXPECT_TRUE(collectorsGone(logs, 15s));
+  EXPECT_FALSE(std::filesystem::exists(logs + "/verdicts.jsonl"));
+}
+
+TEST(SidecarCollector, OffStartsNone) {
+  std::string logs = testsupport::freshDirectory("sidecar-off", true);
+  Launch job(logs, {trainLoop(), "--steps", "3", "--quiet"}, {{"NCCLWATCH_COLLECTOR", "off"}});
+  ASSERT_TRUE(job.waitExit(60s)) << job.output();
+  EXPECT_EQ(job.status(), 0) << job.output();
+  EXPECT_EQ(job.output().find("collector listening"), std::string::npos) << job.output();
+  EXPECT_TRUE(collectorsFor(logs).empty());
+}
+
+}  // namespace

@@ -1,0 +1,215 @@
+// Finding the collector: the explicit address, the default one derived from MASTER_ADDR and
+// MASTER_PORT (which must not land on torchrun's store or the examples' id rendezvous), `off`,
+// and the secret derived from the first root communicator's unique id.
+#include "watchdog/discovery.h"
+
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "trace/identity.h"
+
+namespace {
+
+using ncclwatch::watchdog::CollectorAddress;
+using ncclwatch::watchdog::DerivedSecretText;
+
+struct Found {
+  bool present = false;
+  CollectorAddress address;
+  std::string note;
+};
+
+Found find(const std::map<std::string, std::string>& environment) {
+  Found found;
+  auto lookup = [&environment](const char* name) -> const char* {
+    auto entry = environment.find(name);
+    return entry == environment.end() ? nullptr : entry->second.c_str();
+  };
+  found.present = ncclwatch::watchdog::collectorFromLookup(lookup, &found.address, &found.note);
+  return found;
+}
+
+std::string secretOf(const std::vector<unsigned char>& id) {
+  DerivedSecretText text;
+  ncclwatch::watchdog::deriveSecret(id.data(), id.size(), text);
+  return text;
+}
+
+std::vector<unsigned char> sampleId(unsigned char salt) {
+  std::vector<unsigned char> id(128);
+  for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<unsigned char>(i * 37 + salt);
+  return id;
+}
+
+TEST(CollectorAddress, NothingSetMeansNoCollector) {
+  Found found = find({});
+  EXPECT_FALSE(found.present);
+  EXPECT_EQ(found.note, "");
+  // MASTER_ADDR alone (no port to derive from) is not enough either, and says nothing.
+  found = find({{"MASTER_ADDR", "10.0.0.1"}});
+  EXPECT_FALSE(found.present);
+  EXPECT_EQ(found.note, "");
+}
+
+TEST(CollectorAddress, ExplicitAddressNeedsItsSecret) {
+  Found found = find({{"NCCLWATCH_COLLECTOR", "node7:4100"}, {"NCCLWATCH_SECRET", "s3cret"}});
+  ASSERT_TRUE(found.present) << found.note;
+  EXPECT_EQ(found.address.host, "node7");
+  EXPECT_EQ(found.address.port, 4100);
+  EXPECT_EQ(found.address.secret, "s3cret");
+  EXPECT_FALSE(found.address.fromMasterAddr);
+  EXPECT_FALSE(found.address.secretFromUniqueId);
+
+  found = find({{"NCCLWATCH_COLLECTOR", "[fe80::1]:4100"}, {"NCCLWATCH_SECRET", "s"}});
+  ASSERT_TRUE(found.present) << found.note;
+  EXPECT_EQ(found.address.host, "fe80::1");
+
+  // No derived secret for an explicit address, even with MASTER_ADDR around.
+  found = find(
+      {{"NCCLWATCH_COLLECTOR", "node7:4100"}, {"MASTER_ADDR", "node7"}, {"MASTER_PORT", "29500"}});
+  EXPECT_FALSE(found.present);
+  EXPECT_NE(found.note.find("NCCLWATCH_SECRET"), std::string::npos) << found.note;
+
+  for (const char* bad : {"node7", ":4100", "node7:", "node7:0", "node7:65536", "node7:41x"}) {
+    found = find({{"NCCLWATCH_COLLECTOR", bad}, {"NCCLWATCH_SECRET", "s"}});
+    EXPECT_FALSE(found.present) << bad;
+    EXPECT_NE(found.note.find("is not host:port"), std::string::npos) << found.note;
+  }
+  found = find({{"NCCLWATCH_COLLECTOR", "node7:4100"}, {"NCCLWATCH_SECRET", std::string(64, 'x')}});
+  EXPECT_FALSE(found.present);
+  EXPECT_NE(found.note.find("longer than 63"), std::string::npos) << found.note;
+}
+
+TEST(CollectorAddress, DefaultIsMasterAddrAtMasterPortPlus17) {
+  Found found = find({{"MASTER_ADDR", "node0.cluster"}, {"MASTER_PORT", "29500"}});
+  ASSERT_TRUE(found.present) << found.note;
+  EXPECT_EQ(found.address.host, "node0.cluster");
+  EXPECT_EQ(found.address.port, 29517);
+  EXPECT_TRUE(found.address.fromMasterAddr);
+  EXPECT_TRUE(found.address.secretFromUniqueId);
+  EXPECT_EQ(found.address.secret, "");
+  EXPECT_EQ(found.note, "");
+}
+
+TEST(CollectorAddress, DefaultPortAvoidsTheStoreAndTheIdRendezvous) {
+  for (int master : {1, 2, 1024, 29500, 65518, 65519, 65534, 65535}) {
+    int port = ncclwatch::watchdog::defaultCollectorPort(master);
+    EXPECT_GE(port, 1) << master;
+    EXPECT_LE(port, 65535) << master;
+    EXPECT_NE(port, master) << master;      // torchrun's TCPStore
+    EXPECT_NE(port, master + 1) << master;  // the examples' ncclUniqueId rendezvous
+  }
+  EXPECT_EQ(ncclwatch::watchdog::defaultCollectorPort(65518), 65535);
+  EXPECT_EQ(ncclwatch::watchdog::defaultCollectorPort(65519), 65502);
+  EXPECT_EQ(ncclwatch::watchdog::defaultCollectorPort(65535), 65518);
+}
+
+TEST(CollectorAddress, CollectorPortOverridesTheDefaultPort) {
+  Found found = find({{"MASTER_ADDR", "10.1.2.3"},
+                      {"MASTER_PORT", "29500"},
+                      {"NCCLWATCH_COLLECTOR_PORT", "7000"}});
+  ASSERT_TRUE(found.present) << found.note;
+  EXPECT_EQ(found.address.port, 7000);
+  // A bad one is said, and the default is used.
+  found = find({{"MASTER_ADDR", "10.1.2.3"},
+                {"MASTER_PORT", "29500"},
+                {"NCCLWATCH_COLLECTOR_PORT", "99999"}});
+  ASSERT_TRUE(found.present) << found.note;
+  EXPECT_EQ(found.address.port, 29517);
+  EXPECT_NE(found.note.find("NCCLWATCH_COLLECTOR_PORT=99999"), std::string::npos) << found.note;
+  // Without MASTER_ADDR there is no default address to give the port to.
+  EXPECT_FALSE(find({{"NCCLWATCH_COLLECTOR_PORT", "7000"}}).present);
+}
+
+TEST(CollectorAddress, BadMasterPortMeansNoCollector) {
+  Found found = find({{"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "twenty"}});
+  EXPECT_FALSE(found.present);
+  EXPECT_NE(found.note.find("MASTER_PORT=twenty"), std::string::npos) << found.note;
+}
+
+TEST(CollectorAddress, ExplicitSecretIsUsedWithTheDefaultAddress) {
+  Found found =
+      find({{"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29500"}, {"NCCLWATCH_SECRET", "mine"}});
+  ASSERT_TRUE(found.present) << found.note;
+  EXPECT_TRUE(found.address.fromMasterAddr);
+  EXPECT_FALSE(found.address.secretFromUniqueId);
+  EXPECT_EQ(found.address.secret, "mine");
+}
+
+TEST(CollectorAddress, OffDisablesEveryCollector) {
+  for (const char* off : {"off", "OFF", "0", "none", "false"}) {
+    Found found = find({{"NCCLWATCH_COLLECTOR", off},
+                        {"NCCLWATCH_SECRET", "s"},
+                        {"MASTER_ADDR", "10.1.2.3"},
+                        {"MASTER_PORT", "29500"}});
+    EXPECT_FALSE(found.present) << off;
+    EXPECT_EQ(found.note, "") << off;
+  }
+}
+
+TEST(DerivedSecret, Is32HexDigitsAndDeterministic) {
+  std::string secret = secretOf(sampleId(1));
+  ASSERT_EQ(secret.size(), 32u);
+  for (char c : secret)
+    EXPECT_TRUE(std::isxdigit(static_cast<unsigned char>(c)) && !std::isupper(c));
+  EXPECT_EQ(secretOf(sampleId(1)), secret);
+  EXPECT_NE(secret.substr(0, 16), secret.substr(16));  // the halves are independent hashes
+}
+
+TEST(DerivedSecret, EveryByteOfTheIdCounts) {
+  std::vector<unsigned char> id = sampleId(5);
+  std::set<std::string> seen = {secretOf(id)};
+  for (size_t byte = 0; byte < id.size(); ++byte) {
+    for (unsigned char bit : {0x01, 0x80}) {
+      std::vector<unsigned char> changed = id;
+      changed[byte] ^= bit;
+      std::string secret = secretOf(changed);
+      // Each half changes on its own, so neither half can be matched separately.
+      EXPECT_NE(secret.substr(0, 16), secretOf(id).substr(0, 16)) << byte;
+      EXPECT_NE(secret.substr(16), secretOf(id).substr(16)) << byte;
+      seen.insert(secret);
+    }
+  }
+  EXPECT_EQ(seen.size(), 1 + 2 * id.size());
+  // The all-zero id still gives a secret that is not all zeros.
+  EXPECT_NE(secretOf(std::vector<unsigned char>(128, 0)), std::string(32, '0'));
+}
+
+TEST(DerivedSecret, SaysNothingAboutTheCommHash) {
+  // Trace files and COMMS frames carry NCCL's commHash of the same id.
+  std::vector<unsigned char> id = sampleId(9);
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx",
+                static_cast<unsigned long long>(ncclwatch::trace::rootCommHash(id.data(), 128)));
+  std::string secret = secretOf(id);
+  EXPECT_EQ(secret.find(hash), std::string::npos);
+}
+
+TEST(DerivedSecret, FirstOfferedIdWinsAndIsSeenByAnotherThread) {
+  DerivedSecretText text;
+  EXPECT_FALSE(ncclwatch::watchdog::derivedSecret(text));
+  std::vector<unsigned char> first = sampleId(2), second = sampleId(3);
+  std::thread reader([&] {
+    DerivedSecretText seen;
+    while (!ncclwatch::watchdog::derivedSecret(seen)) std::this_thread::yield();
+    EXPECT_EQ(std::string(seen), secretOf(first));
+  });
+  ncclwatch::watchdog::offerUniqueIdForSecret(first.data(), first.size());
+  reader.join();
+  ncclwatch::watchdog::offerUniqueIdForSecret(second.data(), second.size());
+  ASSERT_TRUE(ncclwatch::watchdog::derivedSecret(text));
+  EXPECT_EQ(std::string(text), secretOf(first));
+  // A fork child keeps a finished secret: it belongs to the same job.
+  ncclwatch::watchdog::forgetUnfinishedSecretAfterFork();
+  ASSERT_TRUE(ncclwatch::watchdog::derivedSecret(text));
+  EXPECT_EQ(std::string(text), secretOf(first));
+}
+
+}  // namespace
