@@ -843,10 +843,13 @@ void JobAnalysis::checkDeadAndMissing() {
         aheadOrEqualSomewhere = true;
       }
     }
-    if (!behindSomewhere || aheadOrEqualSomewhere) continue;
     // A rank inside a call (its stream reached it, or a blocking lifecycle call) is waiting, not
-    // dead; a rank another verdict already blames is explained.
+    // dead; a rank another verdict already blames is explained. A process that is gone with
+    // nothing pending waits for nothing: behind on one comm is enough (its peers on another may
+    // have stopped there waiting for it too); a live one must be behind everywhere.
     uint32_t w = waitPoint(p);
+    bool goneIdle = !proc.alive && w == kNone;
+    if (!behindSomewhere || (aheadOrEqualSomewhere && !goneIdle)) continue;
     if (w != kNone &&
         (proc.rec(w).state == RecordState::kStarted || trace::isLifecycle(proc.rec(w).op))) {
       continue;

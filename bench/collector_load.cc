@@ -865,7 +865,10 @@ void LoadGenerator::handleLines(bool fromStdout, int64_t now) {
   if (!reader.open) return;
   reader.drain(&lines);
   for (const std::string& line : lines) {
-    if (!fromStdout) {
+    // Verdicts are printed on stderr (as for a launcher); the port line comes on stdout.
+    bool verdictText =
+        line.rfind("[ncclwatch] MISMATCH", 0) == 0 || line.find("(reported ") != std::string::npos;
+    if (!fromStdout && !verdictText) {
       if (stderrText_.size() < kMaxStderrBytes) stderrText_ += line + "\n";
       continue;
     }

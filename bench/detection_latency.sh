@@ -24,9 +24,13 @@ printf '%-6s %-7s %-14s %-8s %s\n' ranks bug verdict culprit "reported after the
 for ranks in "${sizes[@]}"; do
   for bug in skip op count dtype root extra peer color order exit crash; do
     dir="$work/$ranks-$bug"
-    out=$(timeout 120 "$cli" run --abort --dir "$dir" -- "$cli" launch -n "$ranks" -- "$loop" \
+    # A rank that exits or crashes is noticed by the launcher, which stops the job at once;
+    # --keep-going leaves the rest blocked, so that the collector's verdict is what ends it.
+    keep=()
+    [[ $bug == exit || $bug == crash ]] && keep=(--keep-going)
+    out=$(timeout 120 "$cli" run --abort --dir "$dir" -- "$cli" launch "${keep[@]}" -n "$ranks" -- "$loop" \
       --steps 8 --quiet --bug "$bug:rank=3,step=5" 2>&1 || true)
-    verdict=$(printf '%s\n' "$out" | sed -n 's/^\[ncclwatch\] \([A-Z_]*\) on comm.*/\1/p' | head -1)
+    verdict=$(printf '%s\n' "$out" | sed -n 's/^\[ncclwatch\] \([A-Z0-9_]*\) on comm.*/\1/p' | head -1)
     culprit=$(printf '%s\n' "$out" | sed -n 's/.*culprits\{0,1\} \([0-9,-]*\);.*/\1/p' | head -1)
     after=$(printf '%s\n' "$out" | sed -n 's/.*(reported \([0-9]*\) ms after the divergent call).*/\1 ms/p' | head -1)
     printf '%-6s %-7s %-14s %-8s %s\n' "$ranks" "$bug" "${verdict:-none}" "${culprit:--}" "${after:-?}"

@@ -743,7 +743,8 @@ std::string defaultPreload() {
 int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
   Collector collector;
   std::string error;
-  if (!collector.start(options, out, &error)) {
+  // Verdicts go to stderr, as a launcher's would; stdout says where the collector listens.
+  if (!collector.start(options, err, &error)) {
     err << "ncclwatch collect: " << error << "\n";
     return 2;
   }
@@ -793,10 +794,10 @@ int runJob(const RunOptions& options, std::ostream& out, std::ostream& err) {
   collectorOptions.directory = directory;
   collectorOptions.abortOnVerdict = options.abortOnVerdict;
   collectorOptions.quietMs = options.quietMs;
-  collectorOptions.colour = cli::useColour(-1, STDOUT_FILENO);
+  collectorOptions.colour = cli::useColour(-1, STDERR_FILENO);
   Collector collector;
   std::string error;
-  if (!collector.start(collectorOptions, out, &error)) {
+  if (!collector.start(collectorOptions, err, &error)) {
     err << "ncclwatch run: " << error << "\n";
     return 2;
   }

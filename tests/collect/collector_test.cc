@@ -327,3 +327,67 @@ TEST_F(CollectorTest, TheOddRankOutOfFourIsTheCulprit) {
   EXPECT_NE(line.find("\"culprits\":[2]"), std::string::npos) << line;
   for (int fd : agents) close(fd);
 }
+
+// Agents that come and go: a rank that finishes its calls and says BYE is not a dead rank while
+// its peer lingers; a rank whose connection drops without BYE while its peer waits for it is one
+// (after the reconnect grace and the quiet time: its process is not on this host to check).
+TEST(CollectorAgents, ARankThatEndsNormallyIsNotDeadOneThatVanishesIs) {
+  constexpr uint64_t kComm = 0x5150ull;
+  std::ostringstream out;
+  Collector collector;
+  ncclwatch::collect::Options options;
+  options.secret = "come-and-go";
+  options.quietMs = 300;
+  std::string error;
+  ASSERT_TRUE(collector.start(options, out, &error)) << error;
+  auto join = [&](int rank, const std::string& job,
+                  std::vector<ncclwatch::trace::CallRecord> calls) {
+    int fd = connectTo(collector.port());
+    std::vector<std::byte> frame;
+    wire::Hello h = hello("come-and-go", rank);
+    std::strcpy(h.jobId, job.c_str());
+    wire::encodeHello(h, frame);
+    ncclwatch::trace::CommInfo comm{};
+    comm.commHash = kComm + job.size();
+    comm.nranks = 2;
+    comm.rank = rank;
+    comm.color = -1;
+    std::vector<ncclwatch::trace::CommInfo> comms{comm};
+    wire::encodeComms(comms, frame);
+    for (auto& call : calls) call.commHash = comm.commHash;
+    wire::encodeRecords(2'000'000'000, calls, frame);
+    sendAll(fd, frame);
+    return fd;
+  };
+  auto completed = [](uint64_t seq) {
+    ncclwatch::trace::CallRecord call = allReduce(0, seq, 64);
+    call.ncclSeqNumber = seq - 1;
+    call.state = ncclwatch::trace::RecordState::kCompleted;
+    call.completeNs = call.startNs + 1000;
+    return call;
+  };
+  // Job "ends": both ranks complete two calls; rank 1 says BYE and leaves, rank 0 stays on.
+  int stays = join(0, "ends", {completed(1), completed(2)});
+  int leaves = join(1, "ends", {completed(1), completed(2)});
+  std::vector<std::byte> bye;
+  wire::encodeBye(bye);
+  sendAll(leaves, bye);
+  close(leaves);
+  // Job "vanishes": rank 0 waits in call 2, which rank 1 never issues; rank 1's connection drops.
+  ncclwatch::trace::CallRecord waiting = allReduce(0, 2, 64);
+  waiting.ncclSeqNumber = 1;
+  int waits = join(0, "vanishes", {completed(1), waiting});
+  int vanishes = join(1, "vanishes", {completed(1)});
+  std::this_thread::sleep_for(100ms);
+  close(vanishes);
+  ASSERT_TRUE(eventually([&] { return collector.counters().verdicts.load() >= 1; }, 8000ms))
+      << out.str();
+  std::this_thread::sleep_for(500ms);  // room for a wrong verdict on the other job
+  collector.stop();
+  std::string text = out.str();
+  EXPECT_NE(text.find("DEAD_RANK"), std::string::npos) << text;
+  EXPECT_NE(text.find("culprit 1"), std::string::npos) << text;
+  EXPECT_EQ(collector.counters().verdicts.load(), 1u) << text;  // nothing about job "ends"
+  close(stays);
+  close(waits);
+}
