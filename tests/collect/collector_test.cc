@@ -101,6 +101,29 @@ ncclwatch::trace::CallRecord allReduce(uint64_t comm, uint64_t seq, uint64_t cou
   return record;
 }
 
+// A fake agent: connects, says HELLO (job `job`, `world` ranks) and COMMS (one communicator of
+// `world` ranks), then sends `records` on it. Returns the connection.
+int joinAgent(int port, const std::string& secret, int rank, int world, const std::string& job,
+              uint64_t commHash, std::vector<ncclwatch::trace::CallRecord> records) {
+  int fd = connectTo(port);
+  std::vector<std::byte> frame;
+  wire::Hello h = hello(secret, rank);
+  h.world = world;
+  std::snprintf(h.jobId, sizeof h.jobId, "%s", job.c_str());
+  wire::encodeHello(h, frame);
+  ncclwatch::trace::CommInfo comm{};
+  comm.commHash = commHash;
+  comm.nranks = world;
+  comm.rank = rank;
+  comm.color = -1;
+  std::vector<ncclwatch::trace::CommInfo> comms{comm};
+  wire::encodeComms(comms, frame);
+  for (ncclwatch::trace::CallRecord& record : records) record.commHash = commHash;
+  if (!records.empty()) wire::encodeRecords(2'000'000'000, records, frame);
+  sendAll(fd, frame);
+  return fd;
+}
+
 class CollectorTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -156,23 +179,13 @@ TEST_F(CollectorTest, TwoRanksThatDivergeGetAMismatchAndAreAskedToDump) {
   constexpr uint64_t kComm = 0x1234abcd5678ef00ull;
   int agents[2];
   for (int rank = 0; rank < 2; ++rank) {
-    agents[rank] = connectTo(collector_.port());
-    std::vector<std::byte> frame;
-    wire::encodeHello(hello("s3cret-for-tests", rank), frame);
-    ncclwatch::trace::CommInfo comm{};
-    comm.commHash = kComm;
-    comm.nranks = 2;
-    comm.rank = rank;
-    comm.color = -1;
-    std::vector<ncclwatch::trace::CommInfo> comms{comm};
-    wire::encodeComms(comms, frame);
     // Both make call 1 alike; at call 2 rank 1 uses another count.
     std::vector<ncclwatch::trace::CallRecord> records{allReduce(kComm, 1, 1024),
                                                       allReduce(kComm, 2, rank ? 512 : 1024)};
     records[0].state = ncclwatch::trace::RecordState::kCompleted;
     records[0].completeNs = records[0].startNs + 1000;
-    wire::encodeRecords(2'000'000'000, records, frame);
-    sendAll(agents[rank], frame);
+    agents[rank] =
+        joinAgent(collector_.port(), "s3cret-for-tests", rank, 2, "fake-job", kComm, records);
   }
   ASSERT_TRUE(eventually([&] { return collector_.counters().verdicts.load() >= 1; })) << out_.str();
   EXPECT_EQ(collector_.counters().agents.load(), 2u);
@@ -258,25 +271,13 @@ TEST(WireFrames, SecretsCompareExactly) {
   EXPECT_FALSE(wire::secretMatches(h.secret, ""));
 }
 
-}  // namespace
-
 // A rank of a 4096-rank job keeps only its share of the collector's record budget, however
 // long it runs: the collector's memory is bounded by the budget, not by the job's length.
 TEST_F(CollectorTest, EachRankKeepsABoundedWindowOfItsCalls) {
   constexpr uint64_t kComm = 0x77ull;
-  int agent = connectTo(collector_.port());
+  // The default budget (1 Mi records) gives each rank of 4096 a window of 256.
+  int agent = joinAgent(collector_.port(), "s3cret-for-tests", 5, 4096, "fake-job", kComm, {});
   std::vector<std::byte> frame;
-  wire::Hello h = hello("s3cret-for-tests", 5);
-  h.world = 4096;  // the default budget (1 Mi records) gives each rank 256
-  wire::encodeHello(h, frame);
-  ncclwatch::trace::CommInfo comm{};
-  comm.commHash = kComm;
-  comm.nranks = 4096;
-  comm.rank = 5;
-  comm.color = -1;
-  std::vector<ncclwatch::trace::CommInfo> comms{comm};
-  wire::encodeComms(comms, frame);
-  sendAll(agent, frame);
   constexpr uint64_t kCalls = 5000;
   for (uint64_t first = 1; first <= kCalls; first += 1000) {
     std::vector<ncclwatch::trace::CallRecord> records;
@@ -300,23 +301,11 @@ TEST_F(CollectorTest, TheOddRankOutOfFourIsTheCulprit) {
   constexpr uint64_t kComm = 0x4242ull;
   std::vector<int> agents;
   for (int rank = 0; rank < 4; ++rank) {
-    agents.push_back(connectTo(collector_.port()));
-    std::vector<std::byte> frame;
-    wire::Hello h = hello("s3cret-for-tests", rank);
-    h.world = 4;
-    wire::encodeHello(h, frame);
-    ncclwatch::trace::CommInfo comm{};
-    comm.commHash = kComm;
-    comm.nranks = 4;
-    comm.rank = rank;
-    comm.color = -1;
-    std::vector<ncclwatch::trace::CommInfo> comms{comm};
-    wire::encodeComms(comms, frame);
     std::vector<ncclwatch::trace::CallRecord> records{allReduce(kComm, 1, 1024),
                                                       allReduce(kComm, 2, rank == 2 ? 96 : 1024)};
     records[1].ncclSeqNumber = 1;
-    wire::encodeRecords(2'000'000'000, records, frame);
-    sendAll(agents.back(), frame);
+    agents.push_back(
+        joinAgent(collector_.port(), "s3cret-for-tests", rank, 4, "fake-job", kComm, records));
   }
   ASSERT_TRUE(eventually([&] { return collector_.counters().verdicts.load() >= 1; })) << out_.str();
   collector_.stop();
@@ -342,22 +331,7 @@ TEST(CollectorAgents, ARankThatEndsNormallyIsNotDeadOneThatVanishesIs) {
   ASSERT_TRUE(collector.start(options, out, &error)) << error;
   auto join = [&](int rank, const std::string& job,
                   std::vector<ncclwatch::trace::CallRecord> calls) {
-    int fd = connectTo(collector.port());
-    std::vector<std::byte> frame;
-    wire::Hello h = hello("come-and-go", rank);
-    std::strcpy(h.jobId, job.c_str());
-    wire::encodeHello(h, frame);
-    ncclwatch::trace::CommInfo comm{};
-    comm.commHash = kComm + job.size();
-    comm.nranks = 2;
-    comm.rank = rank;
-    comm.color = -1;
-    std::vector<ncclwatch::trace::CommInfo> comms{comm};
-    wire::encodeComms(comms, frame);
-    for (auto& call : calls) call.commHash = comm.commHash;
-    wire::encodeRecords(2'000'000'000, calls, frame);
-    sendAll(fd, frame);
-    return fd;
+    return joinAgent(collector.port(), "come-and-go", rank, 2, job, kComm + job.size(), calls);
   };
   auto completed = [](uint64_t seq) {
     ncclwatch::trace::CallRecord call = allReduce(0, seq, 64);
@@ -391,3 +365,5 @@ TEST(CollectorAgents, ARankThatEndsNormallyIsNotDeadOneThatVanishesIs) {
   close(stays);
   close(waits);
 }
+
+}  // namespace
