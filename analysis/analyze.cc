@@ -10,6 +10,7 @@
 //     earlier calls on its stream complete): cycles are deadlocks, fully present heads are stuck,
 //     ranks the others wait for are missing or dead.
 #include "analysis/analyze.h"
+#include "analysis/stack_tree.h"
 
 #include <unistd.h>
 
@@ -120,6 +121,7 @@ class JobAnalysis {
   void checkInit();
   void checkStragglers();
   void finishVerdicts();
+  void addStackTops();
   void summarize(JobReport& report);
 
   Verdict make(VerdictKind kind, const Comm* comm, uint64_t seq) const {
@@ -142,6 +144,7 @@ class JobAnalysis {
     d.p2pSeq = r.p2pSeq;
     d.state = r.state;
     d.callSite = r.callSite;
+    d.threadId = r.threadId;
     d.commHash = r.commHash;
     return d;
   }
@@ -166,6 +169,17 @@ class JobAnalysis {
   std::unordered_map<uint64_t, int> commIndex_;
   std::vector<std::unordered_map<uint32_t, uint64_t>>
       pendingOrdinal_;  // per proc: pending record -> ordinal
+  // Sends and receives completed on either side: (comm, sender, receiver, p2pSeq), comm ranks.
+  std::set<std::tuple<uint64_t, int, int, uint64_t>> completedP2p_;
+  // The comm rank of proc `p` on the communicator `hash`, -1 if it is not a member.
+  int memberRank(int p, uint64_t hash) const {
+    auto c = commIndex_.find(hash);
+    if (c == commIndex_.end()) return -1;
+    for (const Member& m : comms_[c->second].members) {
+      if (m.proc == p) return m.commRank;
+    }
+    return -1;
+  }
   bool stalled_ = false;
   bool ended_ = false;
   int64_t jobLastActivity_ = 0;
@@ -182,6 +196,16 @@ uint32_t JobAnalysis::waitPoint(int p) const {
 }
 
 bool JobAnalysis::impliedDone(int p, uint32_t i) const {
+  const CallRecord& r = procs_[p].rec(i);
+  if (trace::isPointToPoint(r.op)) {
+    // A send or receive whose other side completed is done, whatever this side last recorded
+    // (a process that died right after may never have seen its own completion).
+    auto member = memberRank(p, r.commHash);
+    if (member < 0 || r.p2pSeq == 0) return false;
+    bool send = r.op == OpKind::kSend;
+    return completedP2p_.count({r.commHash, send ? member : r.rootOrPeer,
+                                send ? r.rootOrPeer : member, r.p2pSeq}) > 0;
+  }
   auto it = pendingOrdinal_[p].find(i);
   if (it == pendingOrdinal_[p].end()) return false;
   auto c = commIndex_.find(procs_[p].rec(i).commHash);
@@ -274,6 +298,11 @@ void JobAnalysis::buildComms() {
       }
       if (trace::isPointToPoint(r.op)) {
         m.p2p.push_back(i);
+        if (r.state == RecordState::kCompleted && r.p2pSeq != 0) {
+          bool send = r.op == OpKind::kSend;
+          completedP2p_.insert({r.commHash, send ? m.commRank : r.rootOrPeer,
+                                send ? r.rootOrPeer : m.commRank, r.p2pSeq});
+        }
         int64_t key = (static_cast<int64_t>(r.rootOrPeer) << 1) | (r.op == OpKind::kSend ? 1 : 0);
         uint64_t& mx = p2pMax[slot][key];
         if (r.p2pSeq > mx) {
@@ -1458,6 +1487,23 @@ void JobAnalysis::summarize(JobReport& report) {
             });
 }
 
+// Each class's first rank with a dump says where it was: the newest dump's frames of the thread
+// that issued the class's call (ranks of one class made the same call, so one speaks for all).
+void JobAnalysis::addStackTops() {
+  for (Verdict& verdict : verdicts_) {
+    for (RankClass& rankClass : verdict.classes) {
+      for (int rank : rankClass.ranks) {
+        auto proc = std::find_if(procs_.begin(), procs_.end(),
+                                 [rank](const Proc& p) { return p.rank == rank; });
+        if (proc == procs_.end() || proc->file->dumps.empty()) continue;
+        rankClass.stackTop =
+            stackTop(proc->file->dumps.back(), rankClass.call.threadId, proc->file->header.pid);
+        if (!rankClass.stackTop.empty()) break;
+      }
+    }
+  }
+}
+
 JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
   JobReport report;
   report.jobId = jobId;
@@ -1474,6 +1520,7 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
   checkGraph();
   checkStragglers();
   finishVerdicts();
+  addStackTops();
   report.stalled = stalled_;
   report.ended = ended_;
   for (const Proc& proc : procs_) {

@@ -35,6 +35,7 @@ struct CallDesc {
   uint64_t p2pSeq = 0;
   trace::RecordState state = trace::RecordState::kEmpty;
   uint64_t callSite = 0;
+  int threadId = 0;  // the thread that issued it
   uint64_t commHash =
       0;             // where the class is when it is elsewhere (another comm); else the verdict's
   std::string note;  // "never issued", "process ended", ... when there is no call
@@ -44,6 +45,10 @@ struct CallDesc {
 struct RankClass {
   std::vector<int> ranks;
   CallDesc call;
+  // Where the class's first rank was, from its newest dump when it has one: the innermost frames
+  // of the thread that issued the call outside NCCL, CUDA, libc and ncclwatch ("step ← train ←
+  // main"), and its innermost Python frame; empty when unknown.
+  std::string stackTop;
 };
 
 struct CommDesc {

@@ -250,6 +250,9 @@ void printVerdictText(const Verdict& v, std::ostream& out, const TextStyle& styl
       line += (rc.call.op != trace::OpKind::kUnknown ? ": " : "") + rc.call.note;
     }
     out << line << "\n";
+    if (!rc.stackTop.empty()) {
+      out << "  " << std::string(width + 2, ' ') << "in " << rc.stackTop << "\n";
+    }
   }
   if (!v.culprits.empty()) {
     out << "  culprit" << (v.culprits.size() == 1 ? " " : "s ") << formatRanks(v.culprits)
@@ -312,6 +315,8 @@ std::string verdictJson(const Verdict& v, const std::string& jobId, int attempt)
     jsonRanks(out, v.classes[i].ranks);
     out += ",\"call\":";
     jsonCall(out, v.classes[i].call);
+    out += ",\"stack_top\":";
+    jsonString(out, v.classes[i].stackTop);
     out += '}';
   }
   out += "],\"culprits\":";

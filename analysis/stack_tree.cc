@@ -205,6 +205,47 @@ int keyThreadOf(const trace::Dump& dump, int pid) {
   return dump.threads.empty() ? 0 : dump.threads.front().tid;
 }
 
+namespace {
+// Modules whose frames say how a call waits, not where the program is.
+bool isRuntimeModule(const std::string& module) {
+  std::string base = module.substr(module.find_last_of('/') + 1);
+  for (const char* prefix :
+       {"libncclwatch", "libnccl", "libcuda", "libcudart", "libc.so", "libc-", "libpthread",
+        "ld-linux", "libstdc++", "libgcc_s", "[vdso]", "linux-vdso"}) {
+    if (base.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+}  // namespace
+
+std::string stackTop(const trace::Dump& dump, int threadId, int pid, size_t frames) {
+  const trace::DumpThread* thread = nullptr;
+  int key = keyThreadOf(dump, pid);
+  for (const trace::DumpThread& candidate : dump.threads) {
+    if (candidate.tid == threadId) thread = &candidate;
+  }
+  for (const trace::DumpThread& candidate : dump.threads) {
+    if (thread == nullptr && candidate.tid == key) thread = &candidate;
+  }
+  std::string text;
+  size_t taken = 0;
+  if (thread != nullptr) {
+    for (const trace::DumpFrame& frame : thread->frames) {  // innermost first
+      if (taken == frames) break;
+      if (isRuntimeModule(frame.module) || frame.function.rfind("ncclwatch::", 0) == 0) continue;
+      text += (taken++ ? " \u2190 " : "") + frameLabel(frame, FrameKey::kFunction);
+    }
+  }
+  const trace::DumpPythonThread* python = nullptr;
+  for (const trace::DumpPythonThread& candidate : dump.pythonThreads) {
+    if (python == nullptr || candidate.current) python = &candidate;
+  }
+  if (python != nullptr && !python->frames.empty()) {
+    text += (text.empty() ? "py: " : " | py: ") + pythonFrameLabel(python->frames.front());
+  }
+  return text;
+}
+
 StackReport mergeStacks(std::span<const RankDump> input, const StackOptions& options) {
   StackReport report;
   report.options = options;

@@ -98,6 +98,11 @@ std::string pythonFrameLabel(const trace::DumpPythonFrame& frame);
 // findings, else the process's main thread (tid == pid), else the first thread; 0 if none.
 int keyThreadOf(const trace::Dump& dump, int pid);
 
+// The innermost `frames` native frames of thread `threadId` (else the dump's thread that
+// matters) that are not in NCCL, CUDA, the C/C++ runtimes or ncclwatch, innermost first joined
+// by " ← ", then " | py: " and the innermost frame of the current Python thread; "" if none.
+std::string stackTop(const trace::Dump& dump, int threadId, int pid, size_t frames = 3);
+
 // Merges the given ranks' dumps: trees, classes and notes (no suspects). Ranks must be unique.
 StackReport mergeStacks(std::span<const RankDump> ranks, const StackOptions& options);
 

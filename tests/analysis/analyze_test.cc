@@ -358,6 +358,44 @@ TEST(DeadRank, ProcessGoneWhileOthersWait) {
   EXPECT_EQ(find(job, VerdictKind::kMissing), nullptr) << text(report);
 }
 
+// Rank 2 died right after a send its peer received: its own record of the send never saw the
+// completion, but the send is done, so rank 2 waits for nothing and is the dead rank; and its
+// dump says where it was.
+TEST(DeadRank, AStaleSendOfTheDeadRankIsNotAWait) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  ranks[2].call(kWorld, OpKind::kSend, 64, RecordState::kStarted, 8 * kMs, kF32, 0, 3);
+  ranks[3].call(kWorld, OpKind::kRecv, 64, RecordState::kCompleted, 8 * kMs, kF32, 0, 2);
+  for (int r = 0; r < 4; ++r) {
+    if (r != 2) ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+  }
+  ncclwatch::trace::Dump dump;
+  dump.trigger = "signal";
+  ncclwatch::trace::DumpThread thread;
+  thread.tid = ranks[2].file().header.pid;
+  thread.name = "main";
+  for (auto [function, module] :
+       {std::pair{"raise", "/lib/libc.so.6"}, std::pair{"Trainer::step", "/app/train"},
+        std::pair{"main", "/app/train"}}) {
+    ncclwatch::trace::DumpFrame frame;
+    frame.function = function;
+    frame.module = module;
+    thread.frames.push_back(frame);
+  }
+  dump.threads.push_back(thread);
+  ranks[2].file().dumps.push_back(dump);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const JobReport& job = onlyJob(report);
+  ASSERT_FALSE(job.verdicts.empty()) << text(report);
+  const Verdict& v = job.verdicts[0];
+  EXPECT_EQ(v.kind, VerdictKind::kDeadRank) << text(report);
+  EXPECT_EQ(v.culprits, std::vector<int>{2});
+  ASSERT_EQ(v.classes.size(), 2u);
+  EXPECT_EQ(v.classes[1].stackTop, "Trainer::step \u2190 main") << text(report);
+  EXPECT_NE(text(report).find("in Trainer::step \u2190 main"), std::string::npos) << text(report);
+}
+
 TEST(InitHang, RankWithoutCommunicator) {
   auto ranks = world(3);
   ranks.emplace_back(3, 4);  // never finished ncclCommInitRank
