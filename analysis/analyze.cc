@@ -118,6 +118,7 @@ class JobAnalysis {
   void checkP2p();
   void checkDeadAndMissing();
   void checkGraph();
+  void checkStuckP2p(const std::vector<std::unordered_set<uint32_t>>& heads);
   void checkInit();
   void checkStragglers();
   void finishVerdicts();
@@ -1233,6 +1234,93 @@ void JobAnalysis::checkGraph() {
                       " and none completed it; it never started on " +
                       (notStarted.size() == 1 ? "rank " : "ranks ") + formatRanks(notStarted) +
                       ": GPU work queued before it on that stream never finished";
+    }
+    verdicts_.push_back(std::move(v));
+  }
+  if (reported.empty()) checkStuckP2p(heads);
+}
+
+// Stuck sends and receives: both sides of a pair at the heads of their streams, neither
+// completed. When several such pairs share one rank, that rank is where the transfer stalls.
+void JobAnalysis::checkStuckP2p(const std::vector<std::unordered_set<uint32_t>>& heads) {
+  for (const Comm& comm : comms_) {
+    std::vector<std::pair<int, uint32_t>> sides;  // (proc, record) of every stuck pair
+    std::map<int, int> pairsOf;                   // proc -> stuck pairs it is in
+    int pairs = 0;
+    bool anyStarted = false;
+    for (const Member& m : comm.members) {
+      for (uint32_t i : m.p2p) {
+        const CallRecord& send = procs_[m.proc].rec(i);
+        if (send.op != OpKind::kSend || !heads[m.proc].count(i)) continue;
+        auto pm = comm.byCommRank.find(send.rootOrPeer);
+        if (pm == comm.byCommRank.end()) continue;
+        const Member& other = comm.members[pm->second];
+        for (uint32_t j : other.p2p) {
+          const CallRecord& recv = procs_[other.proc].rec(j);
+          if (recv.op != OpKind::kRecv || recv.rootOrPeer != m.commRank ||
+              recv.p2pSeq != send.p2pSeq || !heads[other.proc].count(j)) {
+            continue;
+          }
+          sides.push_back({m.proc, i});
+          sides.push_back({other.proc, j});
+          ++pairsOf[m.proc];
+          ++pairsOf[other.proc];
+          ++pairs;
+          anyStarted |= send.state == RecordState::kStarted || recv.state == RecordState::kStarted;
+        }
+      }
+    }
+    if (pairs == 0) continue;
+    if (!anyStarted && comm.maxCompletedOrdinal == 0) continue;  // no completion info at all
+    Verdict v = make(VerdictKind::kStuck, &comm, UINT64_MAX);
+    std::vector<int> notStarted, inEvery;
+    int64_t since = 0;
+    std::set<std::pair<int, uint32_t>> seen;
+    for (const auto& side : sides) {
+      if (!seen.insert(side).second) continue;
+      const Proc& proc = procs_[side.first];
+      RankClass rc;
+      rc.ranks = {proc.rank};
+      rc.call = describe(proc, side.second);
+      rc.call.rootOrPeer = globalRank(comm, rc.call.rootOrPeer);
+      bool started = rc.call.state == RecordState::kStarted;
+      rc.call.note = started ? "started, never completed" : "issued, never started";
+      if (!started) notStarted.push_back(proc.rank);
+      v.seq = std::min(v.seq, rc.call.seq);
+      since = std::max(since, proc.wall(proc.rec(side.second).issueNs));
+      v.classes.push_back(std::move(rc));
+    }
+    for (auto [p, count] : pairsOf) {
+      if (count == pairs && pairs >= 2) inEvery.push_back(procs_[p].rank);
+    }
+    std::sort(v.classes.begin(), v.classes.end(), [](const RankClass& a, const RankClass& b) {
+      return std::tie(a.ranks, a.call.seq) < std::tie(b.ranks, b.call.seq);
+    });
+    if (v.classes.size() > 16) v.classes.resize(16);
+    std::sort(notStarted.begin(), notStarted.end());
+    notStarted.erase(std::unique(notStarted.begin(), notStarted.end()), notStarted.end());
+    v.divergenceNs = since;
+    std::string pairText =
+        std::to_string(pairs) + (pairs == 1 ? " send/receive pair" : " send/receive pairs");
+    if (!notStarted.empty()) {
+      v.culprits = notStarted;
+      v.explanation =
+          pairText + " issued on both sides and never completed; they never started on " +
+          std::string(notStarted.size() == 1 ? "rank " : "ranks ") + formatRanks(notStarted) +
+          ": GPU work queued before them on that stream never finished";
+    } else if (!inEvery.empty()) {
+      v.culprits = inEvery;
+      std::string who = (inEvery.size() == 1 ? "rank " : "ranks ") + formatRanks(inEvery);
+      v.explanation = pairText +
+                      " started on both sides and never completed, every one of them "
+                      "with " +
+                      who +
+                      ": its transfers stalled (check its GPU, links and NCCL_DEBUG=INFO "
+                      "logs)";
+    } else {
+      v.explanation = pairText +
+                      " started on both sides and never completed: the network or a "
+                      "GPU stalled (check NCCL_DEBUG=INFO logs, link errors, Xid messages)";
     }
     verdicts_.push_back(std::move(v));
   }

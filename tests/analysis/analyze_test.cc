@@ -320,6 +320,29 @@ TEST(Stuck, NeverStartedOnOneRank) {
 
 // Everyone issued everything and nothing completes: rank 0 takes A then B, rank 1 B then A, on
 // one stream each. That is an ordering deadlock, not a stuck call.
+// A ring exchange where rank 1's transfers stall: both pairs through rank 1 started on both sides
+// and never completed; rank 1, in every stuck pair, is the culprit.
+TEST(Stuck, TransfersStalledAtOneRankNameIt) {
+  auto ranks = world(3);
+  history(ranks, 2);
+  ranks[0].call(kWorld, OpKind::kSend, 512, RecordState::kStarted, 5 * kMs, kF32, 0, 1);
+  // Rank 1's receive and send are one group, as a ring exchange issues them.
+  ranks[1].call(kWorld, OpKind::kRecv, 512, RecordState::kStarted, 5 * kMs, kF32, 0, 0).flags |=
+      ncclwatch::trace::kRecordInGroup;
+  ranks[1].call(kWorld, OpKind::kSend, 512, RecordState::kStarted, 5 * kMs, kF32, 0, 2).flags |=
+      ncclwatch::trace::kRecordInGroup;
+  ranks[2].call(kWorld, OpKind::kRecv, 512, RecordState::kStarted, 5 * kMs, kF32, 0, 1);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const JobReport& job = onlyJob(report);
+  ASSERT_FALSE(job.verdicts.empty()) << text(report);
+  const Verdict& v = job.verdicts[0];
+  EXPECT_EQ(v.kind, VerdictKind::kStuck) << text(report);
+  EXPECT_EQ(v.culprits, std::vector<int>{1}) << text(report);
+  EXPECT_EQ(v.seq, 3u);
+  EXPECT_EQ(v.classes.size(), 4u);
+}
+
 TEST(Deadlock, OppositeOrderOnOneStream) {
   std::vector<Rank> ranks;
   for (int r = 0; r < 2; ++r) {

@@ -101,6 +101,25 @@ INSTANTIATE_TEST_SUITE_P(Bugs, LiveBug,
                            return bug.substr(0, bug.find(':'));
                          });
 
+// A transfer that stalls on one rank's stream (the sim's stall fault on rank 3's call #8 of the
+// world, a send/receive of its ring exchange): once the job has been quiet for the collector's
+// 3 s, a stuck verdict on the world names rank 3, in every stuck pair.
+TEST(LiveFault, AStalledTransferIsStuckAndNamesItsRank) {
+  std::string logs = testsupport::freshDirectory("live-stall");
+  testsupport::Output out = testsupport::command(
+      "NCCLSIM_FAULT=stall:rank=3,seq=8 LD_LIBRARY_PATH=" + testsupport::simLibDir() +
+      " timeout 120 " + kCli + " run --abort --dir " + logs + " -- " + kCli + " launch -n 8 -- " +
+      testsupport::buildDir() + "/examples/train_loop --steps 4 --quiet");
+  EXPECT_NE(out.status, 124) << out.text;
+  std::string verdicts = readFile(logs + "/verdicts.jsonl");
+  std::string first = verdicts.substr(0, verdicts.find('\n'));
+  EXPECT_NE(first.find("\"kind\":\"stuck\""), std::string::npos) << first << out.text;
+  EXPECT_NE(first.find("\"name\":\"world\""), std::string::npos) << first;
+  EXPECT_NE(first.find("\"seq\":8,"), std::string::npos) << first;
+  EXPECT_NE(first.find("\"culprits\":[3]"), std::string::npos) << first;
+  std::filesystem::remove_all(logs);
+}
+
 // The kinds of the verdicts in verdicts.jsonl.
 std::vector<std::string> verdictKinds(const std::string& path) {
   std::vector<std::string> kinds;
