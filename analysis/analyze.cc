@@ -1244,6 +1244,11 @@ void JobAnalysis::checkGraph() {
 // completed. When several such pairs share one rank, that rank is where the transfer stalls.
 void JobAnalysis::checkStuckP2p(const std::vector<std::unordered_set<uint32_t>>& heads) {
   for (const Comm& comm : comms_) {
+    // A communicator another verdict already explains (a mismatch, an unmatched send) is stuck
+    // because of it: saying so again would only be noise.
+    bool explained = false;
+    for (const Verdict& v : verdicts_) explained |= v.comm.hash == comm.hash;
+    if (explained) continue;
     std::vector<std::pair<int, uint32_t>> sides;  // (proc, record) of every stuck pair
     std::map<int, int> pairsOf;                   // proc -> stuck pairs it is in
     int pairs = 0;
