@@ -35,12 +35,13 @@ void addLaunch(CLI::App& app, ncclwatch::launch::Options& options, int& exitCode
   launch->add_option("-n,--ranks", options.ranks, "number of ranks")
       ->required()
       ->check(CLI::Range(1, 4096));
-  double graceSeconds = 5.0;
+  // Static: CLI11 writes the parsed values through these addresses after this function returns.
+  static double graceSeconds = 5.0;
   launch
       ->add_option("--grace", graceSeconds,
                    "seconds between SIGTERM and SIGKILL when stopping ranks (default 5)")
       ->check(CLI::Range(0.0, 3600.0));
-  bool noPrefix = false;
+  static bool noPrefix = false;
   launch->add_flag("--no-prefix", noPrefix, "do not prefix output lines with [rank R]");
   launch->add_flag("--keep-going", options.keepGoing,
                    "leave the other ranks running when one fails (watch what its failure does)");
@@ -49,7 +50,7 @@ void addLaunch(CLI::App& app, ncclwatch::launch::Options& options, int& exitCode
   ncclwatch launch -n 4 -- build/examples/train_loop --steps 5
   LD_PRELOAD=$PWD/build/lib/libncclwatch.so ncclwatch launch -n 8 -- python train.py
 Exit code: the first non-zero exit code of a rank (128+signal for a signal).)");
-  launch->callback([&options, &exitCode, &graceSeconds, &noPrefix] {
+  launch->callback([&options, &exitCode] {
     options.grace = std::chrono::milliseconds(static_cast<long>(graceSeconds * 1000));
     options.prefix = !noPrefix;
     exitCode = ncclwatch::launch::run(options);
