@@ -170,8 +170,24 @@ class JobAnalysis {
   std::unordered_map<uint64_t, int> commIndex_;
   std::vector<std::unordered_map<uint32_t, uint64_t>>
       pendingOrdinal_;  // per proc: pending record -> ordinal
-  // Sends and receives completed on either side: (comm, sender, receiver, p2pSeq), comm ranks.
-  std::set<std::tuple<uint64_t, int, int, uint64_t>> completedP2p_;
+  // Sends and receives by (comm, sender, receiver, p2pSeq) in comm ranks.
+  struct TransferKey {
+    uint64_t comm;
+    int sender;
+    int receiver;
+    uint64_t p2pSeq;
+    bool operator==(const TransferKey&) const = default;
+  };
+  struct TransferHash {
+    size_t operator()(const TransferKey& k) const {
+      uint64_t ranks = static_cast<uint64_t>(static_cast<uint32_t>(k.sender)) << 32 |
+                       static_cast<uint32_t>(k.receiver);
+      return static_cast<size_t>(
+          trace::mix64(k.comm ^ trace::mix64(ranks ^ trace::mix64(k.p2pSeq))));
+    }
+  };
+  std::unordered_set<TransferKey, TransferHash> pendingP2p_;    // pending on some side
+  std::unordered_set<TransferKey, TransferHash> completedP2p_;  // ... and completed on another
   // The comm rank of proc `p` on the communicator `hash`, -1 if it is not a member.
   int memberRank(int p, uint64_t hash) const {
     auto c = commIndex_.find(hash);
@@ -299,10 +315,10 @@ void JobAnalysis::buildComms() {
       }
       if (trace::isPointToPoint(r.op)) {
         m.p2p.push_back(i);
-        if (r.state == RecordState::kCompleted && r.p2pSeq != 0) {
+        if (pending && r.p2pSeq != 0) {
           bool send = r.op == OpKind::kSend;
-          completedP2p_.insert({r.commHash, send ? m.commRank : r.rootOrPeer,
-                                send ? r.rootOrPeer : m.commRank, r.p2pSeq});
+          pendingP2p_.insert({r.commHash, send ? m.commRank : r.rootOrPeer,
+                              send ? r.rootOrPeer : m.commRank, r.p2pSeq});
         }
         int64_t key = (static_cast<int64_t>(r.rootOrPeer) << 1) | (r.op == OpKind::kSend ? 1 : 0);
         uint64_t& mx = p2pMax[slot][key];
@@ -322,6 +338,22 @@ void JobAnalysis::buildComms() {
       if (pending) pendingOrdinal_[p][i] = ordinal;
       if (r.state == RecordState::kCompleted && trace::isCollective(r.op)) {
         comm.maxCompletedOrdinal = std::max(comm.maxCompletedOrdinal, ordinal);
+      }
+    }
+  }
+  // Which pending transfers the other side completed (a second pass: the other side may come
+  // first in the files). Only pending ones are kept: they are few, the completed ones millions.
+  if (!pendingP2p_.empty()) {
+    for (const Comm& comm : comms_) {
+      for (const Member& m : comm.members) {
+        for (uint32_t i : m.p2p) {
+          const CallRecord& r = procs_[m.proc].rec(i);
+          if (r.state != RecordState::kCompleted || r.p2pSeq == 0) continue;
+          bool send = r.op == OpKind::kSend;
+          TransferKey key{r.commHash, send ? m.commRank : r.rootOrPeer,
+                          send ? r.rootOrPeer : m.commRank, r.p2pSeq};
+          if (pendingP2p_.count(key)) completedP2p_.insert(key);
+        }
       }
     }
   }
@@ -843,6 +875,17 @@ void JobAnalysis::checkDeadAndMissing() {
   // will never issue what they wait for, so the job need not go quiet first.
   bool liveOnesWait = false;
   for (const Proc& proc : procs_) liveOnesWait |= proc.alive && proc.pending;
+  // Per comm the furthest any member got, and per process its memberships: the loop below is
+  // then linear in the memberships, not processes x members (4096 ranks share one world).
+  std::vector<uint64_t> furthest(comms_.size(), 0);
+  std::vector<std::vector<std::pair<const Comm*, const Member*>>> memberships(procs_.size());
+  for (size_t c = 0; c < comms_.size(); ++c) {
+    if (comms_[c].members.size() < 2) continue;
+    for (const Member& m : comms_[c].members) {
+      furthest[c] = std::max(furthest[c], m.lastOrdinal());
+      memberships[m.proc].push_back({&comms_[c], &m});
+    }
+  }
   // Dead (or silent) ranks: behind on every comm they share with others, nothing that explains
   // it pending, and the process gone, or alive but silent for quietNs.
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
@@ -854,15 +897,9 @@ void JobAnalysis::checkDeadAndMissing() {
     bool behindSomewhere = false, aheadOrEqualSomewhere = false;
     const Comm* where = nullptr;
     uint64_t whereOrdinal = 0;
-    for (const Comm& comm : comms_) {
-      if (comm.members.size() < 2) continue;
-      const Member* mine = nullptr;
-      uint64_t best = 0;
-      for (const Member& m : comm.members) {
-        if (m.proc == p) mine = &m;
-        best = std::max(best, m.lastOrdinal());
-      }
-      if (mine == nullptr) continue;
+    for (auto [commPointer, mine] : memberships[p]) {
+      const Comm& comm = *commPointer;
+      uint64_t best = furthest[static_cast<size_t>(commPointer - comms_.data())];
       if (mine->lastOrdinal() < best) {
         behindSomewhere = true;
         if (where == nullptr || comm.members.size() > where->members.size()) {
@@ -1583,14 +1620,19 @@ void JobAnalysis::summarize(JobReport& report) {
 // Each class's first rank with a dump says where it was: the newest dump's frames of the thread
 // that issued the class's call (ranks of one class made the same call, so one speaks for all).
 void JobAnalysis::addStackTops() {
+  std::unordered_map<int, const Proc*> withDump;  // rank -> its process, when it has a dump
+  for (const Proc& proc : procs_) {
+    if (!proc.file->dumps.empty()) withDump[proc.rank] = &proc;
+  }
+  if (withDump.empty()) return;
   for (Verdict& verdict : verdicts_) {
     for (RankClass& rankClass : verdict.classes) {
       for (int rank : rankClass.ranks) {
-        auto proc = std::find_if(procs_.begin(), procs_.end(),
-                                 [rank](const Proc& p) { return p.rank == rank; });
-        if (proc == procs_.end() || proc->file->dumps.empty()) continue;
+        auto found = withDump.find(rank);
+        if (found == withDump.end()) continue;
+        const Proc& proc = *found->second;
         rankClass.stackTop =
-            stackTop(proc->file->dumps.back(), rankClass.call.threadId, proc->file->header.pid);
+            stackTop(proc.file->dumps.back(), rankClass.call.threadId, proc.file->header.pid);
         if (!rankClass.stackTop.empty()) break;
       }
     }
