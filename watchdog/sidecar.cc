@@ -242,9 +242,9 @@ void Sidecar::spawn(const char* secret) {
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  // Verdicts go to rank 0's stderr, so its stdout (the collector prints verdicts there) joins
-  // it; the collector reads nothing, and inherits none of the host's other descriptors (a
-  // listening socket kept open by it would outlive the host).
+  // The collector prints verdicts on its stderr, rank 0's; its stdout (the "listening" line)
+  // joins it. It reads nothing, and inherits none of the host's other descriptors (a listening
+  // socket kept open by it would outlive the host).
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
   posix_spawn_file_actions_addclosefrom_np(&actions, STDERR_FILENO + 1);
