@@ -134,20 +134,7 @@ class JobAnalysis {
     return v;
   }
   CallDesc describe(const Proc& proc, uint32_t index) const {
-    const CallRecord& r = proc.rec(index);
-    CallDesc d;
-    d.op = r.op;
-    d.seq = r.seq;
-    d.count = r.count;
-    d.dtype = r.dtype;
-    d.redop = trace::hasReduction(r.op) ? r.redop : -1;
-    d.rootOrPeer = r.rootOrPeer;
-    d.p2pSeq = r.p2pSeq;
-    d.state = r.state;
-    d.callSite = r.callSite;
-    d.threadId = r.threadId;
-    d.commHash = r.commHash;
-    return d;
+    return describeCall(proc.rec(index));
   }
   int globalRank(const Comm& comm, int commRank) const {
     auto it = comm.byCommRank.find(commRank);
@@ -1701,9 +1688,24 @@ bool stillRunning(const trace::TraceFile& file) {
 
 }  // namespace
 
+CallDesc describeCall(const CallRecord& r) {
+  CallDesc d;
+  d.op = r.op;
+  d.seq = r.seq;
+  d.count = r.count;
+  d.dtype = r.dtype;
+  d.redop = trace::hasReduction(r.op) ? r.redop : -1;
+  d.rootOrPeer = r.rootOrPeer;
+  d.p2pSeq = r.p2pSeq;
+  d.state = r.state;
+  d.callSite = r.callSite;
+  d.threadId = r.threadId;
+  d.commHash = r.commHash;
+  return d;
+}
+
 bool runningHere(const trace::TraceFile& file) {
-  std::string fileHost(file.header.host, strnlen(file.header.host, sizeof file.header.host));
-  return fileHost == hostName() && stillRunning(file);
+  return onThisHost(file) && stillRunning(file);
 }
 
 bool onThisHost(const trace::TraceFile& file) {

@@ -137,6 +137,9 @@ struct Options {
 // Analyses every job (job id, attempt) in `files`; files that are not usable are skipped.
 Report analyze(std::span<const trace::TraceFile> files, const Options& options = {});
 
+// One record as the verdicts describe a call (redop -1 where the op has no reduction).
+CallDesc describeCall(const trace::CallRecord& record);
+
 // Whether the file's process runs on this host and still maps its trace file (pids are reused;
 // the mapping is not); onThisHost: whether it was written on this host at all.
 bool runningHere(const trace::TraceFile& file);

@@ -63,18 +63,6 @@ const char* stateWord(trace::RecordState state) {
   }
 }
 
-analysis::CallDesc describe(const trace::CallRecord& r) {
-  analysis::CallDesc call;
-  call.op = r.op;
-  call.seq = r.seq;
-  call.count = r.count;
-  call.dtype = r.dtype;
-  call.redop = r.redop;
-  call.rootOrPeer = r.rootOrPeer;
-  call.state = r.state;
-  return call;
-}
-
 // What the page centres on: the job, its first primary verdict, the communicator.
 struct Focus {
   const analysis::JobReport* job = nullptr;
@@ -259,7 +247,8 @@ void writeTimeline(const Focus& f, const std::map<int, const trace::TraceFile*>&
       double bw = std::max(3.0, x(bar.to) - bx);
       bool marked = r.seq == center;
       int by = y + 4 + static_cast<int>(r.seq - lo) * laneH;
-      std::string call = analysis::callText(describe(r)) + " #" + std::to_string(r.seq);
+      std::string call =
+          analysis::callText(analysis::describeCall(r)) + " #" + std::to_string(r.seq);
       out << "<g><title>"
           << escapeHtml("rank " + std::to_string(rank) + ": " + call + ", " + stateWord(r.state) +
                         ", issued +" + fixed((bar.from - t0) / 1e6, 2) + " ms" +
@@ -372,8 +361,9 @@ void writeRanks(const Focus& f, const std::map<int, const trace::TraceFile*>& ne
         continue;
       }
       out << (shown++ ? "<br>" : "")
-          << escapeHtml(analysis::callText(describe(r)) + " #" + std::to_string(r.seq) + " on " +
-                        analysis::shortHash(r.commHash) + " (" + stateWord(r.state) + ")");
+          << escapeHtml(analysis::callText(analysis::describeCall(r)) + " #" +
+                        std::to_string(r.seq) + " on " + analysis::shortHash(r.commHash) + " (" +
+                        stateWord(r.state) + ")");
     }
     if (more > 0) out << "<br>+" << more << " more";
     if (shown == 0) out << "none";
