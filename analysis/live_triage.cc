@@ -23,15 +23,8 @@ bool LiveTriage::observe(const trace::CallRecord& record, int64_t wallNs) {
   // legitimately differ between ranks, do not shift it.
   auto [slot, added] = comm.open.try_emplace(record.ncclSeqNumber);
   Open& open = slot->second;
-  bool diverges = false;
-  if (added) {
-    open.fingerprint = record.fingerprint;
-  } else if (open.fingerprint != record.fingerprint) {
-    diverges = true;
-    if (std::find(divergent_.begin(), divergent_.end(), record.commHash) == divergent_.end()) {
-      divergent_.push_back(record.commHash);
-    }
-  }
+  if (added) open.fingerprint = record.fingerprint;
+  bool diverges = open.fingerprint != record.fingerprint;
   if (++open.reported >= comm.size) {
     comm.open.erase(slot);  // every member agreed (or the divergence is already noted)
   } else if (comm.open.size() > maxOpen_) {
@@ -43,12 +36,6 @@ bool LiveTriage::observe(const trace::CallRecord& record, int64_t wallNs) {
 
 void LiveTriage::observeUpdate(int64_t wallNs) {
   lastActivityNs_ = std::max(lastActivityNs_, wallNs);
-}
-
-std::vector<uint64_t> LiveTriage::takeDivergent() {
-  std::vector<uint64_t> taken;
-  taken.swap(divergent_);
-  return taken;
 }
 
 size_t LiveTriage::openOrdinals() const {

@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <map>
 #include <unordered_map>
-#include <vector>
 
 #include "trace/ring_format.h"
 
@@ -31,8 +30,6 @@ class LiveTriage {
   // A record seen again with a newer state: only its times count, as activity.
   void observeUpdate(int64_t wallNs);
 
-  // Communicators whose members disagreed since the last call, and forget them.
-  std::vector<uint64_t> takeDivergent();
   int64_t lastActivityNs() const { return lastActivityNs_; }
   size_t openOrdinals() const;  // (comm, ordinal) pairs some but not all members reported
   uint64_t forgotten() const { return forgotten_; }
@@ -48,7 +45,6 @@ class LiveTriage {
   };
   size_t maxOpen_;
   std::unordered_map<uint64_t, Comm> comms_;
-  std::vector<uint64_t> divergent_;
   int64_t lastActivityNs_ = 0;
   uint64_t forgotten_ = 0;
 };

@@ -526,10 +526,6 @@ bool Collector::State::culpritsGoneForSure(const analysis::Verdict& verdict,
 void Collector::State::maybeAnalyze(int64_t now) {
   if (now < nextCheckNs) return;
   nextCheckNs = now + options.analyzeEveryMs * kMs;
-  for (uint64_t comm : triage.takeDivergent()) {
-    (void)comm;
-    wanted = true;
-  }
   // Time-based verdicts (missing, stuck, deadlock, dead rank) need passes while nothing moves.
   bool quiet = counters.connected.load() > 0 && triage.lastActivityNs() > 0 &&
                realtimeNs() - triage.lastActivityNs() >= options.quietMs * kMs;
