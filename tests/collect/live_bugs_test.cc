@@ -30,10 +30,7 @@ void PrintTo(const Expect& e, std::ostream* out) {
   *out << e.bug;
 }
 
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using testsupport::readFile;
 
 // Runs train_loop on 8 ranks under `ncclwatch run`; returns the job's output and exit status.
 // `launchFlags` "--keep-going": the ranks a failed rank leaves behind stay blocked, as under a

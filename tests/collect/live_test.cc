@@ -38,10 +38,7 @@ std::pair<std::string, int> shell(const std::string& command) {
   return {out.text, out.status};
 }
 
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using testsupport::readFile;
 
 TEST(LiveCollector, SkipBugIsNamedWhileTheJobHangsAndAbortEndsIt) {
   std::string logs = testsupport::freshDirectory("live-skip");

@@ -28,10 +28,7 @@ using Clock = std::chrono::steady_clock;
 
 const std::string kCli = NCCLWATCH_BINARY;
 
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using testsupport::readFile;
 
 // `ncclwatch launch` in the background, its output (every rank's, unprefixed) in a file.
 class Launch {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 namespace testsupport {
 
@@ -28,6 +30,11 @@ std::vector<ncclwatch::trace::TraceFile> readTraceFiles(const std::string& direc
   std::sort(files.begin(), files.end(),
             [](const auto& a, const auto& b) { return a.header.rank < b.header.rank; });
   return files;
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 }  // namespace testsupport

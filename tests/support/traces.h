@@ -11,6 +11,9 @@ namespace testsupport {
 // `create`, else left for the library to create (as NCCLWATCH_DIR).
 std::string freshDirectory(const std::string& name, bool create = false);
 
+// The whole text of a file (verdicts.jsonl, a captured output); empty when it cannot be read.
+std::string readFile(const std::string& path);
+
 // Every *.ncclwatch file in `directory`, read, ordered by rank; none when it does not exist.
 std::vector<ncclwatch::trace::TraceFile> readTraceFiles(const std::string& directory);
 
