@@ -335,9 +335,7 @@ StackReport mergeStacks(std::span<const RankDump> input, const StackOptions& opt
   return report;
 }
 
-StackReport stackReport(std::span<const trace::TraceFile> files, const Report& analysed,
-                        const StackOptions& options) {
-  // The newest process of each rank, and its newest dump.
+std::map<int, const trace::TraceFile*> newestByRank(std::span<const trace::TraceFile> files) {
   std::map<int, const trace::TraceFile*> newest;
   for (const trace::TraceFile& file : files) {
     if (!file.usable || file.header.rank < 0) continue;
@@ -346,6 +344,13 @@ StackReport stackReport(std::span<const trace::TraceFile> files, const Report& a
       it->second = &file;
     }
   }
+  return newest;
+}
+
+StackReport stackReport(std::span<const trace::TraceFile> files, const Report& analysed,
+                        const StackOptions& options) {
+  // The newest process of each rank, and its newest dump.
+  std::map<int, const trace::TraceFile*> newest = newestByRank(files);
   std::vector<RankDump> ranks;
   ranks.reserve(newest.size());
   for (const auto& [rank, file] : newest) {

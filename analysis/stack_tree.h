@@ -10,6 +10,7 @@
 // Python frames onto a native path would be a guess. The native tree decides the classes.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <ostream>
 #include <span>
 #include <string>
@@ -105,6 +106,9 @@ std::string stackTop(const trace::Dump& dump, int threadId, int pid, size_t fram
 
 // Merges the given ranks' dumps: trees, classes and notes (no suspects). Ranks must be unique.
 StackReport mergeStacks(std::span<const RankDump> ranks, const StackOptions& options);
+
+// The newest usable file (latest start) of each rank with a known rank.
+std::map<int, const trace::TraceFile*> newestByRank(std::span<const trace::TraceFile> files);
 
 // From trace files: the newest dump of each rank, merged; suspects ordered from the records on
 // the communicator of the report's first primary verdict (or the largest communicator).

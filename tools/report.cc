@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "analysis/describe.h"
+#include "analysis/stack_tree.h"
 #include "stacks.h"
 
 namespace ncclwatch::report {
@@ -96,19 +97,6 @@ Focus focusOf(const analysis::Report& report) {
 bool isCulprit(const Focus& f, int rank) {
   return f.verdict != nullptr && std::find(f.verdict->culprits.begin(), f.verdict->culprits.end(),
                                            rank) != f.verdict->culprits.end();
-}
-
-// The newest file of each rank.
-std::map<int, const trace::TraceFile*> newestByRank(std::span<const trace::TraceFile> files) {
-  std::map<int, const trace::TraceFile*> newest;
-  for (const trace::TraceFile& file : files) {
-    if (!file.usable || file.header.rank < 0) continue;
-    auto [it, inserted] = newest.try_emplace(file.header.rank, &file);
-    if (!inserted && file.header.anchorRealtimeNs > it->second->header.anchorRealtimeNs) {
-      it->second = &file;
-    }
-  }
-  return newest;
 }
 
 void writeVerdicts(const analysis::JobReport& job, std::ostream& out) {
@@ -424,7 +412,7 @@ std::string escapeHtml(std::string_view text) {
 void writeHtml(std::span<const trace::TraceFile> files, const analysis::Report& report,
                const analysis::StackReport& stacks, std::ostream& out) {
   Focus f = focusOf(report);
-  auto newest = newestByRank(files);
+  auto newest = analysis::newestByRank(files);
   std::string title = "ncclwatch report";
   if (f.job != nullptr && !f.job->jobId.empty()) title += ": " + f.job->jobId;
   out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
