@@ -41,10 +41,10 @@ ncclResult_t finishRootInit(ncclResult_t result, ncclComm_t comm, const ncclUniq
   Recorder* recorder = Recorder::get();
   if (recorder == nullptr) return result;
   // Before the watchdog starts below, so that its first step already has the secret.
-  if (sharedId && accepted(result)) watchdog::offerUniqueIdForSecret(&id, sizeof id);
   CommCreation creation;
   creation.comm = comm;
   creation.hash = trace::rootCommHash(&id, sizeof id);
+  if (sharedId && accepted(result)) watchdog::offerCommHashForSecret(creation.hash);
   creation.nranks = nranks;
   creation.rank = rank;
   CommEntry* entry = nullptr;

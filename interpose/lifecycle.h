@@ -22,7 +22,11 @@ ncclResult_t recordAndCall(ncclComm_t comm, const CallDescription& call, CallRea
   }
   bool ranged = recorder != nullptr && nvtxRangesEnabled();
   if (ranged) nvtxPushCall(call.op, issued.commHash, issued.seq, call.count, call.dtype);
-  ncclResult_t result = callReal();
+  ncclResult_t result;
+  {
+    CallInProgress inProgress(recorder != nullptr ? &issued : nullptr);
+    result = callReal();
+  }
   if (ranged) nvtxPopCall();
   if (recorder != nullptr) recorder->finish(issued, comm, result);
   return result;

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "interpose/forward.h"
+#include "plugin/plugin.h"
 #include "trace/clock.h"
 #include "trace/fingerprint.h"
 #include "trace/ring_writer.h"
@@ -90,6 +91,7 @@ NCCLWATCH_TLS int t_threadId = 0;
 NCCLWATCH_TLS bool t_haveNestedId = false;
 NCCLWATCH_TLS ncclUniqueId t_nestedId;
 NCCLWATCH_TLS ThreadBatches* t_batches = nullptr;
+NCCLWATCH_TLS const IssuedCall* t_callInProgress = nullptr;
 pthread_key_t g_batchesKey;
 std::once_flag g_batchesKeyOnce;
 
@@ -283,11 +285,24 @@ CallScope::~CallScope() {
 int groupDepth() {
   return t_groupDepth;
 }
+bool insideWrapper() {
+  return t_callDepth > 0;
+}
 void enterGroup() {
   ++t_groupDepth;
 }
 void leaveGroup() {
   if (t_groupDepth > 0) --t_groupDepth;
+}
+
+const IssuedCall* callInProgress() {
+  return t_callInProgress;
+}
+CallInProgress::CallInProgress(const IssuedCall* call) : previous_(t_callInProgress) {
+  t_callInProgress = call;
+}
+CallInProgress::~CallInProgress() {
+  t_callInProgress = previous_;
 }
 
 void rememberNestedUniqueId(const ncclUniqueId& id) {
@@ -344,9 +359,15 @@ Recorder* Recorder::start() {
     return nullptr;
   }
   state->agentOptions = agentOptionsFromEnvironment(info);
+  // NCCL's own pncclGetVersion: a statically linked NCCL (plugin-only mode) has none to find.
   int version = 0;
-  ncclGetVersion(&version);  // through our own forwarding wrapper
+  if (auto* getVersion =
+          reinterpret_cast<decltype(&::pncclGetVersion)>(resolveReal("pncclGetVersion"))) {
+    getVersion(&version);
+  }
   state->writer.setNcclLibrary(version, realNcclPath());
+  std::string pluginNote = plugin::takeStartupNote();
+  if (!pluginNote.empty()) std::fprintf(stderr, "[ncclwatch] %s\n", pluginNote.c_str());
   instance_.store(state, std::memory_order_release);
   return state;
 }
@@ -397,6 +418,14 @@ CommEntry* Recorder::add(const CommCreation& creation) {
     return &entry;
   }
   return nullptr;  // table full: calls on it are recorded without a communicator
+}
+
+CommEntry* Recorder::findByHash(uint64_t hash) {
+  auto* state = static_cast<State*>(this);
+  for (CommEntry& entry : state->comms) {
+    if (entry.hash == hash && entry.key.load(std::memory_order_acquire) != nullptr) return &entry;
+  }
+  return nullptr;
 }
 
 void Recorder::forget(ncclComm_t comm) {
@@ -504,11 +533,12 @@ IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
   record.rootOrPeer = call.rootOrPeer;
   record.stream = call.stream;
   record.callSite = call.callSite;
-  record.issueNs = trace::FastClock::nowNs();
-  record.threadId = threadId();
-  record.groupDepth = static_cast<uint16_t>(t_groupDepth);
+  record.issueNs = call.issueNs != 0 ? call.issueNs : trace::FastClock::nowNs();
+  record.threadId = call.threadId != 0 ? call.threadId : threadId();
+  int depth = call.groupDepth >= 0 ? call.groupDepth : t_groupDepth;
+  record.groupDepth = static_cast<uint16_t>(depth);
   record.state = trace::RecordState::kIssued;
-  record.flags = t_groupDepth > 0 ? trace::kRecordInGroup : 0;
+  record.flags = static_cast<uint8_t>((depth > 0 ? trace::kRecordInGroup : 0) | call.extraFlags);
   record.commHash = call.commHash;
   if (comm != nullptr) {
     record.commHash = comm->hash;
@@ -547,7 +577,7 @@ IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
   // Completion: events around the call, or at the outermost GroupEnd for grouped calls.
   watchdog::CompletionTracker* completion = state->completion.load(std::memory_order_acquire);
   bool tracked = false;
-  if (completion != nullptr && tracksCompletion(call.op)) {
+  if (completion != nullptr && call.eventsAllowed && tracksCompletion(call.op)) {
     watchdog::StreamCheck check = completion->checkStream(call.stream);
     if (check == watchdog::StreamCheck::kCaptured) {
       record.flags |= trace::kRecordCaptured;
@@ -562,7 +592,9 @@ IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
       }
     }
   }
-  if (!tracked) record.flags |= trace::kRecordNoEvents;
+  if (!tracked && (call.extraFlags & trace::kRecordKernelTracked) == 0) {
+    record.flags |= trace::kRecordNoEvents;
+  }
   issued.index = state->writer.append(record);
   if (issued.inGroupBatch) addToBatch(t_batches->group, issued);
   return issued;
@@ -674,6 +706,10 @@ void Recorder::communicatorAborted(uint64_t commHash) {
   if (watchdog::CompletionTracker* completion = state->completion.load()) {
     completion->markAborted(commHash);
   }
+}
+
+trace::RingWriter& Recorder::writer() {
+  return static_cast<State*>(this)->writer;
 }
 
 const char* Recorder::tracePath() const {

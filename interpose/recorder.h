@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "trace/record.h"
+#include "trace/ring_writer.h"
 #include "watchdog/completion.h"
 
 namespace ncclwatch::interpose {
@@ -54,6 +55,14 @@ struct CallDescription {
   uint64_t callSite = 0;
   bool countsInSequence = true;  // false for init: a comm's seq starts with its first operation
   uint64_t commHash = 0;         // used when there is no CommEntry (e.g. a failed init)
+  // Set by the profiler plugin, which sees a call after the fact on another thread: the call's
+  // own time and thread (0: now, this thread), its group depth (-1: this thread's), record
+  // flags to add, and whether CUDA events may track it (the plugin's KernelCh events do).
+  int64_t issueNs = 0;
+  int threadId = 0;
+  int groupDepth = -1;
+  uint8_t extraFlags = 0;
+  bool eventsAllowed = true;
 };
 
 // What issue() decided for a call, carried to finish() after the real call returned.
@@ -83,6 +92,9 @@ class Recorder {
   static void forgetAfterFork();
 
   CommEntry* find(ncclComm_t comm);
+  // The live entry of a communicator by its hash (a linear scan: for the plugin's first event
+  // on a communicator, never per call).
+  CommEntry* findByHash(uint64_t hash);
   CommEntry* add(const CommCreation& creation);
   void forget(ncclComm_t comm);
 
@@ -108,6 +120,8 @@ class Recorder {
   void abortByHash(uint64_t commHash);
 
   const char* tracePath() const;
+  // The ring, for the plugin's progress source (watchdog thread) and its recording-source bit.
+  trace::RingWriter& writer();
 
  private:
   Recorder() = default;
@@ -130,8 +144,23 @@ class CallScope {
 };
 
 int groupDepth();
+// Whether this thread is inside one of our NCCL wrappers (any CallScope).
+bool insideWrapper();
 void enterGroup();
 void leaveGroup();
+
+// The call an interposer wrapper is making on this thread, while it is inside the real NCCL
+// function: the profiler plugin's API events on the same thread belong to it (combined mode:
+// one record per call, enriched with NCCL's own progress). Null outside a wrapper.
+const IssuedCall* callInProgress();
+class CallInProgress {
+ public:
+  explicit CallInProgress(const IssuedCall* call);
+  ~CallInProgress();
+
+ private:
+  const IssuedCall* previous_;
+};
 
 // The unique id that NCCL's ncclCommInitAll obtained through our ncclGetUniqueId wrapper, so
 // that its communicators get their real commHash.

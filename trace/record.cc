@@ -1,5 +1,7 @@
 #include "record.h"
 
+#include "trace/ring_format.h"
+
 namespace ncclwatch::trace {
 
 const char* opName(OpKind op) {
@@ -68,6 +70,7 @@ int dtypeBytes(int dtype) {
 std::string redopName(int redop) {
   static const char* const kNames[] = {"sum", "prod", "max", "min", "avg"};
   if (redop >= 0 && redop < 5) return kNames[redop];
+  if (redop == kRedopUnknown) return "?";
   return "premulsum#" + std::to_string(redop);
 }
 
@@ -87,6 +90,25 @@ const char* stateName(RecordState state) {
       return "aborted";
   }
   return "?";
+}
+
+const char* proxyStepStateName(uint8_t state) {
+  // NCCL's profiler state numbers (plugin/abi/profiler_abi.h); only the numbers are ABI.
+  switch (state) {
+    case 8:
+      return "SendGPUWait";
+    case 9:
+      return "SendWait";
+    case 10:
+      return "RecvWait";
+    case 11:
+      return "RecvFlushWait";
+    case 12:
+      return "RecvGPUWait";
+    case 20:
+      return "SendPeerWait";
+  }
+  return "";
 }
 
 }  // namespace ncclwatch::trace

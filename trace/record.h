@@ -49,13 +49,21 @@ enum RecordFlags : uint8_t {
   kRecordCaptured = 1 << 0,  // issued during stream capture: no completion events
   kRecordInGroup = 1 << 1,   // issued between ncclGroupStart and ncclGroupEnd
   kRecordNoEvents = 1 << 2,  // completion not tracked (events off or unavailable)
+  // Built from NCCL's profiler-plugin events (no LD_PRELOAD wrapper saw the call): the redop
+  // is unknown (kRedopUnknown) and the call site is 0.
+  kRecordFromPlugin = 1 << 3,
+  // The plugin's KernelCh events tell this record's GPU start and completion.
+  kRecordKernelTracked = 1 << 4,
 };
+
+// CallRecord::redop when the call's reduction is not known (profiler events do not carry it).
+inline constexpr uint8_t kRedopUnknown = 0xff;
 
 const char* opName(OpKind op);
 // Names of the NCCL enum values a record holds, as the CLI, dumps and verdicts print them.
 const char* dtypeName(int dtype);  // ncclDataType_t: "float", "bfloat16", ...; "?" if unknown
 int dtypeBytes(int dtype);         // bytes per element; 0 if unknown
-std::string redopName(int redop);  // ncclRedOp_t: "sum", ...; "premulsum#N" for handles
+std::string redopName(int redop);  // ncclRedOp_t: "sum", ...; "premulsum#N"; "?" unknown
 const char* stateName(RecordState state);
 // Inline: the recorder asks these on every call.
 inline constexpr bool isCollective(OpKind op) {

@@ -44,6 +44,45 @@ struct CommInfo {
 };
 static_assert(sizeof(CommInfo) == 128);
 
+// How a process saw its NCCL calls (RingHeader::recordingSources bits).
+enum RecordingSource : uint32_t {
+  kSourceInterposer = 1u << 0,  // the LD_PRELOAD wrappers
+  kSourcePlugin = 1u << 1,      // NCCL's profiler-plugin events
+};
+
+// States of an operation's kernel as the plugin's KernelCh events tell (WaitNote::kernel).
+enum class KernelState : uint8_t {
+  kUnknown = 0,     // no KernelCh events (plugin absent, or the mask lacks them)
+  kNotStarted = 1,  // no channel has started: the GPU has not reached the operation
+  kRunning = 2,     // some channel started, not every started channel stopped
+  kStopped = 3,     // every channel stopped
+};
+
+// Where one pending call waits inside NCCL: its kernel's channels and, when NCCL reports
+// network proxy progress, the step that waits longest. 64 bytes.
+struct WaitNote {
+  uint64_t commHash;
+  uint64_t seq;            // the call's seq on the comm (ours)
+  uint64_t ncclSeqNumber;  // NCCL's per-type counter, as the record holds it
+  int64_t sinceNs;         // CLOCK_MONOTONIC: when the step entered `stepState` (else the
+                           // kernel its state)
+  int64_t updatedNs;       // CLOCK_MONOTONIC: when the note was written
+  int32_t channel;         // the waiting step's channel, or a started channel; -1 unknown
+  int32_t peer;            // the step's peer rank on the comm; -1 unknown
+  int32_t step;            // the step number; -1 when no proxy step is known
+  uint8_t stepState;       // NCCL's profiler state number (8-12, 20); 0 none
+  uint8_t isSend;          // 1: the step sends to `peer`; 0: receives from it
+  KernelState kernel;
+  uint8_t channelsStarted;
+  uint8_t channelsStopped;
+  uint8_t nChannels;  // as NCCL announced for the operation; 0 unknown
+  uint8_t reserved[6];
+};
+static_assert(sizeof(WaitNote) == 64);
+inline constexpr uint32_t kWaitNoteCapacity = 32;
+// "SendPeerWait", "RecvWait", ... for a WaitNote::stepState; "" for 0 and unknown numbers.
+const char* proxyStepStateName(uint8_t state);
+
 // The header's fixed fields. Counters written while the process runs are 64-bit aligned so that
 // the writer can update them with atomic operations on the mapping.
 struct RingHeader {
@@ -77,8 +116,15 @@ struct RingHeader {
   // process and the thread that took it; 0 otherwise.
   int32_t fatalSignal;
   int32_t fatalThread;
-  uint8_t reserved1[512 - 504];
+  // RecordingSource bits: how this process saw its NCCL calls (0 in files before the plugin).
+  uint32_t recordingSources;
+  // Seqlock word of `waits` (odd while the watchdog rewrites it): a reader copies the table
+  // between two equal even reads.
+  uint32_t waitsVersion;
   CommInfo comms[kCommTableCapacity];
+  // Where pending calls wait inside NCCL, as the profiler plugin last saw it (watchdog thread);
+  // empty entries have commHash 0. Files written before the plugin have zeros here.
+  WaitNote waits[kWaitNoteCapacity];
 };
 static_assert(offsetof(RingHeader, droppedRecords) == 80);
 static_assert(offsetof(RingHeader, traceMode) == 92);
@@ -87,7 +133,9 @@ static_assert(offsetof(RingHeader, jobId) == 416);
 static_assert(offsetof(RingHeader, persistedRecords) == 480);
 static_assert(offsetof(RingHeader, persistedBytes) == 488);
 static_assert(offsetof(RingHeader, fatalSignal) == 496);
+static_assert(offsetof(RingHeader, recordingSources) == 504);
 static_assert(offsetof(RingHeader, comms) == 512);
+static_assert(offsetof(RingHeader, waits) == 512 + kCommTableCapacity * sizeof(CommInfo));
 static_assert(sizeof(RingHeader) <= kRingHeaderBytes);
 static_assert(std::is_trivially_copyable_v<RingHeader>);
 

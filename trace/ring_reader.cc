@@ -34,6 +34,28 @@ bool copyStableSlot(const std::byte* slot, CallRecord* out) {
   return false;
 }
 
+// The header's wait notes, copied between two equal even reads of their seqlock word.
+void readWaits(std::span<const std::byte> bytes, TraceFile& file) {
+  if (bytes.size() < offsetof(RingHeader, waits) + sizeof(RingHeader::waits)) return;
+  const std::byte* version = bytes.data() + offsetof(RingHeader, waitsVersion);
+  const std::byte* table = bytes.data() + offsetof(RingHeader, waits);
+  WaitNote notes[kWaitNoteCapacity];
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    uint32_t before, after;
+    std::memcpy(&before, version, sizeof before);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    std::memcpy(notes, table, sizeof notes);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    std::memcpy(&after, version, sizeof after);
+    if (before != after || (before & 1u) != 0) continue;
+    for (const WaitNote& note : notes) {
+      if (note.commHash != 0) file.waits.push_back(note);
+    }
+    return;
+  }
+  problem(file, offsetof(RingHeader, waits), "wait notes torn: their writer was inside them");
+}
+
 // Field checks of one record but its ringIndex: the first invalid field, or empty when valid.
 std::string invalidContent(const CallRecord& record) {
   if (record.op == OpKind::kUnknown || record.op >= OpKind::kCount) return "op out of range";
@@ -286,6 +308,8 @@ TraceFile parseTrace(std::span<const std::byte> bytes, const std::string& path) 
     }
     file.comms.push_back(comm);
   }
+
+  readWaits(bytes, file);
 
   const std::byte* slots = bytes.data() + kRingHeaderBytes;
   for (uint64_t i = 0; i < file.slotsPresent; ++i) {

@@ -36,6 +36,8 @@ struct TraceFile {
   // Ring indices below max(nextIndex, last index + 1) with no valid record: the writer's
   // droppedRecords plus whatever damage, truncation or a crash cost. 0 in ring mode.
   uint64_t lostRecords = 0;
+  // Where pending calls waited inside NCCL (the profiler plugin's wait notes), as last written.
+  std::vector<WaitNote> waits;
   // Dumps the watchdog wrote after the ring (hang, signal, request, exit), oldest first.
   std::vector<Dump> dumps;
   std::vector<TraceProblem> problems;

@@ -244,6 +244,28 @@ void RingWriter::setRank(int rank, int world, int localRank) {
   header_->localRank = localRank;
 }
 
+void RingWriter::addRecordingSource(RecordingSource source) {
+  atomicField(header_->recordingSources).fetch_or(source, std::memory_order_relaxed);
+}
+
+void RingWriter::writeWaits(std::span<const WaitNote> notes) {
+  auto version = atomicField(header_->waitsVersion);
+  uint32_t inside = version.load(std::memory_order_relaxed) | 1u;
+  version.store(inside, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  size_t count = std::min<size_t>(notes.size(), kWaitNoteCapacity);
+  for (size_t i = 0; i < kWaitNoteCapacity; ++i) {
+    WaitNote note = i < count ? notes[i] : WaitNote{};
+    // Word by word with relaxed atomics: a reader in another process may copy concurrently.
+    const auto* from = reinterpret_cast<const uint64_t*>(&note);
+    auto* to = reinterpret_cast<uint64_t*>(&header_->waits[i]);
+    for (size_t w = 0; w < sizeof(WaitNote) / 8; ++w) {
+      std::atomic_ref<uint64_t>(to[w]).store(from[w], std::memory_order_relaxed);
+    }
+  }
+  version.store(inside + 1, std::memory_order_release);
+}
+
 void RingWriter::setNcclLibrary(int version, const std::string& path) {
   header_->ncclVersion = version;
   copyText(header_->ncclLibrary, path);

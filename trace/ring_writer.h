@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -67,6 +68,11 @@ class RingWriter {
   void setNcclLibrary(int version, const std::string& path);
   // In continuous mode, first persists every record left (persistSegments(true)).
   void markCleanShutdown();
+  // This process sees NCCL calls through `source` too (header recordingSources, atomic or).
+  void addRecordingSource(RecordingSource source);
+  // Replaces the header's wait notes (at most kWaitNoteCapacity; the rest are left out). One
+  // writer only: the watchdog thread.
+  void writeWaits(std::span<const WaitNote> notes);
   // From a fatal-signal handler: async-signal-safe (two atomic stores into the mapping).
   void noteFatalSignal(int signal, int threadId);
   // Records reserved so far (the next record's ring index).

@@ -1,5 +1,6 @@
 #include "trace/wire.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace ncclwatch::trace::wire {
@@ -69,6 +70,11 @@ void encodeBye(std::vector<std::byte>& out) {
   header(FrameType::kBye, 0, out);
 }
 
+void encodeWaits(int64_t nowNs, std::span<const WaitNote> waits, std::vector<std::byte>& out) {
+  encodeTable(FrameType::kWaits, nowNs, true,
+              waits.first(std::min<size_t>(waits.size(), kWaitNoteCapacity)), out);
+}
+
 void encodeDump(const std::string& reason, std::vector<std::byte>& out) {
   std::string text = reason.substr(0, 1024);
   header(FrameType::kDump, text.size(), out);
@@ -117,6 +123,15 @@ DecodeStatus decodeFrame(std::span<const std::byte> bytes, Frame* frame, size_t*
       if (ok) {
         std::memcpy(&frame->nowNs, payload, sizeof frame->nowNs);
         ok = decodeTable(payload, h.length, sizeof(int64_t), kMaxRecordsPerFrame, &frame->records,
+                         error);
+      }
+      break;
+    case FrameType::kWaits:
+      ok = h.length >= sizeof(int64_t);
+      if (!ok) *error = "WAITS frame without its time";
+      if (ok) {
+        std::memcpy(&frame->nowNs, payload, sizeof frame->nowNs);
+        ok = decodeTable(payload, h.length, sizeof(int64_t), kWaitNoteCapacity, &frame->waits,
                          error);
       }
       break;

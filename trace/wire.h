@@ -26,6 +26,7 @@ enum class FrameType : uint16_t {
   kComms = 2,    // agent → collector: the whole communicator table
   kRecords = 3,  // agent → collector: records new or changed since the last frame
   kBye = 4,      // agent → collector: the process ends normally
+  kWaits = 5,    // agent → collector: where its pending calls wait inside NCCL (all of them)
   kDump = 16,    // collector → agent: take a dump (payload: reason text)
   kAbort = 17,   // collector → agent: abort the communicator (payload: u64 comm hash)
 };
@@ -59,6 +60,8 @@ void encodeComms(std::span<const CommInfo> comms, std::vector<std::byte>& out);
 // `nowNs`: the agent's CLOCK_MONOTONIC at sending, so the collector can tell silence.
 void encodeRecords(int64_t nowNs, std::span<const CallRecord> records, std::vector<std::byte>& out);
 void encodeBye(std::vector<std::byte>& out);
+// The whole current set of wait notes (replaces the previous set; empty: nothing waits).
+void encodeWaits(int64_t nowNs, std::span<const WaitNote> waits, std::vector<std::byte>& out);
 void encodeDump(const std::string& reason, std::vector<std::byte>& out);
 void encodeAbort(uint64_t commHash, std::vector<std::byte>& out);
 
@@ -69,6 +72,7 @@ struct Frame {
   std::vector<CommInfo> comms;
   int64_t nowNs = 0;
   std::vector<CallRecord> records;
+  std::vector<WaitNote> waits;
   std::string reason;
   uint64_t commHash = 0;
 };

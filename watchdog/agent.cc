@@ -12,10 +12,12 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "trace/clock.h"
 #include "trace/record.h"
 #include "watchdog/discovery.h"
+#include "watchdog/progress_source.h"
 
 namespace ncclwatch::watchdog {
 namespace {
@@ -131,6 +133,8 @@ void Agent::run() {
     bool last = stopping_.load(std::memory_order_acquire);
     trace::FastClock::calibrate();
     if (completion_) completion_->poll();
+    ProgressSource* source = progressSource();
+    if (source != nullptr) publishWaits(*source);
     // Continuous mode: the ring's records go to the file's segments after their states settle.
     if (writer_.continuous()) writer_.persistSegments();
     int signal = 0;
@@ -143,7 +147,7 @@ void Agent::run() {
       dump(triggerName(trigger), reason, {}, true);
       Triggers::done(generation);
     }
-    if (completion_) checkHangs(trace::FastClock::nowNs());
+    if (completion_ || source != nullptr) checkHangs(trace::FastClock::nowNs());
     // Rank 0 starts the sidecar before its own link's first attempt to reach it.
     if (sidecar_ && !last) sidecar_->step(jobSecret());
     if (link_) exchange(last);
@@ -197,11 +201,45 @@ void Agent::exchange(bool last) {
   }
 }
 
+void Agent::publishWaits(ProgressSource& source) {
+  source.poll(trace::FastClock::nowNs());
+  const std::vector<trace::WaitNote>& waits = source.waits();
+  bool changed = waits.size() != publishedWaits_.size();
+  for (size_t i = 0; !changed && i < waits.size(); ++i) {
+    changed = std::memcmp(&waits[i], &publishedWaits_[i], sizeof(trace::WaitNote)) != 0;
+  }
+  if (!changed) return;
+  publishedWaits_ = waits;
+  writer_.writeWaits(waits);
+  if (link_) link_->publishWaits(waits);
+}
+
+// Every communicator's progress: the CUDA-event tracker's and the plugin's.
+std::vector<CommProgress> Agent::allProgress() const {
+  std::vector<CommProgress> all;
+  if (completion_) all = completion_->progress();
+  if (ProgressSource* source = progressSource()) {
+    const std::vector<CommProgress>& more = source->progress();
+    all.insert(all.end(), more.begin(), more.end());
+  }
+  return all;
+}
+
+// " In NCCL: kernel running ..." for the call, when the plugin saw where it waits.
+std::string Agent::waitText(uint64_t commHash, uint64_t seq, int64_t now) const {
+  for (const trace::WaitNote& note : publishedWaits_) {
+    if (note.commHash == commHash && note.seq == seq)
+      return "; in NCCL: " + describeWait(note, now);
+  }
+  return "";
+}
+
 void Agent::checkHangs(int64_t now) {
   std::vector<trace::DumpFinding> hung;
   std::vector<uint64_t> hungComms;
   const HangThresholds& limits = options_.thresholds;
-  for (const CommProgress& comm : completion_->progress()) {
+  const std::vector<CommProgress> progress = allProgress();
+  for (const CommProgress& comm : progress) {
     if (comm.pending == 0 || comm.oldest.issueNs == 0) continue;
     const trace::CallRecord& call = comm.oldest;
     int64_t ageMs = (now - call.issueNs) / 1'000'000;
@@ -215,10 +253,10 @@ void Agent::checkHangs(int64_t now) {
       std::fprintf(stderr,
                    "[ncclwatch] rank %d: comm %s seq %" PRIu64
                    " %s pending %.1f s (%s), "
-                   "past the %.1f s warning threshold\n",
+                   "past the %.1f s warning threshold%s\n",
                    options_.rank, hex(comm.commHash).c_str(), call.seq, callText(call).c_str(),
-                   static_cast<double>(ageMs) / 1000.0, state,
-                   static_cast<double>(softMs) / 1000.0);
+                   static_cast<double>(ageMs) / 1000.0, state, static_cast<double>(softMs) / 1000.0,
+                   waitText(comm.commHash, call.seq, now).c_str());
     }
     if (ageMs >= hardMs && alarm.declaredSeq != call.seq) {
       alarm.declaredSeq = call.seq;
@@ -235,14 +273,14 @@ void Agent::checkHangs(int64_t now) {
                     "this comm: %" PRIu64 "; %zu calls pending",
                     callText(call).c_str(), static_cast<double>(ageMs) / 1000.0,
                     static_cast<double>(hardMs) / 1000.0, comm.completedSeq, comm.pending);
-      finding.explanation = explanation;
+      finding.explanation = explanation + waitText(comm.commHash, call.seq, now);
       hung.push_back(std::move(finding));
       hungComms.push_back(comm.commHash);
     }
   }
   if (hung.empty()) return;
   // What the other communicators are doing tells "not issued: the thread is elsewhere".
-  for (const CommProgress& comm : completion_->progress()) {
+  for (const CommProgress& comm : progress) {
     if (comm.pending != 0) continue;
     trace::DumpFinding idle;
     idle.commHash = comm.commHash;

@@ -13,11 +13,13 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "trace/ring_writer.h"
 #include "watchdog/completion.h"
 #include "watchdog/dumper.h"
 #include "watchdog/exchange.h"
+#include "watchdog/progress_source.h"
 #include "watchdog/sidecar.h"
 #include "watchdog/triggers.h"
 
@@ -85,6 +87,9 @@ class Agent {
   Agent(trace::RingWriter& writer, const AgentOptions& options);
   void run();
   void checkHangs(int64_t now);
+  void publishWaits(ProgressSource& source);
+  std::vector<CommProgress> allProgress() const;
+  std::string waitText(uint64_t commHash, uint64_t seq, int64_t now) const;
   void exchange(bool last);
   const char* jobSecret();
   void dump(const std::string& trigger, const std::string& reason,
@@ -103,6 +108,7 @@ class Agent {
   std::unique_ptr<Sidecar> sidecar_;
   std::string secret_;                // the job's secret once known (watchdog thread only)
   std::map<uint64_t, Alarm> alarms_;  // watchdog thread only
+  std::vector<trace::WaitNote> publishedWaits_;  // watchdog thread only
   std::atomic<bool> stopping_{false};
   std::atomic<bool> finished_{false};
   std::thread thread_;

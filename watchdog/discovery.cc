@@ -146,14 +146,14 @@ void deriveSecret(const void* uniqueId, size_t bytes, DerivedSecretText& text) {
   text[kDerivedSecretDigits] = '\0';
 }
 
-void offerUniqueIdForSecret(const void* uniqueId, size_t bytes) {
+void offerCommHashForSecret(uint64_t commHash) {
   // Cheap test first: every communicator init after the first one stops here.
   if (g_secretState.load(std::memory_order_relaxed) != kNoSecret) return;
   int expected = kNoSecret;
   if (!g_secretState.compare_exchange_strong(expected, kWritingSecret, std::memory_order_acquire)) {
     return;
   }
-  deriveSecret(uniqueId, bytes, g_secret);
+  deriveSecret(&commHash, sizeof commHash, g_secret);
   g_secretState.store(kSecretReady, std::memory_order_release);
 }
 

@@ -31,16 +31,20 @@ bool collectorFromLookup(const EnvironmentLookup& lookup, CollectorAddress* addr
                          std::string* note);
 bool collectorFromEnvironment(CollectorAddress* address, std::string* note);
 
-// 32 lowercase hex digits: two independent 64-bit hashes of the id's bytes, keyed with a
-// constant of our own so that the secret says nothing about NCCL's commHash of the same id
-// (which every trace file and COMMS frame carries).
-void deriveSecret(const void* uniqueId, size_t bytes, DerivedSecretText& text);
+// 32 lowercase hex digits: two independent 64-bit hashes of the bytes, keyed with constants of
+// our own, so that the secret is not the commHash itself. Derived from the commHash of the
+// first communicator the process initialises, which both doors know without talking: the
+// interposer computes it from the unique id, the profiler plugin receives it in init. Anyone who
+// can read a trace file or watch the connection could compute it (the HELLO itself travels in
+// clear), so it keeps out strangers, not eavesdroppers; NCCLWATCH_SECRET is for the rest.
+void deriveSecret(const void* bytes, size_t size, DerivedSecretText& text);
 
-// The first root communicator's unique id, from the interposer inside comm init: the first
-// offer is kept, later ones are ignored. No allocation, no lock: a flag claimed once, a fixed
+// The first communicator's commHash, from the interposer inside a root init or from the
+// plugin's init: the first offer is kept, later ones are ignored (both doors offer the same
+// value for the same communicator). No allocation, no lock: a flag claimed once, a fixed
 // buffer, a release store.
-void offerUniqueIdForSecret(const void* uniqueId, size_t bytes);
-// The secret derived from the offered id; false until one was offered (watchdog thread).
+void offerCommHashForSecret(uint64_t commHash);
+// The secret derived from the offered hash; false until one was offered (watchdog thread).
 bool derivedSecret(DerivedSecretText& text);
 // In a fork child: an offer that a parent thread had half written is dropped, so that the
 // child can offer again.

@@ -105,6 +105,7 @@ void CollectorLink::connectNow(int64_t nowNs) {
   trace::wire::encodeHello(hello_, frame);
   queue(std::move(frame));
   commsSent_ = 0;
+  waitsDirty_ = !waits_.empty();
   uint64_t next = writer_.nextIndex();
   sentUpTo_ = next > writer_.capacity() ? next - writer_.capacity() : 0;
   watched_.clear();
@@ -128,6 +129,20 @@ void CollectorLink::queue(std::vector<std::byte>&& frame) {
   }
   outgoing_.insert(outgoing_.end(), frame.begin(), frame.end());
   ++counters_.framesSent;
+}
+
+void CollectorLink::publishWaits(const std::vector<trace::WaitNote>& waits) {
+  waits_ = waits;
+  waitsDirty_ = true;
+}
+
+// After the records they refer to, the wait notes when they changed (or the link is new).
+void CollectorLink::queueWaits(int64_t nowNs) {
+  if (!waitsDirty_) return;
+  std::vector<std::byte> frame;
+  trace::wire::encodeWaits(nowNs, waits_, frame);
+  queue(std::move(frame));
+  waitsDirty_ = false;
 }
 
 void CollectorLink::collectRecords(int64_t nowNs) {
@@ -259,6 +274,7 @@ void CollectorLink::step(int64_t nowNs, std::vector<CollectorRequest>* requests)
     backoffNs_ = 100'000'000;
   }
   collectRecords(nowNs);
+  queueWaits(nowNs);
   if (!flush()) {
     disconnect(nowNs);
     return;

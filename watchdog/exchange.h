@@ -53,6 +53,9 @@ class CollectorLink {
   void setSecret(const char* secret);
   // One exchange step; appends the collector's requests to `requests`.
   void step(int64_t nowNs, std::vector<CollectorRequest>* requests);
+  // Where this process's pending calls wait inside NCCL (the plugin's notes): sent at the next
+  // step, after the records, and again on every new connection.
+  void publishWaits(const std::vector<trace::WaitNote>& waits);
   // At a normal exit: the last records and BYE, sent within `boundMs`.
   void finish(int boundMs);
   const ExchangeCounters& counters() const { return counters_; }
@@ -62,6 +65,7 @@ class CollectorLink {
   void disconnect(int64_t nowNs);
   void queue(std::vector<std::byte>&& frame);
   void collectRecords(int64_t nowNs);
+  void queueWaits(int64_t nowNs);
   bool flush();
   void receive(std::vector<CollectorRequest>* requests, int64_t nowNs);
 
@@ -78,6 +82,8 @@ class CollectorLink {
     uint64_t index;
     trace::RecordState state;
   };
+  std::vector<trace::WaitNote> waits_;
+  bool waitsDirty_ = false;
   std::vector<Watched> watched_;  // sent while not final: resent when their state changes
   std::vector<std::byte> outgoing_;
   size_t outgoingSent_ = 0;

@@ -1,6 +1,6 @@
 // Finding the collector: the explicit address, the default one derived from MASTER_ADDR and
 // MASTER_PORT (which must not land on torchrun's store or the examples' id rendezvous), `off`,
-// and the secret derived from the first root communicator's unique id.
+// and the secret derived from the first communicator's commHash.
 #include "watchdog/discovery.h"
 
 #include <gtest/gtest.h>
@@ -192,18 +192,20 @@ TEST(DerivedSecret, SaysNothingAboutTheCommHash) {
   EXPECT_EQ(secret.find(hash), std::string::npos);
 }
 
-TEST(DerivedSecret, FirstOfferedIdWinsAndIsSeenByAnotherThread) {
+TEST(DerivedSecret, FirstOfferedHashWinsAndIsSeenByAnotherThread) {
   DerivedSecretText text;
   EXPECT_FALSE(ncclwatch::watchdog::derivedSecret(text));
-  std::vector<unsigned char> first = sampleId(2), second = sampleId(3);
+  uint64_t firstHash = 0x1234'5678'9abc'def0ull, secondHash = 0x0fed'cba9'8765'4321ull;
+  std::vector<unsigned char> first(sizeof firstHash);
+  std::memcpy(first.data(), &firstHash, sizeof firstHash);
   std::thread reader([&] {
     DerivedSecretText seen;
     while (!ncclwatch::watchdog::derivedSecret(seen)) std::this_thread::yield();
     EXPECT_EQ(std::string(seen), secretOf(first));
   });
-  ncclwatch::watchdog::offerUniqueIdForSecret(first.data(), first.size());
+  ncclwatch::watchdog::offerCommHashForSecret(firstHash);
   reader.join();
-  ncclwatch::watchdog::offerUniqueIdForSecret(second.data(), second.size());
+  ncclwatch::watchdog::offerCommHashForSecret(secondHash);
   ASSERT_TRUE(ncclwatch::watchdog::derivedSecret(text));
   EXPECT_EQ(std::string(text), secretOf(first));
   // A fork child keeps a finished secret: it belongs to the same job.
