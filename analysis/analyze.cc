@@ -10,6 +10,7 @@
 //     earlier calls on its stream complete): cycles are deadlocks, fully present heads are stuck,
 //     ranks the others wait for are missing or dead.
 #include "analysis/analyze.h"
+#include "analysis/in_nccl.h"
 #include "analysis/stack_tree.h"
 
 #include <unistd.h>
@@ -1808,6 +1809,7 @@ Report analyze(std::span<const trace::TraceFile> files, const Options& options) 
       report.jobs.push_back(analysis.run(job, attempt));
     }
   }
+  annotateInNccl(report, files);
   return report;
 }
 

@@ -71,6 +71,9 @@ struct Verdict {
   int64_t detectionNs = 0;   // wall clock when the analysis saw it
   std::string explanation;   // one line a user can act on
   bool primary = true;       // false: a consequence of another verdict (see explanation)
+  // Where the ranks wait inside NCCL, from the profiler plugin (analysis/in_nccl.h); empty
+  // without the plugin.
+  std::vector<std::string> inNccl;
 };
 
 // The state of one communicator at the end of the traces.

@@ -258,6 +258,7 @@ void printVerdictText(const Verdict& v, std::ostream& out, const TextStyle& styl
     out << "  culprit" << (v.culprits.size() == 1 ? " " : "s ") << formatRanks(v.culprits)
         << "; diverged " << wallText(v.divergenceNs) << "\n";
   }
+  for (const std::string& line : v.inNccl) out << "  in NCCL: " << line << "\n";
   out << "  -> " << v.explanation << "\n";
 }
 
@@ -325,7 +326,12 @@ std::string verdictJson(const Verdict& v, const std::string& jobId, int attempt)
   out += ",\"detection_ns\":" + std::to_string(v.detectionNs);
   out += ",\"explanation\":";
   jsonString(out, v.explanation);
-  out += '}';
+  out += ",\"in_nccl\":[";
+  for (size_t i = 0; i < v.inNccl.size(); ++i) {
+    if (i) out += ',';
+    jsonString(out, v.inNccl[i]);
+  }
+  out += "]}";
   return out;
 }
 

@@ -347,6 +347,11 @@ bool Collector::State::handle(Connection& connection, wire::Frame& frame) {
       counters.records += frame.records.size();
       activity |= !frame.records.empty();
       break;
+    case wire::FrameType::kWaits:
+      // The whole current set: where this rank's pending calls wait inside NCCL.
+      file.waits = std::move(frame.waits);
+      wanted = true;
+      break;
     case wire::FrameType::kBye:
       process.saidBye = true;
       file.header.cleanShutdown = 1;

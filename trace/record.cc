@@ -2,6 +2,8 @@
 
 #include "trace/ring_format.h"
 
+#include <cstdio>
+
 namespace ncclwatch::trace {
 
 const char* opName(OpKind op) {
@@ -90,6 +92,50 @@ const char* stateName(RecordState state) {
       return "aborted";
   }
   return "?";
+}
+
+namespace {
+
+const char* kernelText(KernelState state) {
+  switch (state) {
+    case KernelState::kNotStarted:
+      return "kernel not started";
+    case KernelState::kRunning:
+      return "kernel running";
+    case KernelState::kStopped:
+      return "kernel finished";
+    case KernelState::kUnknown:
+      break;
+  }
+  return "kernel state unknown";
+}
+
+}  // namespace
+
+std::string describeWait(const trace::WaitNote& note, int64_t nowNs) {
+  char text[256];
+  int used = std::snprintf(text, sizeof text, "%s", kernelText(note.kernel));
+  if (note.kernel != KernelState::kUnknown && note.nChannels > 0) {
+    used += std::snprintf(text + used, sizeof text - used, " (%u of %u channels started",
+                          note.channelsStarted, note.nChannels);
+    if (note.channelsStopped > 0) {
+      used += std::snprintf(text + used, sizeof text - used, ", %u finished", note.channelsStopped);
+    }
+    used += std::snprintf(text + used, sizeof text - used, ")");
+  }
+  double seconds = note.sinceNs > 0 && nowNs > note.sinceNs
+                       ? static_cast<double>(nowNs - note.sinceNs) / 1e9
+                       : 0.0;
+  const char* state = proxyStepStateName(note.stepState);
+  if (note.step >= 0 && state[0] != '\0') {
+    std::snprintf(text + used, sizeof text - used,
+                  "; channel %d proxy step %d %s %s peer %d for %.1f s", note.channel, note.step,
+                  state, note.isSend ? "toward" : "from", note.peer, seconds);
+  } else if (note.channel >= 0) {
+    std::snprintf(text + used, sizeof text - used, "; channel %d, no proxy step pending (%.1f s)",
+                  note.channel, seconds);
+  }
+  return text;
 }
 
 const char* proxyStepStateName(uint8_t state) {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "trace/record.h"
@@ -82,6 +83,9 @@ static_assert(sizeof(WaitNote) == 64);
 inline constexpr uint32_t kWaitNoteCapacity = 32;
 // "SendPeerWait", "RecvWait", ... for a WaitNote::stepState; "" for 0 and unknown numbers.
 const char* proxyStepStateName(uint8_t state);
+// "kernel running (2 of 2 channels started); channel 0 proxy step 3 SendGPUWait toward peer 2
+// for 1.2 s" for a note; `nowNs` on the note's clock (the writer's CLOCK_MONOTONIC).
+std::string describeWait(const WaitNote& note, int64_t nowNs);
 
 // The header's fixed fields. Counters written while the process runs are 64-bit aligned so that
 // the writer can update them with atomic operations on the mapping.

@@ -229,7 +229,7 @@ std::vector<CommProgress> Agent::allProgress() const {
 std::string Agent::waitText(uint64_t commHash, uint64_t seq, int64_t now) const {
   for (const trace::WaitNote& note : publishedWaits_) {
     if (note.commHash == commHash && note.seq == seq)
-      return "; in NCCL: " + describeWait(note, now);
+      return "; in NCCL: " + trace::describeWait(note, now);
   }
   return "";
 }

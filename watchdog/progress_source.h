@@ -29,8 +29,4 @@ class ProgressSource {
 void setProgressSource(ProgressSource* source);
 ProgressSource* progressSource();
 
-// "kernel running on channels 0-1 (2 of 2 started); proxy step 3 SendGPUWait toward peer 2 for
-// 1.2 s" for a note; `nowNs` on the same clock as the note.
-std::string describeWait(const trace::WaitNote& note, int64_t nowNs);
-
 }  // namespace ncclwatch::watchdog
