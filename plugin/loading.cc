@@ -40,8 +40,14 @@ bool recordingSwitchedOff() {
 
 // Loaded into the global scope (LD_PRELOAD or RTLD_GLOBAL) rather than by NCCL's RTLD_LOCAL
 // plugin loader: then our wrappers interpose the NCCL API.
+// (The main program's handle searches the global scope only; RTLD_DEFAULT would also search
+// the caller's own local scope and always find us.)
 bool inGlobalScope() {
-  return dlsym(RTLD_DEFAULT, "ncclProfiler_v5") == static_cast<void*>(&ncclProfiler_v5);
+  void* global = dlopen(nullptr, RTLD_LAZY);
+  if (global == nullptr) return false;
+  bool ours = dlsym(global, "ncclProfiler_v5") == static_cast<void*>(&ncclProfiler_v5);
+  dlclose(global);
+  return ours;
 }
 
 std::string ownPath() {

@@ -123,13 +123,17 @@ interpose::CommEntry* entryOf(Context& ctx, interpose::Recorder& recorder) {
   return entry;
 }
 
-// A v3 context learns its communicator from the first event that names it.
+void recordInit(Context& ctx);
+
+// A v3 context learns its communicator from the first event that names it (its size stays
+// unknown: v3 never says it).
 bool identify(Context& ctx, const EventStart& event) {
   if (ctx.identified) return true;
   if (event.commHash == 0) return false;
   ctx.commHash = event.commHash;
   ctx.rank = event.rank;
   ctx.identified = true;
+  recordInit(ctx);
   return true;
 }
 
