@@ -25,6 +25,9 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
 
+# PyPI's newer real NCCL (2.32): what its profiler loader probes, and its nccl.h.
+scripts/nccl_wheel.sh "$build_dir/nccl-wheel"
+
 if [ ! -f "$build_dir/build.ninja" ]; then
   cmake -S . -B "$build_dir" -G Ninja "$@"
 fi
