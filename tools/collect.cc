@@ -802,10 +802,15 @@ int runJob(const RunOptions& options, std::ostream& out, std::ostream& err) {
     err << "ncclwatch run: " << error << "\n";
     return 2;
   }
-  const char* existing = std::getenv("LD_PRELOAD");
-  std::string preloadList =
-      preload + (existing != nullptr && *existing ? ":" + std::string(existing) : "");
-  setenv("LD_PRELOAD", preloadList.c_str(), 1);
+  if (options.pluginOnly) {
+    // NCCL dlopens this path itself at its first communicator init.
+    setenv("NCCL_PROFILER_PLUGIN", std::filesystem::absolute(preload).c_str(), 1);
+  } else {
+    const char* existing = std::getenv("LD_PRELOAD");
+    std::string preloadList =
+        preload + (existing != nullptr && *existing ? ":" + std::string(existing) : "");
+    setenv("LD_PRELOAD", preloadList.c_str(), 1);
+  }
   setenv("NCCLWATCH_COLLECTOR", ("127.0.0.1:" + std::to_string(collector.port())).c_str(), 1);
   setenv("NCCLWATCH_SECRET", collectorOptions.secret.c_str(), 1);
   setenv("NCCLWATCH_DIR", directory.c_str(), 1);

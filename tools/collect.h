@@ -75,6 +75,9 @@ struct RunOptions {
   bool abortOnVerdict = false;
   int64_t quietMs = 3000;  // the collector's quietMs
   std::string preload;     // libncclwatch.so; default: ../lib/libncclwatch.so beside the CLI
+  // Load the library only as NCCL's profiler plugin (NCCL_PROFILER_PLUGIN), not LD_PRELOAD: for
+  // programs whose NCCL is linked statically.
+  bool pluginOnly = false;
   std::vector<std::string> command;
 };
 int runJob(const RunOptions& options, std::ostream& out, std::ostream& err);

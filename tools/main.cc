@@ -241,14 +241,18 @@ void addRun(CLI::App& app, int& exitCode) {
   run->add_option("--preload", options.preload,
                   "libncclwatch.so to preload (default: beside "
                   "the CLI, ../lib/libncclwatch.so)");
+  run->add_flag("--plugin-only", options.pluginOnly,
+                "load libncclwatch.so as NCCL's profiler plugin (NCCL_PROFILER_PLUGIN) instead "
+                "of LD_PRELOAD: for programs with NCCL linked statically");
   run->add_option("command", options.command, "the program and its arguments (after --)")
       ->required();
   run->footer(R"(Examples:
   ncclwatch run -- torchrun --nproc_per_node=8 train.py
+  ncclwatch run --plugin-only -- ./app_with_static_nccl
   ncclwatch run --dir /tmp/logs -- ncclwatch launch -n 8 -- build/examples/train_loop --bug skip:rank=3,step=5
 
 Hosts the collector on 127.0.0.1, runs the program with NCCLWATCH_COLLECTOR, NCCLWATCH_SECRET,
-NCCLWATCH_DIR and LD_PRELOAD set, prints each verdict as soon as the ranks' calls show it, and
+NCCLWATCH_DIR and LD_PRELOAD (or, with --plugin-only, NCCL_PROFILER_PLUGIN) set, prints each verdict as soon as the ranks' calls show it, and
 exits with the program's exit code.)");
   run->callback(
       [&exitCode] { exitCode = ncclwatch::collect::runJob(options, std::cout, std::cerr); });
