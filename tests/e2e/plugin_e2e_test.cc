@@ -1,0 +1,151 @@
+// The profiler-plugin door end to end on the sim, whose libnccl emits profiler events through
+// the real ABI:
+// - plugin only: `train_loop_static` (the sim's NCCL linked into the program, so LD_PRELOAD
+//   would see nothing) under `ncclwatch run --plugin-only`: every train_loop bug class gets the
+//   first verdict kind and culprit that preload mode gets on `train_loop`
+//   (tests/collect/live_bugs_test.cc), and a clean run gets none;
+// - under LD_PRELOAD the same static program is noticed, said once, and recorded by the plugin;
+// - combined (LD_PRELOAD with the plugin offered automatically): a stalled transfer's verdict
+//   says where each rank waits inside NCCL: kernel channel, proxy step, its state and peer.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "command.h"
+#include "job.h"
+#include "traces.h"
+
+namespace {
+
+const std::string kCli = NCCLWATCH_BINARY;
+using testsupport::readFile;
+
+struct Expect {
+  const char* bug;  // train_loop --bug KIND (rank 3, step 2)
+  const char* kind;
+  const char* culprits;
+};
+
+void PrintTo(const Expect& e, std::ostream* out) {
+  *out << e.bug;
+}
+
+std::string firstVerdict(const std::string& logs) {
+  std::string verdicts = readFile(logs + "/verdicts.jsonl");
+  return verdicts.substr(0, verdicts.find('\n'));
+}
+
+testsupport::Output runStatic(const std::string& logs, const std::string& loopArgs,
+                              const std::string& launchFlags) {
+  return testsupport::command("LD_LIBRARY_PATH=" + testsupport::simLibDir() + " timeout 120 " +
+                              kCli + " run --abort --plugin-only --dir " + logs + " -- " + kCli +
+                              " launch " + launchFlags + " -n 8 -- " + NCCLWATCH_STATIC_LOOP +
+                              " " + loopArgs);
+}
+
+class PluginOnlyBug : public ::testing::TestWithParam<Expect> {};
+
+TEST_P(PluginOnlyBug, FirstVerdictHasPreloadModesKindAndCulprit) {
+  const Expect& e = GetParam();
+  std::string name = e.bug;
+  std::string logs = testsupport::freshDirectory("plugin-bug-" + name);
+  bool dies = name == "exit" || name == "crash";
+  testsupport::Output out = runStatic(logs, "--steps 4 --quiet --bug " + name + ":rank=3,step=2",
+                                      dies ? "--keep-going" : "");
+  EXPECT_NE(out.status, 124) << "still hanging when the test's bound ran out\n" << out.text;
+  std::string first = firstVerdict(logs);
+  ASSERT_FALSE(first.empty()) << out.text;
+  EXPECT_NE(first.find(std::string("\"kind\":\"") + e.kind + "\""), std::string::npos) << first;
+  EXPECT_NE(first.find(std::string("\"culprits\":[") + e.culprits + "]"), std::string::npos)
+      << first;
+  // Every record came from the plugin: LD_PRELOAD was not used.
+  for (const auto& file : testsupport::readTraceFiles(logs)) {
+    EXPECT_EQ(file.header.recordingSources, ncclwatch::trace::kSourcePlugin) << file.path;
+  }
+  std::filesystem::remove_all(logs);
+}
+
+// As tests/collect/live_bugs_test.cc expects of preload mode on train_loop; the closing note of
+// the plugin work lists where the seq or the comm differs and why (e.g. no split records).
+INSTANTIATE_TEST_SUITE_P(Bugs, PluginOnlyBug,
+                         ::testing::Values(Expect{"skip", "mismatch", "3"},
+                                           Expect{"op", "mismatch", "3"},
+                                           Expect{"count", "mismatch", "3"},
+                                           Expect{"dtype", "mismatch", "3"},
+                                           Expect{"root", "mismatch", "3"},
+                                           Expect{"extra", "mismatch", "3"},
+                                           Expect{"peer", "unmatched_p2p", "3"},
+                                           Expect{"color", "mismatch", "3"},
+                                           Expect{"order", "mismatch", "3"},
+                                           Expect{"exit", "dead_rank", "3"},
+                                           Expect{"crash", "dead_rank", "3"}),
+                         [](const ::testing::TestParamInfo<Expect>& info) {
+                           return std::string(info.param.bug);
+                         });
+
+TEST(PluginOnly, ACleanRunHasNoErrorVerdict) {
+  std::string logs = testsupport::freshDirectory("plugin-clean");
+  testsupport::Output out = runStatic(logs, "--steps 3 --quiet", "");
+  EXPECT_EQ(out.status, 0) << out.text;
+  std::string verdicts = readFile(logs + "/verdicts.jsonl");
+  EXPECT_EQ(verdicts.find("\"kind\":\"mismatch\""), std::string::npos) << verdicts;
+  EXPECT_EQ(verdicts.find("\"kind\":\"missing\""), std::string::npos) << verdicts;
+  auto files = testsupport::readTraceFiles(logs);
+  ASSERT_EQ(files.size(), 8u);
+  for (const auto& file : files) {
+    size_t completed = 0;
+    for (const auto& record : file.records) {
+      completed += record.state == ncclwatch::trace::RecordState::kCompleted;
+    }
+    // Every operation completed through its KernelCh events.
+    EXPECT_EQ(completed, file.records.size()) << file.path;
+  }
+  std::filesystem::remove_all(logs);
+}
+
+// LD_PRELOAD on a program whose NCCL is inside it: the wrappers never run; the library notices
+// through the plugin it offered NCCL, says so once per process, and records anyway.
+TEST(PluginUnderPreload, AStaticNcclIsNoticedAndRecorded) {
+  std::string logs = testsupport::freshDirectory("plugin-static-preload");
+  testsupport::Output out = testsupport::command(
+      "LD_LIBRARY_PATH=" + testsupport::simLibDir() + " NCCLWATCH_DIR=" + logs +
+      " NCCLWATCH_COLLECTOR=off LD_PRELOAD=" + testsupport::buildDir() +
+      "/lib/libncclwatch.so timeout 60 " + kCli + " launch -n 2 -- " + NCCLWATCH_STATIC_LOOP +
+      " --steps 2 --quiet");
+  EXPECT_EQ(out.status, 0) << out.text;
+  size_t said = 0;
+  for (size_t at = 0; (at = out.text.find("do not reach the LD_PRELOAD wrappers", at)) !=
+                      std::string::npos;
+       ++at) {
+    ++said;
+  }
+  EXPECT_EQ(said, 2u) << out.text;  // once per rank
+  auto files = testsupport::readTraceFiles(logs);
+  ASSERT_EQ(files.size(), 2u);
+  for (const auto& file : files) EXPECT_GT(file.records.size(), 10u) << file.path;
+  std::filesystem::remove_all(logs);
+}
+
+// Combined mode on the sim's stall fault (rank 3's call #8 of the world never finishes on its
+// stream): the stuck verdict names rank 3, and says for rank 3 that its kernel started and its
+// send waits on the GPU, for its peers that they wait to receive from rank 3.
+TEST(PluginCombined, AStallSaysWhereEachRankWaitsInNccl) {
+  std::string logs = testsupport::freshDirectory("plugin-stall");
+  testsupport::Output out = testsupport::command(
+      "NCCLSIM_FAULT=stall:rank=3,seq=8 LD_LIBRARY_PATH=" + testsupport::simLibDir() +
+      " timeout 120 " + kCli + " run --abort --dir " + logs + " -- " + kCli + " launch -n 8 -- " +
+      testsupport::buildDir() + "/examples/train_loop --steps 4 --quiet");
+  EXPECT_NE(out.status, 124) << out.text;
+  std::string first = firstVerdict(logs);
+  EXPECT_NE(first.find("\"kind\":\"stuck\""), std::string::npos) << first << out.text;
+  EXPECT_NE(first.find("\"culprits\":[3]"), std::string::npos) << first;
+  EXPECT_NE(first.find("\"in_nccl\":[\"rank"), std::string::npos) << first;
+  EXPECT_NE(first.find("rank 3 #8: kernel running"), std::string::npos) << first;
+  EXPECT_NE(first.find("SendGPUWait"), std::string::npos) << first;
+  EXPECT_NE(first.find("RecvWait from peer 3"), std::string::npos) << first;
+  EXPECT_NE(out.text.find("in NCCL: rank 3 #8"), std::string::npos) << out.text;
+  std::filesystem::remove_all(logs);
+}
+
+}  // namespace
