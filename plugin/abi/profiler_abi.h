@@ -445,6 +445,85 @@ static_assert(sizeof(ProxyOpDescr) == 24 && sizeof(pid_t) == 4);
 
 #undef NPA_AT
 
+// What an older plugin receives for an event NCCL describes in the newest layout: NCCL's own
+// shims do the same copy (v4 has no API events; v3 names the communicator in Coll/P2p). False
+// when the version has no such event (the caller then emits nothing for it).
+inline bool toV4(const EventDescr& d, EventDescrV4* out) {
+  *out = EventDescrV4{};
+  out->type = static_cast<uint8_t>(d.type);
+  out->parentObj = d.parentObj;
+  out->rank = d.rank;
+  switch (d.type) {
+    case kColl:
+      out->coll = {d.coll.seqNumber, d.coll.func, d.coll.sendBuff, d.coll.recvBuff,
+                   d.coll.count,     d.coll.root, d.coll.datatype, d.coll.nChannels,
+                   d.coll.nWarps,    d.coll.algo, d.coll.proto};
+      return true;
+    case kP2p:
+      out->p2p = {d.p2p.func, d.p2p.buff, d.p2p.datatype, d.p2p.count, d.p2p.peer, d.p2p.nChannels};
+      return true;
+    case kProxyOp:
+      out->proxyOp = d.proxyOp;
+      return true;
+    case kProxyStep:
+      out->proxyStep = d.proxyStep;
+      return true;
+    case kKernelCh:
+      out->kernelCh = d.kernelCh;
+      return true;
+    case kGroup:
+    case kProxyCtrl:
+      return true;
+    default:
+      return false;
+  }
+}
+
+inline bool toV3(const EventDescr& d, uint64_t commHash, EventDescrV3* out) {
+  *out = EventDescrV3{};
+  out->type = static_cast<uint8_t>(d.type);
+  out->parentObj = d.parentObj;
+  out->rank = d.rank;
+  switch (d.type) {
+    case kColl:
+      out->coll.commHash = commHash;
+      out->coll.seqNumber = d.coll.seqNumber;
+      out->coll.func = d.coll.func;
+      out->coll.sendBuff = d.coll.sendBuff;
+      out->coll.recvBuff = d.coll.recvBuff;
+      out->coll.count = d.coll.count;
+      out->coll.root = d.coll.root;
+      out->coll.datatype = d.coll.datatype;
+      out->coll.nMaxChannels = d.coll.nChannels;
+      out->coll.nWarps = d.coll.nWarps;
+      out->coll.algo = d.coll.algo;
+      out->coll.proto = d.coll.proto;
+      return true;
+    case kP2p:
+      out->p2p.commHash = commHash;
+      out->p2p.func = d.p2p.func;
+      out->p2p.buff = d.p2p.buff;
+      out->p2p.datatype = d.p2p.datatype;
+      out->p2p.count = d.p2p.count;
+      out->p2p.peer = d.p2p.peer;
+      return true;
+    case kProxyOp:
+      out->proxyOp = d.proxyOp;
+      return true;
+    case kProxyStep:
+      out->proxyStep = d.proxyStep;
+      return true;
+    case kKernelCh:
+      out->kernelCh.channelId = d.kernelCh.channelId;
+      return true;
+    case kGroup:
+    case kProxyCtrl:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Collective function names as NCCL's ncclFuncToString spells them in events.
 inline constexpr const char* kFuncNames[] = {"AllGather", "AllReduce", "AlltoAll", "Broadcast",
                                              "Gather",    "Recv",      "Reduce",   "ReduceScatter",

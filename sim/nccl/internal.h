@@ -15,6 +15,7 @@
 
 #include "config.h"
 #include "datatypes.h"
+#include "profiler.h"
 #include "shm.h"
 
 namespace ncclsim {
@@ -62,6 +63,7 @@ struct Operation {
   bool stall = false;
   bool netError = false;
   bool netErrorIsSystem = false;
+  OperationProfile profile;  // profiler events of this call (profiler.h)
 };
 
 }  // namespace ncclsim
@@ -114,17 +116,14 @@ struct ncclComm {
 
   void* profilerContext = nullptr;
   bool profilerAttached = false;
+  uint64_t profilerSeqNumbers[5] = {};          // NCCL's per-function Coll counters
+  std::atomic<uint64_t> profilerProxySteps{0};  // proxy step numbers, per communicator
 };
 
 namespace ncclsim {
 
 void retainComm(ncclComm* comm);
 void releaseComm(ncclComm* comm);  // frees at zero
-
-// Profiler plugin (profiler.cc).
-void profilerAttach(ncclComm* comm);
-void profilerDetach(ncclComm* comm);
-void profilerResetAfterFork();
 
 // Operations (ops.cc).
 ncclResult_t submitOperation(Operation op, cudaStream_t stream);

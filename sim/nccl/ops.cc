@@ -6,10 +6,13 @@
 #include <cinttypes>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <optional>
 
 #include "api_macros.h"
 #include "cudasim_ext.h"
 #include "internal.h"
+#include "plugin/abi/profiler_abi.h"
 
 namespace ncclsim {
 namespace {
@@ -287,9 +290,35 @@ bool barrier(ncclComm* comm, std::atomic<uint64_t> RankSlot::*counter, uint64_t 
       });
 }
 
+// With a profiler asking for proxy events, a collective's ring steps: its data goes to the next
+// rank and comes from the previous one. Their waits name the neighbour that has not arrived.
+bool ringSteps(Operation& op, ProxyStep& toNext, uint64_t number) {
+  ncclComm* comm = op.comm;
+  const int next = (comm->rank + 1) % comm->nranks;
+  const int previous = (comm->rank + comm->nranks - 1) % comm->nranks;
+  auto arrived = [&](int rank) {
+    return [comm, rank, number] {
+      return comm->segment.slot(rank)->postedColl.load(std::memory_order_acquire) >= number;
+    };
+  };
+  toNext.enter(nccl_profiler_abi::kProxyStepSendPeerWait);
+  {
+    ProxyStep fromPrevious(op, previous, false, nccl_profiler_abi::kProxyStepRecvWait);
+    if (!waitOnSegment(comm, comm->cancelOps, arrived(previous), [] {})) return false;
+    fromPrevious.enter(nccl_profiler_abi::kProxyStepRecvGpuWait);
+  }
+  if (!waitOnSegment(comm, comm->cancelOps, arrived(next), [] {})) return false;
+  toNext.enter(nccl_profiler_abi::kProxyStepSendWait);
+  return true;
+}
+
 bool runCollective(Operation& op) {
   ncclComm* comm = op.comm;
   std::lock_guard<std::mutex> lock(comm->executionMutex);
+  const int next = (comm->rank + 1) % comm->nranks;
+  // Until the prologue is through (a stalled GPU never gets there) the send waits on the GPU.
+  std::optional<ProxyStep> toNext;
+  if (comm->nranks > 1) toNext.emplace(op, next, true, nccl_profiler_abi::kProxyStepSendGpuWait);
   if (!prologue(op)) return false;
   const uint64_t number = ++comm->executedCollectives;
   const CollDescriptor mine = descriptorOf(op);
@@ -299,6 +328,8 @@ bool runCollective(Operation& op) {
   comm->segment.notifyAll();
   const std::string what =
       commLabel(comm) + " coll #" + std::to_string(op.issueSeq) + " " + describe(mine);
+  if (toNext && toNext->active() && !ringSteps(op, *toNext, number)) return false;
+  toNext.reset();
   if (!barrier(comm, &RankSlot::postedColl, number, what)) return false;
   std::vector<CollDescriptor> all(comm->nranks);
   for (int r = 0; r < comm->nranks; ++r) all[r] = comm->segment.slot(r)->descriptor;
@@ -326,10 +357,12 @@ std::string p2pText(const Operation& op, const char* verb, const char* direction
 }
 
 // Posts a send into the (me -> peer) mailbox; returns its number there, or 0 when cancelled.
-uint64_t postSend(Operation& op) {
+// `step` waits on the GPU until the prologue is through, then for the receiver's room.
+uint64_t postSend(Operation& op, ProxyStep& step) {
   ncclComm* comm = op.comm;
   std::lock_guard<std::mutex> lock(comm->executionMutex);
   if (!prologue(op)) return 0;
+  step.enter(nccl_profiler_abi::kProxyStepSendPeerWait);
   const uint64_t number = ++comm->sendsExecutedTo[op.peer];
   Mailbox* box = comm->segment.mailbox(comm->rank, op.peer);
   const bool space = waitOnSegment(
@@ -354,7 +387,8 @@ uint64_t postSend(Operation& op) {
   return number;
 }
 
-bool awaitSendAck(Operation& op, uint64_t number) {
+bool awaitSendAck(Operation& op, uint64_t number, ProxyStep& step) {
+  step.enter(nccl_profiler_abi::kProxyStepSendWait);
   ncclComm* comm = op.comm;
   Mailbox* box = comm->segment.mailbox(comm->rank, op.peer);
   return waitOnSegment(
@@ -368,6 +402,10 @@ bool awaitSendAck(Operation& op, uint64_t number) {
 bool runRecv(Operation& op) {
   ncclComm* comm = op.comm;
   std::lock_guard<std::mutex> lock(comm->executionMutex);
+  // A stalled GPU never consumes the data; otherwise the receive waits for the sender's.
+  ProxyStep step(
+      op, op.peer, false,
+      op.stall ? nccl_profiler_abi::kProxyStepRecvGpuWait : nccl_profiler_abi::kProxyStepRecvWait);
   if (!prologue(op)) return false;
   const uint64_t number = ++comm->recvsExecutedFrom[op.peer];
   Mailbox* box = comm->segment.mailbox(op.peer, comm->rank);
@@ -376,6 +414,7 @@ bool runRecv(Operation& op) {
       comm, comm->cancelOps, [&] { return box->posted.load(std::memory_order_acquire) >= number; },
       [&] { debugLine(what + " waits: rank " + std::to_string(op.peer) + " has not sent"); });
   if (!posted) return false;
+  step.enter(nccl_profiler_abi::kProxyStepRecvFlushWait);
   const P2pPost post = box->ring[(number - 1) % kMailboxDepth];
   const uint64_t wanted = op.count * dataTypeSize(op.dtype);
   uint64_t bytes = wanted;
@@ -419,11 +458,22 @@ void finishOperation(Operation& op) {
 // receive, then wait for the sends.
 void CUDART_CB runTask(void* data) {
   Task* task = static_cast<Task*>(data);
-  std::vector<std::pair<Operation*, uint64_t>> postedSends;
+  // The group's kernel starts on its channels (the profiler's KernelCh events).
+  for (Operation& op : task->ops) profilerKernelStart(op);
+  struct PostedSend {
+    Operation* op;
+    uint64_t number;
+    std::unique_ptr<ProxyStep> step;
+  };
+  std::vector<PostedSend> postedSends;
   for (Operation& op : task->ops) {
     if (op.kind != OpKind::kSend) continue;
     RunningScope running(op.comm);
-    if (const uint64_t number = postSend(op)) postedSends.emplace_back(&op, number);
+    auto step =
+        std::make_unique<ProxyStep>(op, op.peer, true, nccl_profiler_abi::kProxyStepSendGpuWait);
+    if (const uint64_t number = postSend(op, *step)) {
+      postedSends.push_back({&op, number, std::move(step)});
+    }
   }
   for (Operation& op : task->ops) {
     if (op.kind != OpKind::kCollective) continue;
@@ -435,10 +485,12 @@ void CUDART_CB runTask(void* data) {
     RunningScope running(op.comm);
     runRecv(op);
   }
-  for (auto& [op, number] : postedSends) {
-    RunningScope running(op->comm);
-    awaitSendAck(*op, number);
+  for (PostedSend& send : postedSends) {
+    RunningScope running(send.op->comm);
+    awaitSendAck(*send.op, send.number, *send.step);
+    send.step.reset();
   }
+  for (Operation& op : task->ops) profilerKernelStop(op);
   for (Operation& op : task->ops) finishOperation(op);
   delete task;
 }
@@ -449,6 +501,7 @@ ncclResult_t launchTask(std::vector<Operation> ops, cudaStream_t stream) {
     ++op.comm->outstandingOps;
   }
   auto* task = new Task{stream, std::move(ops)};
+  profilerLaunch(task->ops);  // Coll/P2p events: before the task can run and start its kernel
   const cudaError_t error = cudaLaunchHostFunc(stream, runTask, task);
   if (error != cudaSuccess) {
     for (Operation& op : task->ops) finishOperation(op);
@@ -516,6 +569,7 @@ ncclResult_t issue(Operation op, cudaStream_t stream) {
   op.issueSeq = nextIssueSeq(op.comm);
   applyCrashFault(op.comm, op.issueSeq);
   faultsForOperation(op.comm, op.issueSeq, &op);
+  profilerApiCall(op, stream, tGroup.depth);
   return submitOperation(op, stream);
 }
 
@@ -638,7 +692,16 @@ void deferInitToGroupEnd(ncclComm* comm, std::function<ncclResult_t()> work) {
 }
 
 ncclResult_t submitOperation(Operation op, cudaStream_t stream) {
-  if (simConfig().instant) return ncclSuccess;  // complete at once: no rendezvous, no data
+  if (simConfig().instant) {
+    // Complete at once: no rendezvous, no data; the profiler sees the kernel run at once too.
+    if (op.profile.mask != 0) {
+      std::vector<Operation> launched{op};
+      profilerLaunch(launched);
+      profilerKernelStart(launched.front());
+      profilerKernelStop(launched.front());
+    }
+    return ncclSuccess;
+  }
   retainComm(op.comm);
   if (tGroup.depth > 0) {
     tGroup.operations.push_back({op, stream});
@@ -676,6 +739,9 @@ bool orderAfter(cudaStream_t waiter, cudaStream_t producer) {
 ncclResult_t endGroup(bool launch, ncclSimInfo_t* simInfo) {
   if (tGroup.depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd: no matching ncclGroupStart");
   if (--tGroup.depth > 0) return ncclSuccess;
+  struct GroupApiEnd {  // whichever way this returns, the GroupApi event ends with the group
+    ~GroupApiEnd() { profilerGroupEnd(); }
+  } groupApiEnd;
   std::vector<QueuedOperation> queued = std::move(tGroup.operations);
   std::vector<DeferredInit> inits = std::move(tGroup.inits);
   tGroup.operations.clear();

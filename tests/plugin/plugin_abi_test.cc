@@ -226,11 +226,13 @@ class FakeNccl {
       table->startEvent(context, &handle, &descr);
     } else if (version_ == 4) {
       auto* table = static_cast<abi::ProfilerV4*>(dlsym(library_, "ncclProfiler_v4"));
-      abi::EventDescrV4 descr = toV4(event.descr);
+      abi::EventDescrV4 descr;
+      if (!abi::toV4(event.descr, &descr)) return nullptr;
       table->startEvent(context, &handle, &descr);
     } else {
       auto* table = static_cast<abi::ProfilerV3*>(dlsym(library_, "ncclProfiler_v3"));
-      abi::EventDescrV3 descr = toV3(event.descr);
+      abi::EventDescrV3 descr;
+      if (!abi::toV3(event.descr, kCommHash, &descr)) return nullptr;
       table->startEvent(context, &handle, &descr);
     }
     if (handle == reinterpret_cast<void*>(0x1)) std::abort();  // the plugin left it unwritten
@@ -263,55 +265,6 @@ class FakeNccl {
   }
 
   std::string name() const { return "ncclProfiler_v" + std::to_string(version_); }
-
-  static abi::EventDescrV4 toV4(const abi::EventDescr& d) {
-    abi::EventDescrV4 v4{};
-    v4.type = static_cast<uint8_t>(d.type);
-    v4.parentObj = d.parentObj;
-    v4.rank = d.rank;
-    if (d.type == abi::kColl) {
-      v4.coll = {d.coll.seqNumber, d.coll.func, d.coll.sendBuff, d.coll.recvBuff,
-                 d.coll.count,     d.coll.root, d.coll.datatype, d.coll.nChannels,
-                 d.coll.nWarps,    d.coll.algo, d.coll.proto};
-    } else if (d.type == abi::kP2p) {
-      v4.p2p = {d.p2p.func, d.p2p.buff, d.p2p.datatype, d.p2p.count, d.p2p.peer, d.p2p.nChannels};
-    } else if (d.type == abi::kProxyOp) {
-      v4.proxyOp = d.proxyOp;
-    } else if (d.type == abi::kProxyStep) {
-      v4.proxyStep = d.proxyStep;
-    } else if (d.type == abi::kKernelCh) {
-      v4.kernelCh = d.kernelCh;
-    }
-    return v4;
-  }
-  static abi::EventDescrV3 toV3(const abi::EventDescr& d) {
-    abi::EventDescrV3 v3{};
-    v3.type = static_cast<uint8_t>(d.type);
-    v3.parentObj = d.parentObj;
-    v3.rank = d.rank;
-    if (d.type == abi::kColl) {
-      v3.coll.commHash = kCommHash;
-      v3.coll.seqNumber = d.coll.seqNumber;
-      v3.coll.func = d.coll.func;
-      v3.coll.count = d.coll.count;
-      v3.coll.root = d.coll.root;
-      v3.coll.datatype = d.coll.datatype;
-      v3.coll.nMaxChannels = d.coll.nChannels;
-    } else if (d.type == abi::kP2p) {
-      v3.p2p.commHash = kCommHash;
-      v3.p2p.func = d.p2p.func;
-      v3.p2p.datatype = d.p2p.datatype;
-      v3.p2p.count = d.p2p.count;
-      v3.p2p.peer = d.p2p.peer;
-    } else if (d.type == abi::kProxyOp) {
-      v3.proxyOp = d.proxyOp;
-    } else if (d.type == abi::kProxyStep) {
-      v3.proxyStep = d.proxyStep;
-    } else if (d.type == abi::kKernelCh) {
-      v3.kernelCh.channelId = d.kernelCh.channelId;
-    }
-    return v3;
-  }
 
   void* library_;
   int version_;
