@@ -127,6 +127,7 @@ const char* dtypeText(int dtype) {
 
 std::string redopText(int redop) {
   static const char* kNames[] = {"sum", "prod", "max", "min", "avg"};
+  if (redop == trace::kRedopUnknown) return "?";  // a record built from profiler events
   if (redop >= 0 && redop < 5) return kNames[redop];
   return "premulsum";
 }

@@ -30,7 +30,13 @@ std::vector<std::string> inNcclLines(const Verdict& verdict,
       if (file->header.rank != rank) continue;
       for (const trace::WaitNote& note : file->waits) {
         if (note.commHash != verdict.comm.hash) continue;
-        if (oldest == nullptr || note.seq < oldest->seq) oldest = &note;
+        // The wait that says most (a cause rather than a consequence), the oldest call among
+        // equals.
+        int weight = trace::proxyWaitWeight(note.stepState);
+        int best = oldest == nullptr ? -1 : trace::proxyWaitWeight(oldest->stepState);
+        if (oldest == nullptr || weight > best || (weight == best && note.seq < oldest->seq)) {
+          oldest = &note;
+        }
       }
     }
     if (oldest == nullptr) continue;

@@ -13,7 +13,8 @@ namespace ncclwatch::analysis {
 
 // "rank 3: kernel running (1 of 2 channels started); channel 0 proxy step 2 SendGPUWait toward
 // peer 0 for 2.1 s" for each of the verdict's ranks that has a note on the verdict's comm (the
-// oldest waiting call there), in rank order. Empty when no rank has one.
+// call whose wait says most, trace::proxyWaitWeight, the oldest among equals), in rank order.
+// Empty when no rank has one.
 std::vector<std::string> inNcclLines(const Verdict& verdict,
                                      std::span<const trace::TraceFile* const> files);
 

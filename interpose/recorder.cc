@@ -393,6 +393,7 @@ CommEntry* Recorder::add(const CommCreation& creation) {
     CommEntry& entry = state->comms[(start + probe) & (kCommTableSize - 1)];
     if (entry.key.load() != nullptr || entry.hash != 0) continue;  // used, or a tombstone
     entry.hash = creation.hash;
+    entry.abortable = creation.abortable;
     entry.parentHash = creation.parentHash;
     entry.nranks = creation.nranks;
     entry.rank = creation.rank;

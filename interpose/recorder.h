@@ -27,6 +27,9 @@ struct CommEntry {
   std::atomic<int> splitCount{0};   // NCCL's per-parent split counter (NOCOLOR counts)
   std::atomic<int> shrinkCount{0};  // ours: NCCL gives two shrinks the same hash
   std::atomic<uint64_t> rollingHash{0};
+  // The key is a real ncclComm_t this process can abort (false: the plugin's own entry, keyed
+  // by its profiler context: NCCL's plugin door never hands out the communicator).
+  bool abortable = true;
   std::atomic<uint64_t>* sendSeq = nullptr;  // per peer, nranks entries
   std::atomic<uint64_t>* recvSeq = nullptr;
 };
@@ -42,6 +45,7 @@ struct CommCreation {
   int splitIndex = 0;
   int shrinkIndex = 0;
   trace::OpKind kind = trace::OpKind::kInit;
+  bool abortable = true;  // false: `comm` is not an ncclComm_t (the plugin's entries)
 };
 
 // What a recorded call looks like before it is issued.

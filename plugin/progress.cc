@@ -2,7 +2,7 @@
 // NCCL's threads left in the operation slots into record states (the one thread that changes
 // states), keeps per-communicator progress for the hang checks of the records it built, and
 // writes wait notes for calls pending longer than a moment: kernel channels, and the proxy step
-// that has waited longest, with its peer.
+// that says most about the wait (waitRank), the longest waiting among equals, with its peer.
 #include <algorithm>
 #include <bit>
 #include <map>
@@ -168,7 +168,11 @@ void PluginProgress::buildWaits(const std::vector<Pending>& pending, int64_t now
     size_t callIndex = all.calls.indexOf(op.call);
     if (!isWaiting[callIndex]) continue;
     int& best = bestStep_[callIndex];
-    if (best < 0 || step.sinceNs.load() < children[best].sinceNs.load()) {
+    int rank = trace::proxyWaitWeight(step.state.load(std::memory_order_acquire));
+    int bestRank =
+        best < 0 ? 0 : trace::proxyWaitWeight(children[best].state.load(std::memory_order_acquire));
+    if (best < 0 || rank > bestRank ||
+        (rank == bestRank && step.sinceNs.load() < children[best].sinceNs.load())) {
       best = static_cast<int>(i);
     }
   }

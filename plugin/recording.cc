@@ -116,6 +116,7 @@ interpose::CommEntry* entryOf(Context& ctx, interpose::Recorder& recorder) {
     creation.hash = ctx.commHash;
     creation.nranks = ctx.nranks;
     creation.rank = ctx.rank;
+    creation.abortable = false;
     entry = recorder.add(creation);
     ctx.ownEntry = entry != nullptr;
   }
@@ -434,7 +435,8 @@ ncclResult_t startEvent(void* context, void** handle, const EventStart& event) {
   *handle = nullptr;
   switch (event.kind) {
     case EventKind::kGroupApi:
-      t_groupApiDepth = event.groupDepth;
+      // NCCL's depth 1 is the implicit group around a bare call; 2 and more: ncclGroupStart.
+      t_groupApiDepth = event.groupDepth > 1 ? event.groupDepth - 1 : 0;
       *handle = &g_groupApiHandle;
       return ncclSuccess;
     case EventKind::kGroup:

@@ -138,6 +138,21 @@ std::string describeWait(const trace::WaitNote& note, int64_t nowNs) {
   return text;
 }
 
+int proxyWaitWeight(uint8_t state) {
+  switch (state) {
+    case 8:   // SendGPUWait
+    case 10:  // RecvWait
+    case 20:  // SendPeerWait
+      return 3;
+    case 12:  // RecvGPUWait
+      return 2;
+    case 9:   // SendWait
+    case 11:  // RecvFlushWait
+      return 1;
+  }
+  return 0;
+}
+
 const char* proxyStepStateName(uint8_t state) {
   // NCCL's profiler state numbers (plugin/abi/profiler_abi.h); only the numbers are ABI.
   switch (state) {

@@ -83,6 +83,11 @@ static_assert(sizeof(WaitNote) == 64);
 inline constexpr uint32_t kWaitNoteCapacity = 32;
 // "SendPeerWait", "RecvWait", ... for a WaitNote::stepState; "" for 0 and unknown numbers.
 const char* proxyStepStateName(uint8_t state);
+// How much a step in `state` says about why its call waits, for choosing one to report: 3 for
+// states that point at a cause (waiting on the own GPU, on the peer's data or on its credit),
+// 2 for the GPU consuming received data, 1 for a posted transfer waiting to complete (a
+// consequence of a wait elsewhere), 0 for no wait.
+int proxyWaitWeight(uint8_t state);
 // "kernel running (2 of 2 channels started); channel 0 proxy step 3 SendGPUWait toward peer 2
 // for 1.2 s" for a note; `nowNs` on the note's clock (the writer's CLOCK_MONOTONIC).
 std::string describeWait(const WaitNote& note, int64_t nowNs);

@@ -384,11 +384,11 @@ uint64_t postSend(Operation& op, ProxyStep& step) {
   post.source = op.send;
   box->posted.store(number, std::memory_order_release);
   comm->segment.notifyAll();
+  step.enter(nccl_profiler_abi::kProxyStepSendWait);  // posted: waiting for it to complete
   return number;
 }
 
-bool awaitSendAck(Operation& op, uint64_t number, ProxyStep& step) {
-  step.enter(nccl_profiler_abi::kProxyStepSendWait);
+bool awaitSendAck(Operation& op, uint64_t number) {
   ncclComm* comm = op.comm;
   Mailbox* box = comm->segment.mailbox(comm->rank, op.peer);
   return waitOnSegment(
@@ -487,7 +487,7 @@ void CUDART_CB runTask(void* data) {
   }
   for (PostedSend& send : postedSends) {
     RunningScope running(send.op->comm);
-    awaitSendAck(*send.op, send.number, *send.step);
+    awaitSendAck(*send.op, send.number);
     send.step.reset();
   }
   for (Operation& op : task->ops) profilerKernelStop(op);

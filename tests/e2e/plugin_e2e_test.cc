@@ -25,6 +25,7 @@ struct Expect {
   const char* bug;  // train_loop --bug KIND (rank 3, step 2)
   const char* kind;
   const char* culprits;
+  bool exact = true;  // false: the culprits include these (and others)
 };
 
 void PrintTo(const Expect& e, std::ostream* out) {
@@ -36,12 +37,19 @@ std::string firstVerdict(const std::string& logs) {
   return verdicts.substr(0, verdicts.find('\n'));
 }
 
+// Runs train_loop_static on 8 ranks under `ncclwatch run --plugin-only`. The plugin door cannot
+// abort a communicator (it never sees one), so a hung job is ended by this test: 2 s after the
+// first verdict, or after 60 s, `run` gets SIGTERM (which it forwards; the ranks dump and end).
 testsupport::Output runStatic(const std::string& logs, const std::string& loopArgs,
                               const std::string& launchFlags) {
-  return testsupport::command("LD_LIBRARY_PATH=" + testsupport::simLibDir() + " timeout 120 " +
-                              kCli + " run --abort --plugin-only --dir " + logs + " -- " + kCli +
-                              " launch " + launchFlags + " -n 8 -- " + NCCLWATCH_STATIC_LOOP +
-                              " " + loopArgs);
+  std::string job = "LD_LIBRARY_PATH=" + testsupport::simLibDir() + " " + kCli +
+                    " run --abort --plugin-only --dir " + logs + " -- " + kCli + " launch " +
+                    launchFlags + " -n 8 -- " + NCCLWATCH_STATIC_LOOP + " " + loopArgs;
+  std::string verdicts = logs + "/verdicts.jsonl";
+  return testsupport::command(
+      job + " & job=$!; for i in $(seq 600); do kill -0 $job 2>/dev/null || break; [ -s " +
+      verdicts + " ] && { sleep 2; kill -TERM $job; break; }; sleep 0.1; done; " +
+      "kill -0 $job 2>/dev/null && kill -TERM $job; wait $job");
 }
 
 class PluginOnlyBug : public ::testing::TestWithParam<Expect> {};
@@ -53,12 +61,17 @@ TEST_P(PluginOnlyBug, FirstVerdictHasPreloadModesKindAndCulprit) {
   bool dies = name == "exit" || name == "crash";
   testsupport::Output out = runStatic(logs, "--steps 4 --quiet --bug " + name + ":rank=3,step=2",
                                       dies ? "--keep-going" : "");
-  EXPECT_NE(out.status, 124) << "still hanging when the test's bound ran out\n" << out.text;
   std::string first = firstVerdict(logs);
   ASSERT_FALSE(first.empty()) << out.text;
   EXPECT_NE(first.find(std::string("\"kind\":\"") + e.kind + "\""), std::string::npos) << first;
-  EXPECT_NE(first.find(std::string("\"culprits\":[") + e.culprits + "]"), std::string::npos)
-      << first;
+  if (e.exact) {
+    EXPECT_NE(first.find(std::string("\"culprits\":[") + e.culprits + "]"), std::string::npos)
+        << first;
+  } else {
+    std::string culprits = first.substr(first.find("\"culprits\":["));
+    culprits = culprits.substr(0, culprits.find(']') + 1);
+    EXPECT_NE(culprits.find(std::string(e.culprits)), std::string::npos) << first;
+  }
   // Every record came from the plugin: LD_PRELOAD was not used.
   for (const auto& file : testsupport::readTraceFiles(logs)) {
     EXPECT_EQ(file.header.recordingSources, ncclwatch::trace::kSourcePlugin) << file.path;
@@ -66,23 +79,22 @@ TEST_P(PluginOnlyBug, FirstVerdictHasPreloadModesKindAndCulprit) {
   std::filesystem::remove_all(logs);
 }
 
-// As tests/collect/live_bugs_test.cc expects of preload mode on train_loop; the closing note of
-// the plugin work lists where the seq or the comm differs and why (e.g. no split records).
-INSTANTIATE_TEST_SUITE_P(Bugs, PluginOnlyBug,
-                         ::testing::Values(Expect{"skip", "mismatch", "3"},
-                                           Expect{"op", "mismatch", "3"},
-                                           Expect{"count", "mismatch", "3"},
-                                           Expect{"dtype", "mismatch", "3"},
-                                           Expect{"root", "mismatch", "3"},
-                                           Expect{"extra", "mismatch", "3"},
-                                           Expect{"peer", "unmatched_p2p", "3"},
-                                           Expect{"color", "mismatch", "3"},
-                                           Expect{"order", "mismatch", "3"},
-                                           Expect{"exit", "dead_rank", "3"},
-                                           Expect{"crash", "dead_rank", "3"}),
-                         [](const ::testing::TestParamInfo<Expect>& info) {
-                           return std::string(info.param.bug);
-                         });
+// As tests/collect/live_bugs_test.cc expects of preload mode on train_loop, with one difference:
+// the colour bug. Preload mode sees the disagreeing colours in the ncclCommSplit records; NCCL's
+// profiler has no event for a split (a child is just a new communicator), so plugin-only mode
+// first sees the consequence: the pipeline sends and receives that the wrong tensor-parallel
+// group makes, an unmatched_p2p whose culprits include rank 3 among the ranks its wrong group
+// drags along (docs/plugin.md).
+INSTANTIATE_TEST_SUITE_P(
+    Bugs, PluginOnlyBug,
+    ::testing::Values(Expect{"skip", "mismatch", "3"}, Expect{"op", "mismatch", "3"},
+                      Expect{"count", "mismatch", "3"}, Expect{"dtype", "mismatch", "3"},
+                      Expect{"root", "mismatch", "3"}, Expect{"extra", "mismatch", "3"},
+                      Expect{"peer", "unmatched_p2p", "3"},
+                      Expect{"color", "unmatched_p2p", "3", false},
+                      Expect{"order", "mismatch", "3"}, Expect{"exit", "dead_rank", "3"},
+                      Expect{"crash", "dead_rank", "3"}),
+    [](const ::testing::TestParamInfo<Expect>& info) { return std::string(info.param.bug); });
 
 TEST(PluginOnly, ACleanRunHasNoErrorVerdict) {
   std::string logs = testsupport::freshDirectory("plugin-clean");
@@ -115,8 +127,8 @@ TEST(PluginUnderPreload, AStaticNcclIsNoticedAndRecorded) {
       " --steps 2 --quiet");
   EXPECT_EQ(out.status, 0) << out.text;
   size_t said = 0;
-  for (size_t at = 0; (at = out.text.find("do not reach the LD_PRELOAD wrappers", at)) !=
-                      std::string::npos;
+  for (size_t at = 0;
+       (at = out.text.find("do not reach the LD_PRELOAD wrappers", at)) != std::string::npos;
        ++at) {
     ++said;
   }
