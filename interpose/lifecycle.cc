@@ -50,6 +50,7 @@ ncclResult_t finishRootInit(ncclResult_t result, ncclComm_t comm, const ncclUniq
   CommEntry* entry = nullptr;
   if (accepted(result) && comm != nullptr) {
     describeComm(comm, &creation);
+    recorder->writer().addRecordingSource(trace::kSourceInterposer);
     entry = recorder->add(creation);
     recorder->communicatorCreated();
   }
@@ -77,6 +78,7 @@ void addChild(ncclComm_t child, CommEntry* parent, uint64_t hash, OpKind kind, i
   creation.shrinkIndex = shrinkIndex;
   creation.kind = kind;
   describeComm(child, &creation);
+  recorder->writer().addRecordingSource(trace::kSourceInterposer);
   CommEntry* entry = recorder->add(creation);
   recorder->communicatorCreated();
   CallDescription call;

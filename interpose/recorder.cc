@@ -596,6 +596,7 @@ IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
   if (!tracked && (call.extraFlags & trace::kRecordKernelTracked) == 0) {
     record.flags |= trace::kRecordNoEvents;
   }
+  issued.tracked = tracked;
   issued.index = state->writer.append(record);
   if (issued.inGroupBatch) addToBatch(t_batches->group, issued);
   return issued;

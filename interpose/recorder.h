@@ -78,6 +78,7 @@ struct IssuedCall {
   trace::OpKind op = trace::OpKind::kUnknown;
   watchdog::Ticket ticket = watchdog::kNoTicket;  // events recorded around this call alone
   bool inGroupBatch = false;                      // events come at the outermost ncclGroupEnd
+  bool tracked = false;  // CUDA events will complete its record (else it is flagged no-events)
 };
 
 class Recorder {

@@ -84,7 +84,7 @@ bool PluginProgress::sweep(CallSlot& slot, trace::RingWriter& writer, int64_t no
   bool kernelDone = startedCount > 0 && static_cast<int>(stopped) >= startedCount &&
                     static_cast<int>(stopped) >= std::max(1, slot.nChannels);
   // Joined records are the interposer's: its CUDA events complete them unless they had none.
-  bool completesRecord = !slot.joined || (record.flags & trace::kRecordNoEvents) != 0;
+  bool completesRecord = slot.completesRecord;
   if (!isFinal(record.state)) {
     if (kernelDone && completesRecord) {
       int64_t start = slot.kernelStartNs.load(std::memory_order_acquire);

@@ -156,12 +156,22 @@ void fillApi(CallSlot& slot, Context& ctx, const EventStart& event) {
   slot.nChannels = 0;
   slot.apiStopped.store(false, std::memory_order_relaxed);
   slot.stoppedApiSeenNs = 0;
-  // Inside an interposer wrapper on this thread: the wrapper's record is this call.
+  slot.completesRecord = true;
+  // Inside an interposer wrapper on this thread: the wrapper's record is this call. Its CUDA
+  // events complete it; without them (NCCLWATCH_EVENTS=0, no driver, a full pool) the kernel's
+  // channels do, and the record says so.
   if (const interpose::IssuedCall* call = interpose::callInProgress()) {
     slot.joined = true;
     slot.ringIndex = call->index;
     slot.commHash = call->commHash;
     slot.seq = call->seq;
+    slot.completesRecord = !call->tracked;
+    if (slot.completesRecord) {
+      if (interpose::Recorder* recorder = interpose::Recorder::existing()) {
+        recorder->writer().updateFlags(call->index, trace::kRecordKernelTracked,
+                                       trace::kRecordNoEvents);
+      }
+    }
   }
 }
 
@@ -178,7 +188,7 @@ bool inheritApi(CallSlot& slot, void* parent) {
   uint64_t stream = api->stream, ringIndex = api->ringIndex, commHash = api->commHash;
   uint64_t seq = api->seq;
   int64_t apiNs = api->apiNs;
-  bool captured = api->captured, joined = api->joined;
+  bool captured = api->captured, joined = api->joined, completes = api->completesRecord;
   // A slot reused while we copied (the sweeper gave it back) is not our parent any more.
   if (api->generation.load(std::memory_order_acquire) != generation) return false;
   if (op != OpKind::kUnknown) slot.op = op;
@@ -191,6 +201,7 @@ bool inheritApi(CallSlot& slot, void* parent) {
   slot.apiNs = apiNs;
   slot.captured = captured;
   slot.joined = joined;
+  slot.completesRecord = completes;
   slot.ringIndex = ringIndex;
   slot.commHash = commHash;
   slot.seq = seq;
@@ -249,6 +260,7 @@ ncclResult_t startOperation(Context& ctx, void** handle, const EventStart& event
   call.groupDepth = t_groupApiDepth;
   call.captured = false;
   call.joined = call.hasRecord = false;
+  call.completesRecord = true;
   call.ncclSeqNumber = event.seqNumber;
   call.nChannels = event.nChannels;
   call.startedChannels.store(0, std::memory_order_relaxed);

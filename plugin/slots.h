@@ -56,7 +56,8 @@ struct alignas(64) CallSlot {
   bool captured = false;
   // The record this call is (the interposer's in combined mode, else one built here).
   bool hasRecord = false;
-  bool joined = false;  // the interposer's record: its CUDA events complete it
+  bool joined = false;           // the interposer's record
+  bool completesRecord = false;  // KernelCh completes the record (no CUDA events track it)
   uint64_t ringIndex = 0;
   uint64_t commHash = 0;
   uint64_t seq = 0;

@@ -217,6 +217,19 @@ bool RingWriter::updateState(uint64_t index, RecordState state, int64_t startNs,
   return true;
 }
 
+bool RingWriter::updateFlags(uint64_t index, uint8_t set, uint8_t clear) {
+  CallRecord* target = slot(index);
+  if (std::atomic_ref<uint64_t>(target->ringIndex).load(std::memory_order_relaxed) != index) {
+    return false;
+  }
+  writeSlot(target, [&] {
+    auto flags = std::atomic_ref<uint8_t>(target->flags);
+    flags.store(static_cast<uint8_t>((flags.load(std::memory_order_relaxed) & ~clear) | set),
+                std::memory_order_relaxed);
+  });
+  return true;
+}
+
 bool RingWriter::updateResult(uint64_t index, int32_t result) {
   CallRecord* target = slot(index);
   if (std::atomic_ref<uint64_t>(target->ringIndex).load(std::memory_order_relaxed) != index) {

@@ -59,6 +59,9 @@ class RingWriter {
   // Changes the state of record `index` if it has not been overwritten since; false if it was.
   bool updateState(uint64_t index, RecordState state, int64_t startNs, int64_t completeNs);
 
+  // Sets and clears RecordFlags bits of record `index`, if it has not been overwritten.
+  bool updateFlags(uint64_t index, uint8_t set, uint8_t clear);
+
   // Stores the ncclResult_t a call returned, if record `index` has not been overwritten.
   bool updateResult(uint64_t index, int32_t result);
 

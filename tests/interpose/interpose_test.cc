@@ -418,12 +418,14 @@ TEST(Completion, CapturedCallIsMarkedAndPollingKeepsTheCaptureValid) {
   EXPECT_EQ(captured->state, RecordState::kIssued);
 }
 
-// NCCLWATCH_EVENTS=0: calls are recorded without completion tracking and say so.
+// NCCLWATCH_EVENTS=0 with the profiler-plugin role off too: calls are recorded without
+// completion tracking and say so.
 TEST(Completion, EventsOffRecordsCallsAsUntracked) {
   std::string logs = testsupport::freshDirectory("noevents");
   testsupport::JobSpec spec = preloaded(
       std::string(NCCLWATCH_BUILD_DIR) + "/examples/allreduce_loop", 2, logs, {"--iters", "5"});
   spec.env.push_back({"NCCLWATCH_EVENTS", "0"});
+  spec.env.push_back({"NCCLWATCH_PLUGIN", "off"});
   CheckedJob job(spec);
   ASSERT_TRUE(job.waitExit(30s));
   std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
@@ -435,6 +437,33 @@ TEST(Completion, EventsOffRecordsCallsAsUntracked) {
       ++allReduces;
       EXPECT_NE(record.flags & ncclwatch::trace::kRecordNoEvents, 0);
       EXPECT_EQ(record.state, RecordState::kIssued);
+    }
+    EXPECT_EQ(allReduces, 5);
+  }
+}
+
+// NCCLWATCH_EVENTS=0 with the plugin role on (the default): no CUDA events, yet every call is
+// tracked to completion by NCCL's KernelCh events, and its record says so.
+TEST(Completion, EventsOffThePluginStillTracksCompletion) {
+  std::string logs = testsupport::freshDirectory("noevents-plugin");
+  testsupport::JobSpec spec = preloaded(
+      std::string(NCCLWATCH_BUILD_DIR) + "/examples/allreduce_loop", 2, logs, {"--iters", "5"});
+  spec.env.push_back({"NCCLWATCH_EVENTS", "0"});
+  CheckedJob job(spec);
+  ASSERT_TRUE(job.waitExit(30s));
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
+  ASSERT_EQ(files.size(), 2u);
+  for (const TraceFile& file : files) {
+    EXPECT_EQ(file.header.recordingSources,
+              ncclwatch::trace::kSourceInterposer | ncclwatch::trace::kSourcePlugin);
+    int allReduces = 0;
+    for (const CallRecord& record : file.records) {
+      if (record.op != OpKind::kAllReduce) continue;
+      ++allReduces;
+      EXPECT_EQ(record.flags & ncclwatch::trace::kRecordNoEvents, 0);
+      EXPECT_NE(record.flags & ncclwatch::trace::kRecordKernelTracked, 0);
+      EXPECT_EQ(record.flags & ncclwatch::trace::kRecordFromPlugin, 0);  // the wrapper's record
+      EXPECT_EQ(record.state, RecordState::kCompleted);
     }
     EXPECT_EQ(allReduces, 5);
   }
