@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Host time per ncclAllReduce with and without libncclwatch.so, measured in one run on the sim's
-# instant mode: without ncclwatch, with it recording only (events off), and with completion
-# events. Runs are interleaved (the three configurations, repeated) and the median of each
+# instant mode: without ncclwatch, with it recording only (events off; the LD_PRELOAD wrappers
+# alone, then with the profiler-plugin role too, as LD_PRELOAD sets it up by default, then the
+# plugin alone through NCCL_PROFILER_PLUGIN), and with completion events. Runs are interleaved (the three configurations, repeated) and the median of each
 # configuration's medians is reported, so that machine noise hits all alike.
 # Usage: bench/overhead.sh [BUILD_DIR] [ROUNDS]
 set -euo pipefail
@@ -29,7 +30,9 @@ run() {  # NAME SHAPE [env assignments...]
 }
 for ((i = 0; i < rounds; i++)); do
   run base "200 1000"
-  run recording "200 1000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0
+  run recording "200 1000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0 NCCLWATCH_PLUGIN=off
+  run combined "200 1000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0
+  run plugin "200 1000" NCCL_PROFILER_PLUGIN="$preload" NCCLWATCH_EVENTS=0
   run base_paused "400 200 3000"
   run events "400 200 3000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=1
 done
@@ -37,6 +40,8 @@ done
 median() { sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 base=$(cut -d' ' -f1 "$logs/base.txt" | median)
 off=$(cut -d' ' -f1 "$logs/recording.txt" | median)
+combined=$(cut -d' ' -f1 "$logs/combined.txt" | median)
+plugin=$(cut -d' ' -f1 "$logs/plugin.txt" | median)
 base_paused=$(cut -d' ' -f1 "$logs/base_paused.txt" | median)
 on=$(cut -d' ' -f1 "$logs/events.txt" | median)
 rss_base=$(cut -d' ' -f2 "$logs/base.txt" | median)
@@ -56,6 +61,10 @@ printf 'ncclAllReduce host time per call, sim instant mode, median of %d interle
 printf '  back to back (200 x 1000 calls):\n'
 printf '    %-34s %8.1f ns\n' "without ncclwatch" "$base"
 printf '    %-34s %8.1f ns  (+%.1f ns, budget 50)\n' "with ncclwatch, recording only" "$off" "$(awk "BEGIN{print $off - $base}")"
+printf '    %-34s %8.1f ns  (+%.1f ns)\n' "  and its profiler plugin (default)" "$combined" "$(awk "BEGIN{print $combined - $base}")"
+printf '    %-34s %8.1f ns  (+%.1f ns)\n' "plugin only (NCCL_PROFILER_PLUGIN)" "$plugin" "$(awk "BEGIN{print $plugin - $base}")"
+printf '    (plugin rows: the sim emits Coll and KernelCh on the calling thread in instant mode;\n'
+printf '     NCCL emits KernelCh and proxy events from its proxy thread)\n' 
 printf '  in steps (400 x 200 calls, 3 ms apart):\n'
 printf '    %-34s %8.1f ns\n' "without ncclwatch" "$base_paused"
 printf '    %-34s %8.1f ns  (+%.1f ns, budget 600)\n' "with ncclwatch, completion events" "$on" "$(awk "BEGIN{print $on - $base_paused}")"
@@ -77,9 +86,13 @@ if command -v valgrind >/dev/null; then
   }
   per_call() { echo $((($(instructions 20 "$@") - $(instructions 10 "$@")) / 10000)); }
   i_base=$(per_call)
-  i_off=$(per_call LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0)
+  i_off=$(per_call LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0 NCCLWATCH_PLUGIN=off)
   i_on=$(per_call LD_PRELOAD="$preload" NCCLWATCH_EVENTS=1)
+  i_combined=$(per_call LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0)
+  i_plugin=$(per_call NCCL_PROFILER_PLUGIN="$preload" NCCLWATCH_EVENTS=0)
   printf '  instructions per call (callgrind, all threads): %s without, %s recording (+%s), %s with events (+%s, driver calls included)\n' \
     "$i_base" "$i_off" "$((i_off - i_base))" "$i_on" "$((i_on - i_base))"
+  printf '    profiler plugin: %s recording with it (+%s), %s plugin only (+%s)\n' \
+    "$i_combined" "$((i_combined - i_base))" "$i_plugin" "$((i_plugin - i_base))"
 fi
 exit 0
