@@ -11,8 +11,9 @@ build=${1:-build}
 rounds=${2:-5}
 loop="$build/bench/overhead_loop"
 preload="$PWD/$build/lib/libncclwatch.so"
+null_plugin="$PWD/$build/bench/libnull_profiler_plugin.so"
 cli="$build/bin/ncclwatch"
-for f in "$loop" "$preload" "$cli" "$build/sim/lib/libnccl.so.2"; do
+for f in "$loop" "$preload" "$null_plugin" "$cli" "$build/sim/lib/libnccl.so.2"; do
   [ -e "$f" ] || { echo "overhead.sh: $f is missing; build first (scripts/setup.sh $build)" >&2; exit 2; }
 done
 logs=$(mktemp -d)
@@ -31,8 +32,12 @@ run() {  # NAME SHAPE [env assignments...]
 for ((i = 0; i < rounds; i++)); do
   run base "200 1000"
   run recording "200 1000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0 NCCLWATCH_PLUGIN=off
-  run combined "200 1000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0
-  run plugin "200 1000" NCCL_PROFILER_PLUGIN="$preload" NCCLWATCH_EVENTS=0
+  # NCCL emits no profiler events for a one-rank communicator: these two use a 2-rank one (and
+  # their own baseline), of which the loop drives the first rank.
+  run base2 "200 1000 0 2"
+  run null_plugin "200 1000 0 2" NCCL_PROFILER_PLUGIN="$null_plugin"
+  run combined "200 1000 0 2" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0
+  run plugin "200 1000 0 2" NCCL_PROFILER_PLUGIN="$preload" NCCLWATCH_EVENTS=0
   run base_paused "400 200 3000"
   run events "400 200 3000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=1
 done
@@ -40,6 +45,8 @@ done
 median() { sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 base=$(cut -d' ' -f1 "$logs/base.txt" | median)
 off=$(cut -d' ' -f1 "$logs/recording.txt" | median)
+base2=$(cut -d' ' -f1 "$logs/base2.txt" | median)
+null=$(cut -d' ' -f1 "$logs/null_plugin.txt" | median)
 combined=$(cut -d' ' -f1 "$logs/combined.txt" | median)
 plugin=$(cut -d' ' -f1 "$logs/plugin.txt" | median)
 base_paused=$(cut -d' ' -f1 "$logs/base_paused.txt" | median)
@@ -61,8 +68,11 @@ printf 'ncclAllReduce host time per call, sim instant mode, median of %d interle
 printf '  back to back (200 x 1000 calls):\n'
 printf '    %-34s %8.1f ns\n' "without ncclwatch" "$base"
 printf '    %-34s %8.1f ns  (+%.1f ns, budget 50)\n' "with ncclwatch, recording only" "$off" "$(awk "BEGIN{print $off - $base}")"
-printf '    %-34s %8.1f ns  (+%.1f ns)\n' "  and its profiler plugin (default)" "$combined" "$(awk "BEGIN{print $combined - $base}")"
-printf '    %-34s %8.1f ns  (+%.1f ns)\n' "plugin only (NCCL_PROFILER_PLUGIN)" "$plugin" "$(awk "BEGIN{print $plugin - $base}")"
+printf '  back to back, a 2-rank communicator (profiler events):\n'
+printf '    %-34s %8.1f ns\n' "without ncclwatch" "$base2"
+printf '    %-34s %8.1f ns  (+%.1f ns: the sim emitting events)\n' "a null plugin, same events" "$null" "$(awk "BEGIN{print $null - $base2}")"
+printf '    %-34s %8.1f ns  (+%.1f ns over the null plugin)\n' "recording with its plugin (default)" "$combined" "$(awk "BEGIN{print $combined - $null}")"
+printf '    %-34s %8.1f ns  (+%.1f ns over the null plugin)\n' "plugin only (NCCL_PROFILER_PLUGIN)" "$plugin" "$(awk "BEGIN{print $plugin - $null}")"
 printf '    (plugin rows: the sim emits Coll and KernelCh on the calling thread in instant mode;\n'
 printf '     NCCL emits KernelCh and proxy events from its proxy thread)\n' 
 printf '  in steps (400 x 200 calls, 3 ms apart):\n'
@@ -82,17 +92,19 @@ if command -v valgrind >/dev/null; then
     local batches=$1; shift
     env LD_LIBRARY_PATH="$PWD/$build/sim/lib" NCCLSIM_INSTANT=1 NCCLWATCH_DIR="$logs/cg" \
       NCCLWATCH_POLL_MS=20 "$@" valgrind --tool=callgrind --callgrind-out-file=/dev/null \
-      "$loop" "$batches" 1000 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+      "$loop" "$batches" 1000 0 "${RANKS:-1}" 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
   }
   per_call() { echo $((($(instructions 20 "$@") - $(instructions 10 "$@")) / 10000)); }
   i_base=$(per_call)
   i_off=$(per_call LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0 NCCLWATCH_PLUGIN=off)
   i_on=$(per_call LD_PRELOAD="$preload" NCCLWATCH_EVENTS=1)
-  i_combined=$(per_call LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0)
-  i_plugin=$(per_call NCCL_PROFILER_PLUGIN="$preload" NCCLWATCH_EVENTS=0)
+  i_base2=$(RANKS=2 per_call)
+  i_null=$(RANKS=2 per_call NCCL_PROFILER_PLUGIN="$null_plugin")
+  i_combined=$(RANKS=2 per_call LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0)
+  i_plugin=$(RANKS=2 per_call NCCL_PROFILER_PLUGIN="$preload" NCCLWATCH_EVENTS=0)
   printf '  instructions per call (callgrind, all threads): %s without, %s recording (+%s), %s with events (+%s, driver calls included)\n' \
     "$i_base" "$i_off" "$((i_off - i_base))" "$i_on" "$((i_on - i_base))"
-  printf '    profiler plugin: %s recording with it (+%s), %s plugin only (+%s)\n' \
-    "$i_combined" "$((i_combined - i_base))" "$i_plugin" "$((i_plugin - i_base))"
+  printf '    2-rank communicator: %s without, %s with a null plugin, %s recording with its plugin (+%s over null), %s plugin only (+%s over null)\n' \
+    "$i_base2" "$i_null" "$i_combined" "$((i_combined - i_null))" "$i_plugin" "$((i_plugin - i_null))"
 fi
 exit 0

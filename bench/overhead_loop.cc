@@ -1,6 +1,10 @@
-// One rank, one communicator, a tight ncclAllReduce loop: measures the host time per call.
+// One communicator, a tight ncclAllReduce loop: measures the host time per call.
 // Run on the sim's instant mode (NCCLSIM_INSTANT=1) so that the figure is the enqueue path
 // alone; bench/overhead.sh runs it with and without libncclwatch.so preloaded.
+//   overhead_loop [BATCHES] [CALLS_PER_BATCH] [PAUSE_US] [RANKS]
+// RANKS > 1 makes the communicator with ncclCommInitAll in this one process (NCCL gives a
+// one-rank communicator no profiler events) and issues on its first rank only: in instant mode
+// no peer needs to match.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -43,14 +47,21 @@ int main(int argc, char** argv) {
   // see the batch's completion events and return their pairs to the pool, as a training step's
   // compute would.
   int pause_us = argc > 3 ? std::atoi(argv[3]) : 0;
-  check(batches > 0 && calls_per_batch > 0 && pause_us >= 0,
-        "arguments (BATCHES CALLS_PER_BATCH [PAUSE_US])");
+  int ranks = argc > 4 ? std::atoi(argv[4]) : 1;
+  check(batches > 0 && calls_per_batch > 0 && pause_us >= 0 && ranks >= 1 && ranks <= 8,
+        "arguments (BATCHES CALLS_PER_BATCH [PAUSE_US] [RANKS 1-8])");
 
   check(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
-  ncclUniqueId id;
-  check(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId");
-  ncclComm_t comm;
-  check(ncclCommInitRank(&comm, 1, id, 0) == ncclSuccess, "ncclCommInitRank");
+  std::vector<ncclComm_t> comms(ranks);
+  if (ranks == 1) {
+    ncclUniqueId id;
+    check(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId");
+    check(ncclCommInitRank(&comms[0], 1, id, 0) == ncclSuccess, "ncclCommInitRank");
+  } else {
+    check(ncclCommInitAll(comms.data(), ranks, nullptr) == ncclSuccess, "ncclCommInitAll");
+    check(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
+  }
+  ncclComm_t comm = comms[0];
   cudaStream_t stream;
   check(cudaStreamCreate(&stream) == cudaSuccess, "cudaStreamCreate");
   float* buffer;
@@ -82,6 +93,6 @@ int main(int argc, char** argv) {
 
   std::printf("median_ns=%.1f p10_ns=%.1f p90_ns=%.1f rss_kib=%ld calls=%ld\n", at(0.5), at(0.1),
               at(0.9), resident_kib(), static_cast<long>(batches) * calls_per_batch);
-  check(ncclCommDestroy(comm) == ncclSuccess, "ncclCommDestroy");
+  for (ncclComm_t each : comms) check(ncclCommDestroy(each) == ncclSuccess, "ncclCommDestroy");
   return 0;
 }
