@@ -11,6 +11,7 @@
 //     ranks the others wait for are missing or dead.
 #include "analysis/analyze.h"
 #include "analysis/in_nccl.h"
+#include "analysis/issued_at.h"
 #include "analysis/stack_tree.h"
 
 #include <unistd.h>
@@ -1810,6 +1811,7 @@ Report analyze(std::span<const trace::TraceFile> files, const Options& options) 
     }
   }
   annotateInNccl(report, files);
+  annotateIssuedAt(report, files);
   return report;
 }
 

@@ -34,8 +34,9 @@ struct CallDesc {
   int rootOrPeer = -1;
   uint64_t p2pSeq = 0;
   trace::RecordState state = trace::RecordState::kEmpty;
-  uint64_t callSite = 0;
-  int threadId = 0;  // the thread that issued it
+  uint64_t callSite = 0;  // a return address, or a Python site (trace::isPythonSite)
+  std::string issuedAt;   // the Python line that issued it ("train.py:88 step"), when known
+  int threadId = 0;       // the thread that issued it
   uint64_t commHash =
       0;             // where the class is when it is elsewhere (another comm); else the verdict's
   std::string note;  // "never issued", "process ended", ... when there is no call

@@ -103,8 +103,10 @@ void jsonCall(std::string& out, const CallDesc& d) {
   } else {
     out += "null";
   }
+  out += ",\"issued_at\":";
+  jsonString(out, d.issuedAt);
   out += ",\"call_site\":";
-  if (d.callSite != 0) {
+  if (d.callSite != 0 && !trace::isPythonSite(d.callSite)) {
     out += "\"" + hex(d.callSite) + "\"";
   } else {
     out += "null";
@@ -245,7 +247,11 @@ void printVerdictText(const Verdict& v, std::ostream& out, const TextStyle& styl
       if (rc.call.state != trace::RecordState::kEmpty) {
         line += std::string(" (") + trace::stateName(rc.call.state) + ")";
       }
-      if (rc.call.callSite != 0) line += " at " + hex(rc.call.callSite);
+      if (!rc.call.issuedAt.empty()) {
+        line += " issued at " + rc.call.issuedAt;
+      } else if (rc.call.callSite != 0 && !trace::isPythonSite(rc.call.callSite)) {
+        line += " at " + hex(rc.call.callSite);
+      }
     }
     if (!rc.call.note.empty()) {
       line += (rc.call.op != trace::OpKind::kUnknown ? ": " : "") + rc.call.note;

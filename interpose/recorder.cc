@@ -26,6 +26,7 @@
 #include "trace/ring_writer.h"
 #include "watchdog/agent.h"
 #include "watchdog/discovery.h"
+#include "watchdog/python_sites.h"
 
 namespace ncclwatch::interpose {
 namespace {
@@ -366,6 +367,7 @@ Recorder* Recorder::start() {
     getVersion(&version);
   }
   state->writer.setNcclLibrary(version, realNcclPath());
+  watchdog::preparePythonSites();
   std::string pluginNote = plugin::takeStartupNote();
   if (!pluginNote.empty()) std::fprintf(stderr, "[ncclwatch] %s\n", pluginNote.c_str());
   instance_.store(state, std::memory_order_release);
@@ -533,7 +535,10 @@ IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
   record.redop = static_cast<uint8_t>(call.redop < 0 ? 0 : call.redop);
   record.rootOrPeer = call.rootOrPeer;
   record.stream = call.stream;
-  record.callSite = call.callSite;
+  // In a Python process, the Python line of the call (watchdog/python_sites.h).
+  record.callSite = call.callSite != 0 && watchdog::pythonSitesOn()
+                        ? watchdog::pythonCallSite(call.callSite)
+                        : call.callSite;
   record.issueNs = call.issueNs != 0 ? call.issueNs : trace::FastClock::nowNs();
   record.threadId = call.threadId != 0 ? call.threadId : threadId();
   int depth = call.groupDepth >= 0 ? call.groupDepth : t_groupDepth;

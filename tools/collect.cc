@@ -347,6 +347,11 @@ bool Collector::State::handle(Connection& connection, wire::Frame& frame) {
       counters.records += frame.records.size();
       activity |= !frame.records.empty();
       break;
+    case wire::FrameType::kSites: {
+      std::string why;
+      trace::parsePythonSites(frame.reason, &file.pythonSites, &why);  // keeps the good lines
+      break;
+    }
     case wire::FrameType::kWaits:
       // The whole current set: where this rank's pending calls wait inside NCCL.
       file.waits = std::move(frame.waits);

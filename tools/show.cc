@@ -63,7 +63,39 @@ std::string flagNotes(const CallRecord& record) {
   if (record.flags & trace::kRecordInGroup) notes += " group";
   if (record.flags & trace::kRecordCaptured) notes += " captured";
   if (communication && (record.flags & trace::kRecordNoEvents)) notes += " untracked";
+  if (record.flags & trace::kRecordFromPlugin) notes += " plugin";
+  if (record.flags & trace::kRecordKernelTracked) notes += " kernel-tracked";
+  if (trace::isPythonSite(record.callSite)) {
+    notes += " py#" + std::to_string(trace::pythonSiteNumber(record.callSite));
+  }
   return notes;
+}
+
+// How the process saw its calls, where pending calls waited inside NCCL, and the Python lines
+// the records' py#N refer to; each section only when the trace has it.
+void printPluginAndSites(const TraceFile& file, std::ostream& out) {
+  uint32_t sources = file.header.recordingSources;
+  if (sources != 0) {
+    out << "\nseen through:";
+    if (sources & trace::kSourceInterposer) out << " LD_PRELOAD wrappers";
+    if ((sources & trace::kSourceInterposer) && (sources & trace::kSourcePlugin)) out << ",";
+    if (sources & trace::kSourcePlugin) out << " NCCL profiler plugin";
+    out << "\n";
+  }
+  if (!file.waits.empty()) {
+    out << "\nwaiting inside NCCL (profiler plugin):\n";
+    for (const trace::WaitNote& note : file.waits) {
+      out << "  comm " << hex(note.commHash) << " seq " << note.seq << ": "
+          << trace::describeWait(note, note.updatedNs) << "\n";
+    }
+  }
+  if (!file.pythonSites.empty()) {
+    out << "\nPython call sites:\n";
+    for (const trace::PythonSite& site : file.pythonSites) {
+      out << "  py#" << site.number << "  " << trace::issuedAtText(site) << "\n";
+      for (const std::string& frame : site.frames) out << "          " << frame << "\n";
+    }
+  }
 }
 
 // Each dump: when and why, the findings, every thread's frames, the Python stacks.
@@ -223,6 +255,7 @@ void printTable(const TraceFile& file, std::ostream& out) {
         milliseconds(r.completeNs, h.anchorMonotonicNs).c_str(), r.result, flagNotes(r).c_str());
     out << line;
   }
+  printPluginAndSites(file, out);
   printDumps(file, out);
 }
 
@@ -270,7 +303,12 @@ void printJson(const TraceFile& file, std::ostream& out) {
         << ",\"fingerprint\":\"" << hex(r.fingerprint) << "\",\"stream\":\"" << hex(r.stream)
         << "\",\"issue_ns\":" << r.issueNs << ",\"start_ns\":" << r.startNs
         << ",\"complete_ns\":" << r.completeNs << ",\"result\":" << r.result
-        << ",\"thread\":" << r.threadId << ",\"call_site\":\"" << hex(r.callSite) << "\"}";
+        << ",\"thread\":" << r.threadId << ",\"call_site\":\""
+        << (trace::isPythonSite(r.callSite)
+                ? "py#" + std::to_string(trace::pythonSiteNumber(r.callSite))
+                : hex(r.callSite))
+        << "\",\"from_plugin\":" << ((r.flags & trace::kRecordFromPlugin) ? "true" : "false")
+        << "}";
   }
   out << "]";
   printDumpsJson(file, out);

@@ -202,6 +202,8 @@ struct DumpHeader {
 };
 static_assert(sizeof(DumpHeader) == sizeof(SegmentHeader));
 
+// Python call sites (trace/python_sites.h) travel in blocks of the dump's shape with this magic.
+inline constexpr char kSitesMagic[8] = {'N', 'W', 'S', 'I', 'T', 'E', 'S', '1'};
 inline uint64_t paddedDumpBytes(uint64_t textBytes) {
   return (textBytes + sizeof(DumpHeader) - 1) / sizeof(DumpHeader) * sizeof(DumpHeader);
 }

@@ -83,7 +83,8 @@ uint64_t resync(std::span<const std::byte> bytes, uint64_t from) {
   for (uint64_t pos = from + sizeof(SegmentHeader);
        pos < size && size - pos >= sizeof kSegmentMagic; pos += sizeof(SegmentHeader)) {
     if (std::memcmp(bytes.data() + pos, kSegmentMagic, sizeof kSegmentMagic) == 0 ||
-        std::memcmp(bytes.data() + pos, kDumpMagic, sizeof kDumpMagic) == 0) {
+        std::memcmp(bytes.data() + pos, kDumpMagic, sizeof kDumpMagic) == 0 ||
+        std::memcmp(bytes.data() + pos, kSitesMagic, sizeof kSitesMagic) == 0) {
       return pos;
     }
   }
@@ -110,39 +111,59 @@ void takeSegmentRecords(TraceFile& file, std::span<const std::byte> bytes, uint6
   }
 }
 
-// The dump block at `pos`: parsed into file.dumps when whole and intact. Returns where the next
-// block starts, or 0 when the file ends inside this one.
-uint64_t readDump(TraceFile& file, std::span<const std::byte> bytes, uint64_t pos) {
+// The text block (a dump, or Python sites) at `pos`, checked: `text` is set when whole and
+// intact. Returns where the next block starts, or 0 when the file ends inside this one.
+uint64_t readTextBlock(TraceFile& file, std::span<const std::byte> bytes, uint64_t pos,
+                       const char* what, std::string_view* text) {
   uint64_t size = bytes.size();
+  std::string where = std::string(what) + " at offset " + std::to_string(pos);
   DumpHeader header;
   std::memcpy(&header, bytes.data() + pos, sizeof header);
   if (header.textBytes == 0 || header.textBytes > kMaxDumpBytes) {
     uint64_t next = resync(bytes, pos);
     problem(file, pos,
-            "dump at offset " + std::to_string(pos) + ": size " + std::to_string(header.textBytes) +
-                " out of range, skipped");
+            where + ": size " + std::to_string(header.textBytes) + " out of range, skipped");
     return next;
   }
   uint64_t textAt = pos + sizeof header;
   uint64_t padded = paddedDumpBytes(header.textBytes);
   if (size - textAt < padded) {
     problem(file, pos,
-            "dump at offset " + std::to_string(pos) + " truncated: " +
-                std::to_string(size - textAt) + " of " + std::to_string(padded) + " bytes present");
+            where + " truncated: " + std::to_string(size - textAt) + " of " +
+                std::to_string(padded) + " bytes present");
     return 0;
   }
   uint64_t next = textAt + padded;
   if (dumpChecksum(header.textBytes, bytes.data() + textAt) != header.checksum) {
-    problem(file, pos, "dump at offset " + std::to_string(pos) + ": checksum mismatch, skipped");
+    problem(file, pos, where + ": checksum mismatch, skipped");
     return next;
   }
+  *text = std::string_view(reinterpret_cast<const char*>(bytes.data() + textAt), header.textBytes);
+  return next;
+}
+
+// The dump block at `pos`: parsed into file.dumps when whole and intact.
+uint64_t readDump(TraceFile& file, std::span<const std::byte> bytes, uint64_t pos) {
+  std::string_view text;
+  uint64_t next = readTextBlock(file, bytes, pos, "dump", &text);
+  if (text.empty()) return next;
   Dump dump;
   std::string why;
-  std::string_view text(reinterpret_cast<const char*>(bytes.data() + textAt), header.textBytes);
   if (!parseDump(text, &dump, &why)) {
     problem(file, pos, "dump at offset " + std::to_string(pos) + ": " + why);
   }
   file.dumps.push_back(std::move(dump));  // what parsed before a bad line is still shown
+  return next;
+}
+
+// A block of Python call sites: parsed into file.pythonSites.
+uint64_t readSites(TraceFile& file, std::span<const std::byte> bytes, uint64_t pos) {
+  std::string_view text;
+  uint64_t next = readTextBlock(file, bytes, pos, "sites", &text);
+  std::string why;
+  if (!text.empty() && !parsePythonSites(text, &file.pythonSites, &why)) {
+    problem(file, pos, "sites at offset " + std::to_string(pos) + ": " + why);
+  }
   return next;
 }
 
@@ -161,8 +182,9 @@ void readSegments(TraceFile& file, std::span<const std::byte> bytes, uint64_t st
       truncated = true;
       break;
     }
-    if (std::memcmp(bytes.data() + pos, kDumpMagic, sizeof kDumpMagic) == 0) {
-      uint64_t next = readDump(file, bytes, pos);
+    bool sites = std::memcmp(bytes.data() + pos, kSitesMagic, sizeof kSitesMagic) == 0;
+    if (sites || std::memcmp(bytes.data() + pos, kDumpMagic, sizeof kDumpMagic) == 0) {
+      uint64_t next = sites ? readSites(file, bytes, pos) : readDump(file, bytes, pos);
       if (next == 0) {
         truncated = true;
         break;
@@ -174,7 +196,7 @@ void readSegments(TraceFile& file, std::span<const std::byte> bytes, uint64_t st
       uint64_t next = resync(bytes, pos);
       problem(file, pos,
               "block at offset " + std::to_string(pos) +
-                  " is not a dump, and a ring-mode file has no segments: skipped");
+                  " is not a dump or sites, and a ring-mode file has no segments: skipped");
       pos = next;
       continue;
     }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "trace/dump.h"
+#include "trace/python_sites.h"
 #include "trace/ring_format.h"
 
 namespace ncclwatch::trace {
@@ -38,6 +39,8 @@ struct TraceFile {
   uint64_t lostRecords = 0;
   // Where pending calls waited inside NCCL (the profiler plugin's wait notes), as last written.
   std::vector<WaitNote> waits;
+  // The Python call sites records refer to (tagged callSite words), from its sites blocks.
+  std::vector<PythonSite> pythonSites;
   // Dumps the watchdog wrote after the ring (hang, signal, request, exit), oldest first.
   std::vector<Dump> dumps;
   std::vector<TraceProblem> problems;

@@ -344,12 +344,20 @@ bool RingWriter::read(uint64_t index, CallRecord* record) const {
 }
 
 bool RingWriter::appendDump(std::string_view text) {
+  return appendTextBlock(kDumpMagic, text);
+}
+
+bool RingWriter::appendSites(std::string_view text) {
+  return appendTextBlock(kSitesMagic, text);
+}
+
+bool RingWriter::appendTextBlock(const char (&magic)[8], std::string_view text) {
   std::lock_guard<std::mutex> lock(persistMutex_);
   if (header_ == nullptr || fd_ < 0 || text.empty() || text.size() > kMaxDumpBytes) return false;
   std::vector<std::byte> block(sizeof(DumpHeader) + paddedDumpBytes(text.size()), std::byte{0});
   std::memcpy(block.data() + sizeof(DumpHeader), text.data(), text.size());
   DumpHeader dump{};
-  std::memcpy(dump.magic, kDumpMagic, sizeof kDumpMagic);
+  std::memcpy(dump.magic, magic, sizeof magic);
   dump.textBytes = text.size();
   dump.checksum = dumpChecksum(text.size(), block.data() + sizeof(DumpHeader));
   std::memcpy(block.data(), &dump, sizeof dump);

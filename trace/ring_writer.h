@@ -101,6 +101,8 @@ class RingWriter {
   // False when the file cannot be written. Serialized with persistSegments(); never on the hot
   // path.
   bool appendDump(std::string_view text);
+  // Appends a block of Python call sites (trace/python_sites.h text), like a dump.
+  bool appendSites(std::string_view text);
   // Ring indices below this are persisted or dropped (the header's persistedRecords).
   uint64_t persistedRecords() const;
   static constexpr int64_t kNoEventsGraceNs = 1'000'000'000;
@@ -116,6 +118,7 @@ class RingWriter {
  private:
   CallRecord* slot(uint64_t index) const;
   bool writeSegment(uint64_t firstIndex, uint32_t count);
+  bool appendTextBlock(const char (&magic)[8], std::string_view text);
   RingHeader* header_ = nullptr;
   CallRecord* records_ = nullptr;
   size_t mappedBytes_ = 0;

@@ -75,6 +75,12 @@ void encodeWaits(int64_t nowNs, std::span<const WaitNote> waits, std::vector<std
               waits.first(std::min<size_t>(waits.size(), kWaitNoteCapacity)), out);
 }
 
+void encodeSites(const std::string& text, std::vector<std::byte>& out) {
+  size_t bytes = std::min<size_t>(text.size(), kMaxPayload);
+  header(FrameType::kSites, bytes, out);
+  append(out, text.data(), bytes);
+}
+
 void encodeDump(const std::string& reason, std::vector<std::byte>& out) {
   std::string text = reason.substr(0, 1024);
   header(FrameType::kDump, text.size(), out);
@@ -134,6 +140,9 @@ DecodeStatus decodeFrame(std::span<const std::byte> bytes, Frame* frame, size_t*
         ok = decodeTable(payload, h.length, sizeof(int64_t), kWaitNoteCapacity, &frame->waits,
                          error);
       }
+      break;
+    case FrameType::kSites:
+      frame->reason.assign(reinterpret_cast<const char*>(payload), h.length);
       break;
     case FrameType::kBye:
       ok = h.length == 0;

@@ -27,6 +27,7 @@ enum class FrameType : uint16_t {
   kRecords = 3,  // agent → collector: records new or changed since the last frame
   kBye = 4,      // agent → collector: the process ends normally
   kWaits = 5,    // agent → collector: where its pending calls wait inside NCCL (all of them)
+  kSites = 6,    // agent → collector: Python call sites its records refer to (new ones)
   kDump = 16,    // collector → agent: take a dump (payload: reason text)
   kAbort = 17,   // collector → agent: abort the communicator (payload: u64 comm hash)
 };
@@ -62,6 +63,8 @@ void encodeRecords(int64_t nowNs, std::span<const CallRecord> records, std::vect
 void encodeBye(std::vector<std::byte>& out);
 // The whole current set of wait notes (replaces the previous set; empty: nothing waits).
 void encodeWaits(int64_t nowNs, std::span<const WaitNote> waits, std::vector<std::byte>& out);
+// Python call sites as text (trace/python_sites.h), at most kMaxPayload bytes of it.
+void encodeSites(const std::string& text, std::vector<std::byte>& out);
 void encodeDump(const std::string& reason, std::vector<std::byte>& out);
 void encodeAbort(uint64_t commHash, std::vector<std::byte>& out);
 
@@ -73,7 +76,7 @@ struct Frame {
   int64_t nowNs = 0;
   std::vector<CallRecord> records;
   std::vector<WaitNote> waits;
-  std::string reason;
+  std::string reason;  // DUMP: the reason; SITES: the sites' text
   uint64_t commHash = 0;
 };
 

@@ -18,6 +18,7 @@
 #include "trace/record.h"
 #include "watchdog/discovery.h"
 #include "watchdog/progress_source.h"
+#include "watchdog/python_sites.h"
 
 namespace ncclwatch::watchdog {
 namespace {
@@ -135,6 +136,7 @@ void Agent::run() {
     if (completion_) completion_->poll();
     ProgressSource* source = progressSource();
     if (source != nullptr) publishWaits(*source);
+    publishPythonSites();
     // Continuous mode: the ring's records go to the file's segments after their states settle.
     if (writer_.continuous()) writer_.persistSegments();
     int signal = 0;
@@ -212,6 +214,15 @@ void Agent::publishWaits(ProgressSource& source) {
   publishedWaits_ = waits;
   writer_.writeWaits(waits);
   if (link_) link_->publishWaits(waits);
+}
+
+// Python call sites first seen since the last pass: into the trace file and to the collector.
+void Agent::publishPythonSites() {
+  std::vector<trace::PythonSite> sites = resolveNewPythonSites();
+  if (sites.empty()) return;
+  std::string text = trace::formatPythonSites(sites);
+  writer_.appendSites(text);
+  if (link_) link_->publishSites(text);
 }
 
 // Every communicator's progress: the CUDA-event tracker's and the plugin's.

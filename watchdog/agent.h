@@ -88,6 +88,7 @@ class Agent {
   void run();
   void checkHangs(int64_t now);
   void publishWaits(ProgressSource& source);
+  void publishPythonSites();
   std::vector<CommProgress> allProgress() const;
   std::string waitText(uint64_t commHash, uint64_t seq, int64_t now) const;
   void exchange(bool last);

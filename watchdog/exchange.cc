@@ -106,6 +106,7 @@ void CollectorLink::connectNow(int64_t nowNs) {
   queue(std::move(frame));
   commsSent_ = 0;
   waitsDirty_ = !waits_.empty();
+  sitesSent_ = 0;
   uint64_t next = writer_.nextIndex();
   sentUpTo_ = next > writer_.capacity() ? next - writer_.capacity() : 0;
   watched_.clear();
@@ -136,8 +137,23 @@ void CollectorLink::publishWaits(const std::vector<trace::WaitNote>& waits) {
   waitsDirty_ = true;
 }
 
-// After the records they refer to, the wait notes when they changed (or the link is new).
+void CollectorLink::publishSites(const std::string& text) {
+  sites_ += text;
+}
+
+// After the records they refer to, the wait notes when they changed (or the link is new), and
+// the Python sites not sent on this connection yet.
 void CollectorLink::queueWaits(int64_t nowNs) {
+  while (sitesSent_ < sites_.size()) {
+    // Whole lines, within one frame's bound.
+    size_t end = std::min(sites_.size(), sitesSent_ + trace::wire::kMaxPayload);
+    if (end < sites_.size()) end = sites_.rfind('\n', end - 1) + 1;
+    if (end <= sitesSent_) break;  // a line longer than a frame: never (lines are short)
+    std::vector<std::byte> frame;
+    trace::wire::encodeSites(sites_.substr(sitesSent_, end - sitesSent_), frame);
+    queue(std::move(frame));
+    sitesSent_ = end;
+  }
   if (!waitsDirty_) return;
   std::vector<std::byte> frame;
   trace::wire::encodeWaits(nowNs, waits_, frame);

@@ -56,6 +56,9 @@ class CollectorLink {
   // Where this process's pending calls wait inside NCCL (the plugin's notes): sent at the next
   // step, after the records, and again on every new connection.
   void publishWaits(const std::vector<trace::WaitNote>& waits);
+  // New Python call sites (their text): sent at the next step, and all of them again on every
+  // new connection.
+  void publishSites(const std::string& text);
   // At a normal exit: the last records and BYE, sent within `boundMs`.
   void finish(int boundMs);
   const ExchangeCounters& counters() const { return counters_; }
@@ -84,6 +87,8 @@ class CollectorLink {
   };
   std::vector<trace::WaitNote> waits_;
   bool waitsDirty_ = false;
+  std::string sites_;             // every site's text so far
+  size_t sitesSent_ = 0;          // bytes of sites_ sent on this connection
   std::vector<Watched> watched_;  // sent while not final: resent when their state changes
   std::vector<std::byte> outgoing_;
   size_t outgoingSent_ = 0;
