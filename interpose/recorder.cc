@@ -536,9 +536,10 @@ IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
   record.rootOrPeer = call.rootOrPeer;
   record.stream = call.stream;
   // In a Python process, the Python line of the call (watchdog/python_sites.h).
-  record.callSite = call.callSite != 0 && watchdog::pythonSitesOn()
-                        ? watchdog::pythonCallSite(call.callSite)
-                        : call.callSite;
+  record.callSite =
+      call.callSite != 0 && !trace::isPythonSite(call.callSite) && watchdog::pythonSitesOn()
+          ? watchdog::pythonCallSite(call.callSite)
+          : call.callSite;
   record.issueNs = call.issueNs != 0 ? call.issueNs : trace::FastClock::nowNs();
   record.threadId = call.threadId != 0 ? call.threadId : threadId();
   int depth = call.groupDepth >= 0 ? call.groupDepth : t_groupDepth;

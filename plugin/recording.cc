@@ -20,6 +20,7 @@
 #include "plugin/slots.h"
 #include "trace/clock.h"
 #include "watchdog/discovery.h"
+#include "watchdog/python_sites.h"
 
 namespace ncclwatch::plugin {
 namespace {
@@ -152,6 +153,8 @@ void fillApi(CallSlot& slot, Context& ctx, const EventStart& event) {
   slot.threadId = threadId();
   slot.groupDepth = t_groupApiDepth;
   slot.captured = event.graphCaptured;
+  // On the calling thread, inside the NCCL call: its Python frames are the caller's.
+  slot.callSite = watchdog::pythonSitesOn() ? watchdog::pythonCallSite(0) : 0;
   slot.hasRecord = slot.joined = false;
   slot.nChannels = 0;
   slot.apiStopped.store(false, std::memory_order_relaxed);
@@ -186,7 +189,7 @@ bool inheritApi(CallSlot& slot, void* parent) {
   uint64_t count = api->count;
   int dtype = api->dtype, root = api->root, groupDepth = api->groupDepth, thread = api->threadId;
   uint64_t stream = api->stream, ringIndex = api->ringIndex, commHash = api->commHash;
-  uint64_t seq = api->seq;
+  uint64_t seq = api->seq, callSite = api->callSite;
   int64_t apiNs = api->apiNs;
   bool captured = api->captured, joined = api->joined, completes = api->completesRecord;
   // A slot reused while we copied (the sweeper gave it back) is not our parent any more.
@@ -199,6 +202,7 @@ bool inheritApi(CallSlot& slot, void* parent) {
   slot.threadId = thread;
   slot.stream = stream;
   slot.apiNs = apiNs;
+  slot.callSite = callSite;
   slot.captured = captured;
   slot.joined = joined;
   slot.completesRecord = completes;
@@ -224,6 +228,7 @@ void recordOperation(CallSlot& slot, Context& ctx) {
   call.redop = trace::isCollective(slot.op) ? trace::kRedopUnknown : 0;
   call.rootOrPeer = trace::isPointToPoint(slot.op) ? slot.peer : slot.root;
   call.stream = slot.stream;
+  call.callSite = slot.callSite;
   call.commHash = ctx.commHash;
   call.issueNs = slot.apiNs;
   call.threadId = slot.threadId;
@@ -256,6 +261,7 @@ ncclResult_t startOperation(Context& ctx, void** handle, const EventStart& event
   call.peer = event.peer;
   call.stream = 0;
   call.apiNs = trace::FastClock::nowNs();
+  call.callSite = 0;
   call.threadId = threadId();
   call.groupDepth = t_groupApiDepth;
   call.captured = false;

@@ -54,6 +54,7 @@ struct alignas(64) CallSlot {
   int threadId = 0;
   int groupDepth = 0;
   bool captured = false;
+  uint64_t callSite = 0;  // the calling thread's Python site, when it runs Python
   // The record this call is (the interposer's in combined mode, else one built here).
   bool hasRecord = false;
   bool joined = false;           // the interposer's record
