@@ -437,8 +437,10 @@ std::string p2pText(const Operation& op, const char* verb, const char* direction
 }
 
 // Posts a send into the (me -> peer) mailbox; returns its number there, or 0 when cancelled.
-// Its proxy step waits on the GPU until the prologue is through, then on the receiver until it
-// has taken the data (the sim's mailbox is eager; NCCL's sender waits for the receiver's buffer).
+// Its proxy step waits on the GPU until the prologue is through, then in SendPeerWait while the
+// receiver's mailbox is full; once posted (the sim's sends are eager) it waits in SendWait until
+// the receiver has taken the data. (A state reached only when this host task looks would go
+// stale while the task waits elsewhere, so a send never claims to wait on its peer once posted.)
 uint64_t postSend(Operation& op, ProxyTransfer& transfer) {
   ncclComm* comm = op.comm;
   std::lock_guard<std::mutex> lock(comm->executionMutex);
@@ -465,6 +467,7 @@ uint64_t postSend(Operation& op, ProxyTransfer& transfer) {
   post.source = op.send;
   box->posted.store(number, std::memory_order_release);
   comm->segment.notifyAll();
+  transfer.enter(nccl_profiler_abi::kProxyStepSendWait);
   return number;
 }
 
@@ -478,7 +481,6 @@ bool awaitSendAck(Operation& op, uint64_t number, ProxyTransfer& transfer) {
                   " has not received");
       });
   if (!acked) return false;
-  transfer.enter(nccl_profiler_abi::kProxyStepSendWait);
   transfer.endStep();
   return true;
 }

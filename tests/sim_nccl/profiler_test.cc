@@ -759,8 +759,8 @@ TEST(ProfilerEventsHang, WaitingStepsNameTheMissingRank) {
   EXPECT_TRUE(startsOf(rankLines(job.lines, 1), "Coll").empty());  // the rank that skipped
 }
 
-// Point-to-point waits: a send nobody receives waits on its receiver, a receive nobody sends
-// waits on its sender.
+// Point-to-point waits: a receive nobody sends waits on its sender by name; a send nobody
+// receives was posted (the sim's sends are eager) and waits for completion toward its receiver.
 TEST(ProfilerEventsHang, UnmatchedSendAndReceiveWaitOnTheirPeers) {
   EventOptions options;
   options.mask = kAllEvents;
@@ -777,7 +777,8 @@ TEST(ProfilerEventsHang, UnmatchedSendAndReceiveWaitOnTheirPeers) {
   });
   ASSERT_TRUE(job.result.allExitedZero()) << job.result.summary();
   const std::vector<LogLine> rank0 = rankLines(job.lines, 0), rank1 = rankLines(job.lines, 1);
-  EXPECT_TRUE(waitsIn(rank0, proxySteps(rank0, 1, true), "20", "0"));
+  EXPECT_TRUE(waitsIn(rank0, proxySteps(rank0, 1, true), "9", "0"));
+  EXPECT_EQ(statesOf(rank0, proxySteps(rank0, 1, true).steps.front().get("h")), "8 20 9");
   EXPECT_TRUE(waitsIn(rank1, proxySteps(rank1, 2, false), "10", "0"));
   EXPECT_TRUE(kernelsStartedNotStopped(rank0));
   EXPECT_TRUE(kernelsStartedNotStopped(rank1));
