@@ -684,15 +684,15 @@ ncclResult_t resolveRedOp(ncclComm* comm, ncclRedOp_t redop, ncclDataType_t dtyp
   return ncclSuccess;
 }
 
-ncclResult_t issue(Operation op, cudaStream_t stream) {
+ncclResult_t issue(Operation&& op, cudaStream_t stream) {
   op.issueSeq = nextIssueSeq(op.comm);
   applyCrashFault(op.comm, op.issueSeq);
   faultsForOperation(op.comm, op.issueSeq, &op);
   profilerApiCall(op, stream, tGroup.depth);
-  if (tGroup.depth > 0) return submitOperation(op, stream);
-  // A bare call is its own group: its GroupApi event ends around the launch.
+  if (tGroup.depth > 0 || op.profile.mask == 0) return submitOperation(std::move(op), stream);
+  // A bare call is its own group: the GroupApi event it opened ends around the launch.
   profilerGroupEndEntry();
-  const ncclResult_t result = submitOperation(op, stream);
+  const ncclResult_t result = submitOperation(std::move(op), stream);
   profilerGroupEndExit();
   return result;
 }
@@ -767,7 +767,7 @@ ncclResult_t issueCollective(CollKind kind, const void* sendbuff, void* recvbuff
     if (cudasimHeapLocate(sendbuff, &found) == 0)
       op.send = HeapRef{found.pid, found.fd, found.offset, found.bytesToEnd};
   }
-  return issue(op, stream);
+  return issue(std::move(op), stream);
 }
 
 ncclResult_t issueP2p(OpKind kind, const void* buffer, size_t count, ncclDataType_t dtype, int peer,
@@ -795,7 +795,7 @@ ncclResult_t issueP2p(OpKind kind, const void* buffer, size_t count, ncclDataTyp
   } else {
     op.recvPtr = const_cast<void*>(buffer);
   }
-  return issue(op, stream);
+  return issue(std::move(op), stream);
 }
 
 }  // namespace
@@ -818,20 +818,21 @@ void deferInitToGroupEnd(ncclComm* comm, std::function<ncclResult_t()> work) {
 ncclResult_t submitOperation(Operation op, cudaStream_t stream) {
   if (simConfig().instant) {
     // Complete at once: no rendezvous, no data; the profiler sees the kernel run at once too.
+    profilerLaunch(std::span<Operation>(&op, 1), stream, false, false);
     if (op.profile.mask != 0) {
-      std::vector<Operation> launched{op};
-      profilerLaunch(launched, stream, false, false);
-      profilerKernelStart(launched.front());
-      profilerKernelStop(launched.front());
+      profilerKernelStart(op);
+      profilerKernelStop(op);
     }
     return ncclSuccess;
   }
   retainComm(op.comm);
   if (tGroup.depth > 0) {
-    tGroup.operations.push_back({op, stream});
+    tGroup.operations.push_back({std::move(op), stream});
     return ncclSuccess;
   }
-  return launchTask({op}, stream);
+  std::vector<Operation> ops;
+  ops.push_back(std::move(op));
+  return launchTask(std::move(ops), stream);
 }
 
 void abortQueuedAndRunning(ncclComm* comm, int boundMs) {
@@ -902,7 +903,7 @@ ncclResult_t endGroup(bool launch, ncclSimInfo_t* simInfo) {
       if (q.op.comm->cudaDevice != device) continue;
       if (std::find(streams.begin(), streams.end(), q.stream) == streams.end())
         streams.push_back(q.stream);
-      ops.push_back(q.op);
+      ops.push_back(std::move(q.op));
     }
     const cudaStream_t first = streams.front();
     for (size_t i = 1; i < streams.size(); ++i) {

@@ -273,8 +273,7 @@ bool p2pTasks(const Operation& op) {
 }
 
 // The tasks NCCL makes of one call: one, or the P2p pieces of AlltoAll, Gather and Scatter.
-std::vector<ProfiledTask> tasksOf(const Operation& op) {
-  std::vector<ProfiledTask> tasks;
+void tasksOf(const Operation& op, ProfiledTasks* tasks) {
   const int nranks = op.comm->nranks, rank = op.comm->rank;
   auto piece = [&](int peer, bool send) {
     ProfiledTask task;
@@ -282,7 +281,7 @@ std::vector<ProfiledTask> tasksOf(const Operation& op) {
     task.send = send;
     task.channels = kP2pChannels;
     task.count = op.count;
-    tasks.push_back(task);
+    tasks->add(task);
   };
   if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
     piece(op.peer, op.kind == OpKind::kSend);
@@ -305,9 +304,8 @@ std::vector<ProfiledTask> tasksOf(const Operation& op) {
     ProfiledTask task;
     task.channels = kCollChannels;
     task.count = op.count;
-    tasks.push_back(task);
+    tasks->add(task);
   }
-  return tasks;
 }
 
 bool streamCapturing(cudaStream_t stream) {
@@ -393,6 +391,65 @@ void countWithoutEvents(const Operation& op) {
   comm->profilerSeqNumbers[funcIndex(op.coll)].fetch_add(1, std::memory_order_relaxed);
 }
 
+// The API events of one call (out of line: the common path above stays a few instructions).
+[[gnu::noinline]] void apiEvents(Operation& op, cudaStream_t stream, int groupDepth, int mask) {
+  ncclComm* comm = op.comm;
+  op.profile.mask = mask;
+  op.profile.captured = streamCapturing(stream);
+  tasksOf(op, &op.profile.tasks);
+  if (!tGroupApiOpen) {
+    // The first operation of the outermost group (1: the implicit group around a bare call).
+    abi::EventDescr group{};
+    group.type = abi::kGroupApi;
+    group.groupApi.graphCaptured = op.profile.captured;
+    group.groupApi.groupDepth = groupDepth + 1;
+    tGroupApi = startEvent(comm, group);
+    tGroupApiOpen = true;
+    recordState(tGroupApi, abi::kGroupApiStartStop);
+  }
+  if ((mask & (p2pTasks(op) ? kP2pApiBits : kCollApiBits)) == 0) return;
+  for (ProfiledTask& task : op.profile.tasks) apiEvent(comm, op, stream, task);
+}
+
+// The launch events of a plan's operations that have a mask.
+[[gnu::noinline]] void launchEvents(std::span<Operation> ops, cudaStream_t stream, bool replay) {
+  void* group = nullptr;
+  ncclComm* groupComm = nullptr;
+  bool launchSeen = false;
+  for (Operation& op : ops) {
+    const int mask = op.profile.mask;
+    if (mask == 0) continue;
+    ncclComm* comm = op.comm;
+    // A captured plan: its Coll events come at every replay when it has proxy ops (with a
+    // counted seqNumber only if KernelCh asked for them), otherwise once, at capture, uncounted.
+    const bool perReplay = op.profile.captured && (mask & kPlanProxyBits) != 0;
+    if (replay != perReplay) continue;
+    if (!launchSeen && !replay) {
+      launchSeen = true;  // the plan's first task with a mask decides, as in NCCL
+      if ((mask & abi::kKernelLaunch) != 0) {
+        abi::EventDescr launch{};
+        launch.type = abi::kKernelLaunch;
+        launch.parentObj = tGroupApi;
+        launch.kernelLaunch.stream = stream;
+        stopEvent(startEvent(comm, launch));
+      }
+    }
+    if (groupComm == nullptr && (mask & kGroupBits) != 0) {
+      abi::EventDescr legacy{};
+      legacy.type = abi::kGroup;
+      group = startEvent(comm, legacy);
+      groupComm = comm;
+    }
+    if ((mask & (p2pTasks(op) ? kP2pBits : kCollBits)) == 0) continue;
+    for (ProfiledTask& task : op.profile.tasks) {
+      const bool countSeq = !op.profile.captured || (replay && (mask & abi::kKernelCh) != 0 &&
+                                                     (group != nullptr || task.api != nullptr));
+      taskEvent(op, task, group, countSeq);
+    }
+  }
+  stopEvent(group);
+}
+
 }  // namespace
 
 void profilerAttach(ncclComm* comm) {
@@ -467,22 +524,7 @@ void profilerApiCall(Operation& op, cudaStream_t stream, int groupDepth) {
   // NCCL drops a count-0 collective before any event, and a one-rank communicator's too.
   if (op.kind == OpKind::kCollective && op.count == 0) return;
   const int mask = currentMask();
-  if ((mask & kApiBits) == 0) return;
-  op.profile.mask = mask;
-  op.profile.captured = streamCapturing(stream);
-  op.profile.tasks = tasksOf(op);
-  if (!tGroupApiOpen) {
-    // The first operation of the outermost group (1: the implicit group around a bare call).
-    abi::EventDescr group{};
-    group.type = abi::kGroupApi;
-    group.groupApi.graphCaptured = op.profile.captured;
-    group.groupApi.groupDepth = groupDepth + 1;
-    tGroupApi = startEvent(comm, group);
-    tGroupApiOpen = true;
-    recordState(tGroupApi, abi::kGroupApiStartStop);
-  }
-  if ((mask & (p2pTasks(op) ? kP2pApiBits : kCollApiBits)) == 0) return;
-  for (ProfiledTask& task : op.profile.tasks) apiEvent(comm, op, stream, task);
+  if ((mask & kApiBits) != 0) apiEvents(op, stream, groupDepth, mask);
 }
 
 void profilerGroupEndEntry() {
@@ -496,47 +538,19 @@ void profilerGroupEndExit() {
   tGroupApiOpen = false;
 }
 
-void profilerLaunch(std::vector<Operation>& ops, cudaStream_t stream, bool captured, bool replay) {
-  void* group = nullptr;
-  ncclComm* groupComm = nullptr;
-  bool launchSeen = false;
-  for (Operation& op : ops) {
-    const int mask = op.profile.mask;
-    if (mask == 0) {
-      // NCCL counts every launched collective, with or without events (RAS reads the same
-      // counters); a captured one only under KernelCh, which a mask of 0 lacks.
-      if (!captured && !replay) countWithoutEvents(op);
-      continue;
-    }
-    ncclComm* comm = op.comm;
-    // A captured plan: its Coll events come at every replay when it has proxy ops (with a
-    // counted seqNumber only if KernelCh asked for them), otherwise once, at capture, uncounted.
-    const bool perReplay = op.profile.captured && (mask & kPlanProxyBits) != 0;
-    if (replay != perReplay) continue;
-    if (!launchSeen && !replay) {
-      launchSeen = true;  // the plan's first task with a mask decides, as in NCCL
-      if ((mask & abi::kKernelLaunch) != 0) {
-        abi::EventDescr launch{};
-        launch.type = abi::kKernelLaunch;
-        launch.parentObj = tGroupApi;
-        launch.kernelLaunch.stream = stream;
-        stopEvent(startEvent(comm, launch));
-      }
-    }
-    if (groupComm == nullptr && (mask & kGroupBits) != 0) {
-      abi::EventDescr legacy{};
-      legacy.type = abi::kGroup;
-      group = startEvent(comm, legacy);
-      groupComm = comm;
-    }
-    if ((mask & (p2pTasks(op) ? kP2pBits : kCollBits)) == 0) continue;
-    for (ProfiledTask& task : op.profile.tasks) {
-      const bool countSeq = !op.profile.captured || (replay && (mask & abi::kKernelCh) != 0 &&
-                                                     (group != nullptr || task.api != nullptr));
-      taskEvent(op, task, group, countSeq);
+void profilerLaunch(std::span<Operation> ops, cudaStream_t stream, bool captured, bool replay) {
+  if (loaded() == nullptr) return;
+  bool events = false;
+  for (const Operation& op : ops) {
+    // NCCL counts every launched collective, with or without events (RAS reads the same
+    // counters); a captured one only under KernelCh, which a mask of 0 lacks.
+    if (op.profile.mask != 0) {
+      events = true;
+    } else if (!captured && !replay) {
+      countWithoutEvents(op);
     }
   }
-  stopEvent(group);
+  if (events) launchEvents(ops, stream, replay);
 }
 
 void profilerKernelStart(Operation& op) {

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 struct ncclComm;
@@ -35,11 +36,42 @@ struct ProfiledTask {
   uint64_t count = 0;
 };
 
+// The tasks of one operation: one (a collective, a send or a receive), kept inline so that an
+// operation and its copies allocate nothing, or the pieces of AlltoAll, Gather and Scatter.
+class ProfiledTasks {
+ public:
+  void clear() {
+    single_ = false;
+    pieces_.clear();
+  }
+  void add(const ProfiledTask& task) {
+    if (!single_ && pieces_.empty()) {
+      one_ = task;
+      single_ = true;
+      return;
+    }
+    if (single_) pieces_.push_back(one_);
+    single_ = false;
+    pieces_.push_back(task);
+  }
+  bool empty() const { return !single_ && pieces_.empty(); }
+  ProfiledTask* begin() { return single_ ? &one_ : pieces_.data(); }
+  ProfiledTask* end() { return single_ ? &one_ + 1 : pieces_.data() + pieces_.size(); }
+  const ProfiledTask* begin() const { return single_ ? &one_ : pieces_.data(); }
+  const ProfiledTask* end() const { return single_ ? &one_ + 1 : pieces_.data() + pieces_.size(); }
+  ProfiledTask& front() { return *begin(); }
+
+ private:
+  ProfiledTask one_;
+  bool single_ = false;
+  std::vector<ProfiledTask> pieces_;
+};
+
 // What an operation carries for the profiler, from its API call to its kernel's end.
 struct OperationProfile {
   int mask = 0;  // the activation mask sampled at the API call (0: no events at all)
   bool captured = false;
-  std::vector<ProfiledTask> tasks;
+  ProfiledTasks tasks;
 };
 
 void profilerAttach(ncclComm* comm);
@@ -58,7 +90,7 @@ void profilerGroupEndExit();
 // the sim emits them first so that no KernelCh can precede its Coll). A captured plan with proxy
 // work gets its Group/Coll/P2p at every replay instead (replay true, on the stream worker, as
 // NCCL's host callback does).
-void profilerLaunch(std::vector<Operation>& ops, cudaStream_t stream, bool captured, bool replay);
+void profilerLaunch(std::span<Operation> ops, cudaStream_t stream, bool captured, bool replay);
 // The stream worker (NCCL's proxy thread would do it): the kernel's channels start and stop.
 void profilerKernelStart(Operation& op);
 void profilerKernelStop(Operation& op);
