@@ -411,15 +411,15 @@ void countWithoutEvents(const Operation& op) {
   for (ProfiledTask& task : op.profile.tasks) apiEvent(comm, op, stream, task);
 }
 
-// The launch events of a plan's operations that have a mask.
-[[gnu::noinline]] void launchEvents(std::span<Operation> ops, cudaStream_t stream, bool replay) {
+// The launch events of one communicator's plan: the operations of `ops` on `comm` that have a
+// mask. A group spanning communicators makes one plan (KernelLaunch, Group) per communicator.
+void planEvents(std::span<Operation> ops, ncclComm* comm, cudaStream_t stream, bool replay) {
   void* group = nullptr;
-  ncclComm* groupComm = nullptr;
+  bool groupStarted = false;
   bool launchSeen = false;
   for (Operation& op : ops) {
     const int mask = op.profile.mask;
-    if (mask == 0) continue;
-    ncclComm* comm = op.comm;
+    if (mask == 0 || op.comm != comm) continue;
     // A captured plan: its Coll events come at every replay when it has proxy ops (with a
     // counted seqNumber only if KernelCh asked for them), otherwise once, at capture, uncounted.
     const bool perReplay = op.profile.captured && (mask & kPlanProxyBits) != 0;
@@ -434,11 +434,11 @@ void countWithoutEvents(const Operation& op) {
         stopEvent(startEvent(comm, launch));
       }
     }
-    if (groupComm == nullptr && (mask & kGroupBits) != 0) {
+    if (!groupStarted && (mask & kGroupBits) != 0) {
       abi::EventDescr legacy{};
       legacy.type = abi::kGroup;
       group = startEvent(comm, legacy);
-      groupComm = comm;
+      groupStarted = true;
     }
     if ((mask & (p2pTasks(op) ? kP2pBits : kCollBits)) == 0) continue;
     for (ProfiledTask& task : op.profile.tasks) {
@@ -448,6 +448,14 @@ void countWithoutEvents(const Operation& op) {
     }
   }
   stopEvent(group);
+}
+
+[[gnu::noinline]] void launchEvents(std::span<Operation> ops, cudaStream_t stream, bool replay) {
+  for (size_t i = 0; i < ops.size(); ++i) {
+    bool first = true;  // the first operation of its communicator here
+    for (size_t j = 0; j < i && first; ++j) first = ops[j].comm != ops[i].comm;
+    if (first) planEvents(ops, ops[i].comm, stream, replay);
+  }
 }
 
 }  // namespace

@@ -524,6 +524,40 @@ TEST(ProfilerEventsOrder, GroupApiBracketsTheLaunchOnTheUsersThread) {
   }
 }
 
+// A group over two communicators is one GroupApi and one plan per communicator: its own
+// KernelLaunch and legacy Group, its Coll events together, each communicator counting its own.
+TEST(ProfilerEventsOrder, AGroupOverTwoCommunicatorsHasAPlanPerCommunicator) {
+  EventJob job =
+      runWithEvents("two-comms", abi::kColl | abi::kKernelLaunch, 5, [](const RankContext& c) {
+        ncclComm_t world = simtest::initComm(c);
+        SIMTEST_CHECK(world != nullptr, c, "init");
+        ncclComm_t child = nullptr;
+        SIMTEST_NCCL(ncclCommSplit(world, 0, c.rank, &child, nullptr), c);
+        Buffers b = buffers(1024);
+        SIMTEST_NCCL(ncclGroupStart(), c);
+        SIMTEST_NCCL(ncclAllReduce(b.data, b.data, 8, ncclFloat32, ncclSum, world, b.stream), c);
+        SIMTEST_NCCL(ncclAllReduce(b.data, b.data, 16, ncclFloat32, ncclSum, child, b.stream), c);
+        SIMTEST_NCCL(ncclAllReduce(b.data, b.data, 32, ncclFloat32, ncclSum, world, b.stream), c);
+        SIMTEST_NCCL(ncclGroupEnd(), c);
+        SIMTEST_CHECK(cudaStreamSynchronize(b.stream) == cudaSuccess, c, "sync");
+        SIMTEST_NCCL(ncclCommDestroy(child), c);
+        SIMTEST_NCCL(ncclCommDestroy(world), c);
+        return 0;
+      });
+  ASSERT_TRUE(job.result.allExitedZero()) << job.result.summary();
+  std::vector<LogLine> lines = rankLines(job.lines, 1);
+  EXPECT_EQ(startsOf(lines, "GroupApi").size(), 1u);
+  EXPECT_EQ(startsOf(lines, "KernelLaunch").size(), 2u);
+  std::vector<LogLine> groups = startsOf(lines, "Group");
+  ASSERT_EQ(groups.size(), 2u);
+  std::string plan;
+  for (const LogLine& coll : startsOf(lines, "Coll")) {
+    plan += coll.get("count") + ":" + coll.get("seq") +
+            (coll.get("pgroup") == groups[0].get("h") ? "a " : "b ");
+  }
+  EXPECT_EQ(plan, "8:0a 32:1a 16:0b ");
+}
+
 TEST(ProfilerEventsMask, EachBitBringsItsEventsAndTheirAncestors) {
   auto typesSeen = [](const std::vector<LogLine>& lines) {
     std::set<std::string> types;
