@@ -1,6 +1,9 @@
-// The sim loads NCCL_PROFILER_PLUGIN by NCCL 2.28's rules and calls init/finalize per comm, with
-// commId equal to NCCL's commHash (checked against comm_hash.h, an independent computation of
-// the same algorithm as trace/'s).
+// The sim plays NCCL for a profiler plugin (docs/sim.md, "Profiler plugin"): it loads
+// NCCL_PROFILER_PLUGIN by NCCL's rules and calls init/finalize per comm, with commId equal to
+// NCCL's commHash (checked against comm_hash.h, an independent computation of the same algorithm
+// as trace/'s), and emits each ABI version's events at NCCL's moments and on NCCL's threads. The
+// recording plugin (test_profiler_plugin.cc) logs every callback with its fields; these tests
+// read that log as a plugin author would. SIMTEST_KEEP_PROFILER_LOG=1 keeps the logs in /tmp.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
