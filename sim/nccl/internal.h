@@ -116,8 +116,8 @@ struct ncclComm {
 
   void* profilerContext = nullptr;
   bool profilerAttached = false;
-  uint64_t profilerSeqNumbers[5] = {};          // NCCL's per-function Coll counters
-  std::atomic<uint64_t> profilerProxySteps{0};  // proxy step numbers, per communicator
+  // NCCL's per-function Coll counters (the launching thread; a captured plan's replays too)
+  std::atomic<uint64_t> profilerSeqNumbers[5] = {};
 };
 
 namespace ncclsim {

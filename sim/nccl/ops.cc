@@ -35,6 +35,9 @@ thread_local GroupState tGroup;
 struct Task {
   cudaStream_t stream;
   std::vector<Operation> ops;
+  // Captured into a CUDA graph: runs at every replay and is never freed (the sim has no hook for
+  // the graph's destruction), holding its communicators' references.
+  bool persistent = false;
 };
 
 // ----- text for debug lines -----
@@ -290,37 +293,114 @@ bool barrier(ncclComm* comm, std::atomic<uint64_t> RankSlot::*counter, uint64_t 
       });
 }
 
-// With a profiler asking for proxy events, a collective's ring steps: its data goes to the next
-// rank and comes from the previous one. Their waits name the neighbour that has not arrived.
-bool ringSteps(Operation& op, ProxyStep& toNext, uint64_t number) {
-  ncclComm* comm = op.comm;
-  const int next = (comm->rank + 1) % comm->nranks;
-  const int previous = (comm->rank + comm->nranks - 1) % comm->nranks;
-  auto arrived = [&](int rank) {
-    return [comm, rank, number] {
-      return comm->segment.slot(rank)->postedColl.load(std::memory_order_acquire) >= number;
-    };
-  };
-  toNext.enter(nccl_profiler_abi::kProxyStepSendPeerWait);
-  {
-    ProxyStep fromPrevious(op, previous, false, nccl_profiler_abi::kProxyStepRecvWait);
-    if (!waitOnSegment(comm, comm->cancelOps, arrived(previous), [] {})) return false;
-    fromPrevious.enter(nccl_profiler_abi::kProxyStepRecvGpuWait);
-  }
-  if (!waitOnSegment(comm, comm->cancelOps, arrived(next), [] {})) return false;
-  toNext.enter(nccl_profiler_abi::kProxyStepSendWait);
-  return true;
+bool rankPosted(ncclComm* comm, int rank, uint64_t number) {
+  return comm->segment.slot(rank)->postedColl.load(std::memory_order_acquire) >= number;
 }
+
+// With a profiler asking for proxy events, a collective as NCCL's proxy shows a ring: per channel
+// a ProxyOp sending to the next rank and one receiving from the previous rank, with up to
+// kRingSteps steps each. Receive step s carries what the s+1 ranks upstream contributed (the
+// last step: every rank's data), so its RecvWait names the neighbour that missing data has to
+// come through. Send step s waits on the GPU for its data (the receive step before it; step 0:
+// this rank's own buffer), then in SendPeerWait for the next rank's buffer (its arrival).
+class Ring {
+ public:
+  Ring(Operation& op, uint64_t number)
+      : comm_(op.comm),
+        number_(number),
+        steps_(std::min(kRingSteps, op.comm->nranks - 1)),
+        next_((op.comm->rank + 1) % op.comm->nranks),
+        previous_((op.comm->rank + op.comm->nranks - 1) % op.comm->nranks),
+        toNext_(op, next_, true, steps_),
+        fromPrevious_(op, previous_, false, steps_) {
+    // Receives are posted at once; the first send waits for the GPU to fill its buffer.
+    fromPrevious_.beginStep(nccl_profiler_abi::kProxyStepRecvWait);
+    toNext_.beginStep(nccl_profiler_abi::kProxyStepSendGpuWait);
+  }
+  bool active() const { return toNext_.active(); }
+
+  // A stalled GPU: the first receive arrives from the network, and the GPU never consumes it.
+  bool receiveIntoStalledGpu() {
+    if (!waitOnSegment(
+            comm_, comm_->cancelOps, [&] { return rankPosted(comm_, previous_, number_); },
+            [] {})) {
+      return false;
+    }
+    fromPrevious_.enter(nccl_profiler_abi::kProxyStepRecvFlushWait);
+    fromPrevious_.enter(nccl_profiler_abi::kProxyStepRecvGpuWait);
+    return true;
+  }
+
+  // This rank's GPU is through its prologue and its data is posted: runs every step.
+  bool run() {
+    return waitOnSegment(
+        comm_, comm_->cancelOps, [&] { return advance(); }, [] {});
+  }
+
+ private:
+  bool receiveStepReady(int step) const {
+    if (step == steps_ - 1) return allRanksReached(comm_, &RankSlot::postedColl, number_, nullptr);
+    for (int upstream = 0; upstream <= step; ++upstream) {
+      const int rank = (previous_ - upstream + comm_->nranks) % comm_->nranks;
+      if (!rankPosted(comm_, rank, number_)) return false;
+    }
+    return true;
+  }
+
+  // Moves every step that can move; true once all are done.
+  bool advance() {
+    namespace abi = nccl_profiler_abi;
+    for (bool moved = true; moved;) {
+      moved = false;
+      const int received = fromPrevious_.stepsDone();
+      if (received < steps_ && receiveStepReady(received)) {
+        fromPrevious_.beginStep(abi::kProxyStepRecvWait);  // no-op: posted when the last ended
+        fromPrevious_.enter(abi::kProxyStepRecvFlushWait);
+        fromPrevious_.enter(abi::kProxyStepRecvGpuWait);
+        fromPrevious_.endStep();
+        if (fromPrevious_.stepsDone() < steps_) fromPrevious_.beginStep(abi::kProxyStepRecvWait);
+        moved = true;
+      }
+      const int sent = toNext_.stepsDone();
+      if (sent < steps_ && sent <= fromPrevious_.stepsDone()) {
+        if (!toNext_.inStep()) toNext_.beginStep(abi::kProxyStepSendGpuWait);
+        if (!peerWait_) {
+          toNext_.enter(abi::kProxyStepSendPeerWait);
+          peerWait_ = true;
+        }
+        if (rankPosted(comm_, next_, number_)) {
+          toNext_.enter(abi::kProxyStepSendWait);
+          toNext_.endStep();
+          peerWait_ = false;
+          moved = true;
+        }
+      }
+    }
+    return toNext_.stepsDone() == steps_ && fromPrevious_.stepsDone() == steps_;
+  }
+
+  ncclComm* comm_;
+  uint64_t number_;
+  int steps_;
+  int next_;
+  int previous_;
+  ProxyTransfer toNext_;
+  ProxyTransfer fromPrevious_;
+  bool peerWait_ = false;  // the current send step has its GPU's data and waits on the peer
+};
 
 bool runCollective(Operation& op) {
   ncclComm* comm = op.comm;
   std::lock_guard<std::mutex> lock(comm->executionMutex);
-  const int next = (comm->rank + 1) % comm->nranks;
-  // Until the prologue is through (a stalled GPU never gets there) the send waits on the GPU.
-  std::optional<ProxyStep> toNext;
-  if (comm->nranks > 1) toNext.emplace(op, next, true, nccl_profiler_abi::kProxyStepSendGpuWait);
+  const uint64_t number = comm->executedCollectives + 1;
+  std::optional<Ring> ring;
+  if (comm->nranks > 1) {
+    ring.emplace(op, number);
+    if (!ring->active()) ring.reset();
+  }
+  if (ring && op.stall && !ring->receiveIntoStalledGpu()) return false;
   if (!prologue(op)) return false;
-  const uint64_t number = ++comm->executedCollectives;
+  comm->executedCollectives = number;
   const CollDescriptor mine = descriptorOf(op);
   RankSlot* slot = comm->segment.slot(comm->rank);
   slot->descriptor = mine;
@@ -328,8 +408,8 @@ bool runCollective(Operation& op) {
   comm->segment.notifyAll();
   const std::string what =
       commLabel(comm) + " coll #" + std::to_string(op.issueSeq) + " " + describe(mine);
-  if (toNext && toNext->active() && !ringSteps(op, *toNext, number)) return false;
-  toNext.reset();
+  if (ring && !ring->run()) return false;
+  ring.reset();
   if (!barrier(comm, &RankSlot::postedColl, number, what)) return false;
   std::vector<CollDescriptor> all(comm->nranks);
   for (int r = 0; r < comm->nranks; ++r) all[r] = comm->segment.slot(r)->descriptor;
@@ -357,12 +437,15 @@ std::string p2pText(const Operation& op, const char* verb, const char* direction
 }
 
 // Posts a send into the (me -> peer) mailbox; returns its number there, or 0 when cancelled.
-// `step` waits on the GPU until the prologue is through, then for the receiver's room.
-uint64_t postSend(Operation& op, ProxyStep& step) {
+// Its proxy step waits on the GPU until the prologue is through, then in SendPeerWait while the
+// receiver's mailbox is full; once posted (the sim's sends are eager) it waits in SendWait until
+// the receiver has taken the data. (A state reached only when this host task looks would go
+// stale while the task waits elsewhere, so a send never claims to wait on its peer once posted.)
+uint64_t postSend(Operation& op, ProxyTransfer& transfer) {
   ncclComm* comm = op.comm;
   std::lock_guard<std::mutex> lock(comm->executionMutex);
   if (!prologue(op)) return 0;
-  step.enter(nccl_profiler_abi::kProxyStepSendPeerWait);
+  transfer.enter(nccl_profiler_abi::kProxyStepSendPeerWait);
   const uint64_t number = ++comm->sendsExecutedTo[op.peer];
   Mailbox* box = comm->segment.mailbox(comm->rank, op.peer);
   const bool space = waitOnSegment(
@@ -384,37 +467,48 @@ uint64_t postSend(Operation& op, ProxyStep& step) {
   post.source = op.send;
   box->posted.store(number, std::memory_order_release);
   comm->segment.notifyAll();
-  step.enter(nccl_profiler_abi::kProxyStepSendWait);  // posted: waiting for it to complete
+  transfer.enter(nccl_profiler_abi::kProxyStepSendWait);
   return number;
 }
 
-bool awaitSendAck(Operation& op, uint64_t number) {
+bool awaitSendAck(Operation& op, uint64_t number, ProxyTransfer& transfer) {
   ncclComm* comm = op.comm;
   Mailbox* box = comm->segment.mailbox(comm->rank, op.peer);
-  return waitOnSegment(
+  const bool acked = waitOnSegment(
       comm, comm->cancelOps, [&] { return box->acked.load(std::memory_order_acquire) >= number; },
       [&] {
         debugLine(p2pText(op, "Send", "to") + " waits: rank " + std::to_string(op.peer) +
                   " has not received");
       });
+  if (!acked) return false;
+  transfer.endStep();
+  return true;
 }
 
 bool runRecv(Operation& op) {
+  namespace abi = nccl_profiler_abi;
   ncclComm* comm = op.comm;
   std::lock_guard<std::mutex> lock(comm->executionMutex);
-  // A stalled GPU never consumes the data; otherwise the receive waits for the sender's.
-  ProxyStep step(
-      op, op.peer, false,
-      op.stall ? nccl_profiler_abi::kProxyStepRecvGpuWait : nccl_profiler_abi::kProxyStepRecvWait);
-  if (!prologue(op)) return false;
-  const uint64_t number = ++comm->recvsExecutedFrom[op.peer];
+  const uint64_t number = comm->recvsExecutedFrom[op.peer] + 1;
   Mailbox* box = comm->segment.mailbox(op.peer, comm->rank);
+  auto sent = [&] { return box->posted.load(std::memory_order_acquire) >= number; };
+  // The receive is posted at once and waits for the sender's data; a stalled GPU then never
+  // consumes it.
+  ProxyTransfer transfer(op, op.peer, false, kP2pSteps);
+  transfer.beginStep(abi::kProxyStepRecvWait);
+  if (op.stall && transfer.active()) {
+    if (!waitOnSegment(comm, comm->cancelOps, sent, [] {})) return false;
+    transfer.enter(abi::kProxyStepRecvFlushWait);
+    transfer.enter(abi::kProxyStepRecvGpuWait);
+  }
+  if (!prologue(op)) return false;
+  comm->recvsExecutedFrom[op.peer] = number;
   const std::string what = p2pText(op, "Recv", "from");
-  const bool posted = waitOnSegment(
-      comm, comm->cancelOps, [&] { return box->posted.load(std::memory_order_acquire) >= number; },
-      [&] { debugLine(what + " waits: rank " + std::to_string(op.peer) + " has not sent"); });
+  const bool posted = waitOnSegment(comm, comm->cancelOps, sent, [&] {
+    debugLine(what + " waits: rank " + std::to_string(op.peer) + " has not sent");
+  });
   if (!posted) return false;
-  step.enter(nccl_profiler_abi::kProxyStepRecvFlushWait);
+  transfer.enter(abi::kProxyStepRecvFlushWait);
   const P2pPost post = box->ring[(number - 1) % kMailboxDepth];
   const uint64_t wanted = op.count * dataTypeSize(op.dtype);
   uint64_t bytes = wanted;
@@ -438,8 +532,10 @@ bool runRecv(Operation& op) {
     }
     std::memcpy(op.recvPtr, source, std::min<uint64_t>(bytes, post.source.bytesToEnd));
   }
+  transfer.enter(abi::kProxyStepRecvGpuWait);
   box->acked.store(number, std::memory_order_release);
   comm->segment.notifyAll();
+  transfer.endStep();
   return true;
 }
 
@@ -458,21 +554,31 @@ void finishOperation(Operation& op) {
 // receive, then wait for the sends.
 void CUDART_CB runTask(void* data) {
   Task* task = static_cast<Task*>(data);
+  if (task->persistent) {
+    // A replay of a captured group: counted as outstanding while it runs, and its Coll/P2p
+    // events come now when NCCL would run them from its host callback at every replay.
+    for (Operation& op : task->ops) {
+      retainComm(op.comm);
+      std::lock_guard<std::mutex> lock(op.comm->outstandingMutex);
+      ++op.comm->outstandingOps;
+    }
+    profilerLaunch(task->ops, task->stream, true, true);
+  }
   // The group's kernel starts on its channels (the profiler's KernelCh events).
   for (Operation& op : task->ops) profilerKernelStart(op);
   struct PostedSend {
     Operation* op;
     uint64_t number;
-    std::unique_ptr<ProxyStep> step;
+    std::unique_ptr<ProxyTransfer> transfer;
   };
   std::vector<PostedSend> postedSends;
   for (Operation& op : task->ops) {
     if (op.kind != OpKind::kSend) continue;
     RunningScope running(op.comm);
-    auto step =
-        std::make_unique<ProxyStep>(op, op.peer, true, nccl_profiler_abi::kProxyStepSendGpuWait);
-    if (const uint64_t number = postSend(op, *step)) {
-      postedSends.push_back({&op, number, std::move(step)});
+    auto transfer = std::make_unique<ProxyTransfer>(op, op.peer, true, kP2pSteps);
+    transfer->beginStep(nccl_profiler_abi::kProxyStepSendGpuWait);
+    if (const uint64_t number = postSend(op, *transfer)) {
+      postedSends.push_back({&op, number, std::move(transfer)});
     }
   }
   for (Operation& op : task->ops) {
@@ -487,24 +593,37 @@ void CUDART_CB runTask(void* data) {
   }
   for (PostedSend& send : postedSends) {
     RunningScope running(send.op->comm);
-    awaitSendAck(*send.op, send.number);
-    send.step.reset();
+    awaitSendAck(*send.op, send.number, *send.transfer);
+    send.transfer.reset();
   }
   for (Operation& op : task->ops) profilerKernelStop(op);
   for (Operation& op : task->ops) finishOperation(op);
-  delete task;
+  if (!task->persistent) delete task;
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
+         status != cudaStreamCaptureStatusNone;
 }
 
 ncclResult_t launchTask(std::vector<Operation> ops, cudaStream_t stream) {
-  for (Operation& op : ops) {
-    std::lock_guard<std::mutex> lock(op.comm->outstandingMutex);
-    ++op.comm->outstandingOps;
+  auto* task = new Task{stream, std::move(ops), capturing(stream)};
+  if (!task->persistent) {
+    for (Operation& op : task->ops) {
+      std::lock_guard<std::mutex> lock(op.comm->outstandingMutex);
+      ++op.comm->outstandingOps;
+    }
   }
-  auto* task = new Task{stream, std::move(ops)};
-  profilerLaunch(task->ops);  // Coll/P2p events: before the task can run and start its kernel
+  // Coll/P2p events: before the task can run and start its kernel.
+  profilerLaunch(task->ops, stream, task->persistent, false);
   const cudaError_t error = cudaLaunchHostFunc(stream, runTask, task);
   if (error != cudaSuccess) {
-    for (Operation& op : task->ops) finishOperation(op);
+    if (task->persistent) {
+      for (Operation& op : task->ops) releaseComm(op.comm);
+    } else {
+      for (Operation& op : task->ops) finishOperation(op);
+    }
     delete task;
     return fail(ncclUnhandledCudaError,
                 std::string("cudaLaunchHostFunc failed: ") + cudaGetErrorString(error));
@@ -565,12 +684,17 @@ ncclResult_t resolveRedOp(ncclComm* comm, ncclRedOp_t redop, ncclDataType_t dtyp
   return ncclSuccess;
 }
 
-ncclResult_t issue(Operation op, cudaStream_t stream) {
+ncclResult_t issue(Operation&& op, cudaStream_t stream) {
   op.issueSeq = nextIssueSeq(op.comm);
   applyCrashFault(op.comm, op.issueSeq);
   faultsForOperation(op.comm, op.issueSeq, &op);
   profilerApiCall(op, stream, tGroup.depth);
-  return submitOperation(op, stream);
+  if (tGroup.depth > 0 || op.profile.mask == 0) return submitOperation(std::move(op), stream);
+  // A bare call is its own group: the GroupApi event it opened ends around the launch.
+  profilerGroupEndEntry();
+  const ncclResult_t result = submitOperation(std::move(op), stream);
+  profilerGroupEndExit();
+  return result;
 }
 
 ncclResult_t issueCollective(CollKind kind, const void* sendbuff, void* recvbuff, size_t count,
@@ -643,7 +767,7 @@ ncclResult_t issueCollective(CollKind kind, const void* sendbuff, void* recvbuff
     if (cudasimHeapLocate(sendbuff, &found) == 0)
       op.send = HeapRef{found.pid, found.fd, found.offset, found.bytesToEnd};
   }
-  return issue(op, stream);
+  return issue(std::move(op), stream);
 }
 
 ncclResult_t issueP2p(OpKind kind, const void* buffer, size_t count, ncclDataType_t dtype, int peer,
@@ -671,7 +795,7 @@ ncclResult_t issueP2p(OpKind kind, const void* buffer, size_t count, ncclDataTyp
   } else {
     op.recvPtr = const_cast<void*>(buffer);
   }
-  return issue(op, stream);
+  return issue(std::move(op), stream);
 }
 
 }  // namespace
@@ -694,20 +818,21 @@ void deferInitToGroupEnd(ncclComm* comm, std::function<ncclResult_t()> work) {
 ncclResult_t submitOperation(Operation op, cudaStream_t stream) {
   if (simConfig().instant) {
     // Complete at once: no rendezvous, no data; the profiler sees the kernel run at once too.
+    profilerLaunch(std::span<Operation>(&op, 1), stream, false, false);
     if (op.profile.mask != 0) {
-      std::vector<Operation> launched{op};
-      profilerLaunch(launched);
-      profilerKernelStart(launched.front());
-      profilerKernelStop(launched.front());
+      profilerKernelStart(op);
+      profilerKernelStop(op);
     }
     return ncclSuccess;
   }
   retainComm(op.comm);
   if (tGroup.depth > 0) {
-    tGroup.operations.push_back({op, stream});
+    tGroup.operations.push_back({std::move(op), stream});
     return ncclSuccess;
   }
-  return launchTask({op}, stream);
+  std::vector<Operation> ops;
+  ops.push_back(std::move(op));
+  return launchTask(std::move(ops), stream);
 }
 
 void abortQueuedAndRunning(ncclComm* comm, int boundMs) {
@@ -739,8 +864,9 @@ bool orderAfter(cudaStream_t waiter, cudaStream_t producer) {
 ncclResult_t endGroup(bool launch, ncclSimInfo_t* simInfo) {
   if (tGroup.depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd: no matching ncclGroupStart");
   if (--tGroup.depth > 0) return ncclSuccess;
+  profilerGroupEndEntry();
   struct GroupApiEnd {  // whichever way this returns, the GroupApi event ends with the group
-    ~GroupApiEnd() { profilerGroupEnd(); }
+    ~GroupApiEnd() { profilerGroupEndExit(); }
   } groupApiEnd;
   std::vector<QueuedOperation> queued = std::move(tGroup.operations);
   std::vector<DeferredInit> inits = std::move(tGroup.inits);
@@ -777,7 +903,7 @@ ncclResult_t endGroup(bool launch, ncclSimInfo_t* simInfo) {
       if (q.op.comm->cudaDevice != device) continue;
       if (std::find(streams.begin(), streams.end(), q.stream) == streams.end())
         streams.push_back(q.stream);
-      ops.push_back(q.op);
+      ops.push_back(std::move(q.op));
     }
     const cudaStream_t first = streams.front();
     for (size_t i = 1; i < streams.size(); ++i) {
