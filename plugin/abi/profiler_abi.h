@@ -448,10 +448,14 @@ static_assert(sizeof(ProxyOpDescr) == 24 && sizeof(pid_t) == 4);
 // What an older plugin receives for an event NCCL describes in the newest layout: NCCL's own
 // shims do the same copy (v4 has no API events; v3 names the communicator in Coll/P2p). False
 // when the version has no such event (the caller then emits nothing for it).
+// As NCCL's shims do, an older plugin's Coll/P2p hang under the legacy Group (parentGroup), not
+// under the API event it never saw.
 inline bool toV4(const EventDescr& d, EventDescrV4* out) {
   *out = EventDescrV4{};
   out->type = static_cast<uint8_t>(d.type);
-  out->parentObj = d.parentObj;
+  out->parentObj = d.type == kColl  ? d.coll.parentGroup
+                   : d.type == kP2p ? d.p2p.parentGroup
+                                    : d.parentObj;
   out->rank = d.rank;
   switch (d.type) {
     case kColl:
@@ -482,7 +486,9 @@ inline bool toV4(const EventDescr& d, EventDescrV4* out) {
 inline bool toV3(const EventDescr& d, uint64_t commHash, EventDescrV3* out) {
   *out = EventDescrV3{};
   out->type = static_cast<uint8_t>(d.type);
-  out->parentObj = d.parentObj;
+  out->parentObj = d.type == kColl  ? d.coll.parentGroup
+                   : d.type == kP2p ? d.p2p.parentGroup
+                                    : d.parentObj;
   out->rank = d.rank;
   switch (d.type) {
     case kColl:
