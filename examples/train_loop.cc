@@ -35,8 +35,9 @@ constexpr const char* kUsage =
     "Rank and world come from torchrun, OpenMPI or SLURM variables. --step-ms: host compute\n"
     "  time at the start of every step on every rank (no NCCL call pending meanwhile).\n"
     "Bug kinds (each on rank R at step S): skip, op, count, dtype, root, extra, peer,\n"
-    "  color (at the split; step ignored), order, exit, crash, slow (ms=N per call).\n"
-    "Every kind but slow makes the job hang, as it would on GPUs.\n";
+    "  color (at the split; step ignored), order, exit, crash, slow (ms=N per call),\n"
+    "  pause (ms=N once, before the step's calls: a long host pause).\n"
+    "Every kind but slow and pause makes the job hang, as it would on GPUs.\n";
 
 enum class BugKind {
   kSkip,
@@ -50,7 +51,8 @@ enum class BugKind {
   kOrder,
   kExit,
   kCrash,
-  kSlow
+  kSlow,
+  kPause
 };
 
 struct Bug {
@@ -89,7 +91,8 @@ Bug parseBug(const std::string& spec) {
       {"skip", BugKind::kSkip},   {"op", BugKind::kOp},       {"count", BugKind::kCount},
       {"dtype", BugKind::kDtype}, {"root", BugKind::kRoot},   {"extra", BugKind::kExtra},
       {"peer", BugKind::kPeer},   {"color", BugKind::kColor}, {"order", BugKind::kOrder},
-      {"exit", BugKind::kExit},   {"crash", BugKind::kCrash}, {"slow", BugKind::kSlow}};
+      {"exit", BugKind::kExit},   {"crash", BugKind::kCrash}, {"slow", BugKind::kSlow},
+      {"pause", BugKind::kPause}};
   size_t colon = spec.find(':');
   std::string kindName = spec.substr(0, colon);
   Bug bug{};
@@ -282,6 +285,9 @@ class TrainLoop {
   __attribute__((noinline)) bool runStep(int step) {
     if (options_.stepMs > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.stepMs));
+    }
+    if (const Bug* pause = bugAt(BugKind::kPause, step)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(pause->ms));
     }
     if (bugAt(BugKind::kExit, step)) {
       std::printf("train_loop: rank %d leaves early at step %d (injected bug)\n", env_.rank, step);

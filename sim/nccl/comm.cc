@@ -301,6 +301,9 @@ void faultsForOperation(ncclComm* comm, uint64_t seq, Operation* op) {
       case FaultKind::kStall:
         if (seq == fault.seq) op->stall = true;
         break;
+      case FaultKind::kPause:
+        if (seq == fault.seq) op->slowUs += fault.delayUs;
+        break;
       case FaultKind::kNetError:
         if (seq >= fault.seq) {
           op->netError = true;

@@ -39,8 +39,10 @@ bool parseOneFault(const std::string& entry, Fault* fault, std::string* error) {
     fault->kind = FaultKind::kCrash;
   else if (kind == "neterror")
     fault->kind = FaultKind::kNetError;
+  else if (kind == "pause")
+    fault->kind = FaultKind::kPause;
   else {
-    *error = "unknown fault kind '" + kind + "' (want slow, stall, crash or neterror)";
+    *error = "unknown fault kind '" + kind + "' (want slow, pause, stall, crash or neterror)";
     return false;
   }
   bool haveRank = false;

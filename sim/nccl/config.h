@@ -6,7 +6,9 @@
 
 namespace ncclsim {
 
-enum class FaultKind { kSlow, kStall, kCrash, kNetError };
+// kPause: the operation at seq S alone waits `delayUs` and then goes on, as a network hiccup
+// that recovers (kSlow delays every operation from S on; kStall never recovers).
+enum class FaultKind { kSlow, kStall, kCrash, kNetError, kPause };
 
 struct Fault {
   FaultKind kind = FaultKind::kSlow;
@@ -14,7 +16,7 @@ struct Fault {
   uint64_t seq = 1;          // 1-based operation index on the communicator
   int commIndex = 0;         // communicators in creation order within the process
   bool systemError = false;  // neterror: ncclSystemError instead of ncclRemoteError
-  uint64_t delayUs = 1000;   // slow
+  uint64_t delayUs = 1000;   // slow, pause
 };
 
 struct SimConfig {
