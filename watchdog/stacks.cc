@@ -160,6 +160,11 @@ enum State : uint32_t {
   kDone = 3,
   kAbandoned = 4,  // given up before the handler started
   kOrphaned = 5,   // given up while the handler ran: the handler frees its buffer
+  // On an alternate signal stack too small to unwind on, the handler hands over the
+  // interrupted registers (kRegisters) and waits; the watchdog claims them (kUnwinding),
+  // unwinds the frozen stack from its own, and ends with kDone.
+  kRegisters = 6,
+  kUnwinding = 7,
 };
 constexpr uint32_t kStateBits = 3;
 constexpr uint32_t kStateMask = (1u << kStateBits) - 1;
@@ -173,6 +178,7 @@ struct Buffer {
   int count = 0;
   bool truncated = false;
   uintptr_t pcs[kMaxFrames];
+  unw_context_t registers;  // kRegisters: the interrupted thread's, in libunwind's layout
 };
 constexpr int kBuffers = 4;
 Buffer g_buffers[kBuffers];
@@ -307,6 +313,26 @@ __attribute__((noinline)) int unwindSelf(uintptr_t* out, int max, uintptr_t star
   return count;
 }
 
+// Unwinds another thread of this process, frozen in its signal handler, from its registers.
+int unwindFrom(unw_context_t& registers, uintptr_t* out, int max, bool* truncated) {
+  unw_cursor_t cursor;
+  int n = 0;
+  *truncated = false;
+  if (unw_init_local(&cursor, &registers) != 0) return 0;
+  for (;;) {
+    unw_word_t ip = 0;
+    if (unw_get_reg(&cursor, UNW_REG_IP, &ip) != 0 || ip == 0) break;
+    if (n == max) {
+      *truncated = true;
+      break;
+    }
+    if (n >= 2 && out[n - 1] == ip && out[n - 2] == ip) break;  // not advancing
+    out[n++] = ip;
+    if (unw_step(&cursor) <= 0) break;
+  }
+  return n;
+}
+
 // True when the handler runs on an alternate signal stack with too little room left for
 // libunwind (its cursor, context and CFI parsing take ~10 KiB; more under sanitizers).
 bool altStackTooSmall() {
@@ -322,6 +348,52 @@ bool altStackTooSmall() {
   return here < low || here - low < kNeeded;
 }
 
+// The interrupted registers in LLVM libunwind's x86-64 unw_context_t layout (what its
+// unw_getcontext stores: rax rbx rcx rdx rdi rsi rbp rsp r8-r15 rip); false elsewhere.
+bool registersFromSignal(void* context, unw_context_t* out) {
+#if defined(__x86_64__)
+  if (context == nullptr) return false;
+  const greg_t* g = static_cast<const ucontext_t*>(context)->uc_mcontext.gregs;
+  const int order[] = {REG_RAX, REG_RBX, REG_RCX, REG_RDX, REG_RDI, REG_RSI,
+                       REG_RBP, REG_RSP, REG_R8,  REG_R9,  REG_R10, REG_R11,
+                       REG_R12, REG_R13, REG_R14, REG_R15, REG_RIP};
+  std::memset(out, 0, sizeof *out);
+  auto* words = reinterpret_cast<uint64_t*>(out);
+  for (size_t i = 0; i < sizeof order / sizeof order[0]; ++i) {
+    words[i] = static_cast<uint64_t>(g[order[i]]);
+  }
+  return true;
+#else
+  (void)context;
+  (void)out;
+  return false;
+#endif
+}
+
+// Handler side, on a small alternate stack: publishes the registers and keeps the thread (and
+// so its stack) still until the watchdog has unwound it. Bounded: if the watchdog never claims
+// them, the handler takes them back and returns. True when the watchdog answered.
+bool handOverRegisters(Buffer& buffer, uint32_t word, void* context) {
+  if (!registersFromSignal(context, &buffer.registers)) return false;
+  const uint32_t base = word & ~kStateMask;
+  g_request.word.store(base | kRegisters, std::memory_order_release);
+  futexWake(&g_request.word);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (;;) {
+    const uint32_t now = g_request.word.load(std::memory_order_acquire);
+    if ((now & ~kStateMask) != base || (now & kStateMask) == kDone) return true;
+    if ((now & kStateMask) == kRegisters && std::chrono::steady_clock::now() > deadline) {
+      uint32_t expected = base | kRegisters;
+      if (g_request.word.compare_exchange_strong(expected, base | kOrphaned)) {
+        buffer.inUse.store(false, std::memory_order_release);
+        return true;  // given up: nothing was written, the watchdog sees kOrphaned
+      }
+      continue;  // claimed meanwhile: the watchdog is unwinding, wait for its kDone
+    }
+    futexWait(&g_request.word, now, std::chrono::milliseconds(20));
+  }
+}
+
 void serveRequest(int self, void* context) {
   const uint32_t word = g_request.word.load(std::memory_order_acquire);
   if ((word & kStateMask) != kRequested) return;  // a late answer to a request given up on
@@ -334,8 +406,10 @@ void serveRequest(int self, void* context) {
   Buffer& buffer = g_buffers[g_request.buffer.load(std::memory_order_relaxed)];
   const uintptr_t pc = interruptedPc(context);
   if (altStackTooSmall()) {
-    // Unwinding needs ~10 KiB of stack; on a small sigaltstack keep just the interrupted pc.
-    buffer.count = pc != 0 ? 1 : 0;
+    // Unwinding needs ~10 KiB of stack: on a small sigaltstack (a sanitizer's, a runtime's)
+    // the watchdog unwinds this thread's stack from its own while we wait here.
+    if (handOverRegisters(buffer, word, context)) return;
+    buffer.count = pc != 0 ? 1 : 0;  // no registers to hand over: just the interrupted pc
     buffer.pcs[0] = pc;
     buffer.truncated = true;
   } else {
@@ -443,6 +517,19 @@ bool requestStack(int tid, int signalNumber, std::chrono::milliseconds timeout, 
   for (;;) {
     const uint32_t word = g_request.word.load(std::memory_order_acquire);
     if (word == makeWord(generation, kDone)) break;
+    if (word == makeWord(generation, kRegisters)) {
+      uint32_t expected = word;
+      if (g_request.word.compare_exchange_strong(expected, makeWord(generation, kUnwinding))) {
+        // The thread waits in its handler: its stack stays as the signal found it.
+        bool truncated = false;
+        buffer.count = unwindFrom(buffer.registers, buffer.pcs, kMaxFrames, &truncated);
+        buffer.truncated = truncated;
+        g_request.word.store(makeWord(generation, kDone), std::memory_order_release);
+        futexWake(&g_request.word);
+        break;
+      }
+      continue;
+    }
     const auto left = deadline - std::chrono::steady_clock::now();
     if (left <= std::chrono::nanoseconds::zero()) {
       uint32_t expected = makeWord(generation, kRequested);
