@@ -132,10 +132,17 @@ bool makeDirectories(const std::string& path) {
   }
 }
 
+// The job, and under torchrun the attempt: an elastic restart's processes form a job of their
+// own (".attempt1", ...), so that its traces and verdicts stay apart from the failed attempt's.
 std::string jobId() {
-  for (const char* name : {"NCCLWATCH_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"}) {
-    if (const char* value = envText(name)) return value;
+  const char* explicitJob = envText("NCCLWATCH_JOB");
+  if (explicitJob != nullptr) return explicitJob;
+  if (const char* run = envText("TORCHELASTIC_RUN_ID")) {
+    const char* restart = envText("TORCHELASTIC_RESTART_COUNT");
+    bool restarted = restart != nullptr && std::strcmp(restart, "0") != 0;
+    return restarted ? std::string(run) + ".attempt" + restart : std::string(run);
   }
+  if (const char* slurm = envText("SLURM_JOB_ID")) return slurm;
   return "job-" + std::to_string(getpid());
 }
 

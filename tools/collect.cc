@@ -23,6 +23,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "analysis/analyze.h"
@@ -82,9 +83,11 @@ int listenOn(const std::string& address, std::string* error) {
   int one = 1;
   if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (fd < 0 || bind(fd, found->ai_addr, found->ai_addrlen) != 0 || listen(fd, 4096) != 0) {
-    *error = "--listen " + address + ": " + std::strerror(errno);
+    int why = errno;
+    *error = "--listen " + address + ": " + std::strerror(why);
     if (fd >= 0) close(fd);
     freeaddrinfo(found);
+    errno = why;  // the caller may wait for a port in use to free up
     return -1;
   }
   freeaddrinfo(found);
@@ -656,6 +659,11 @@ bool Collector::start(const Options& options, std::ostream& out, std::string* er
   state_->options = options;
   state_->out = &out;
   state_->listenFd = listenOn(options.listen, error);
+  for (int waited = 0; state_->listenFd < 0 && errno == EADDRINUSE && waited < options.listenWaitMs;
+       waited += 100) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    state_->listenFd = listenOn(options.listen, error);
+  }
   if (state_->listenFd < 0) return false;
   sockaddr_storage bound{};
   socklen_t length = sizeof bound;

@@ -31,6 +31,9 @@ struct Options {
   // `collect --until-idle`: end once agents came and none has been connected for 1 s, or
   // when none came within 60 s (the sidecar a rank starts must not outlive its job).
   bool untilIdle = false;
+  // How long to keep trying a port that is in use: an elastic restart's sidecar finds the failed
+  // attempt's one still there for a moment, ending (--until-idle) once its agents are gone.
+  int listenWaitMs = 0;
 };
 
 struct Counters {

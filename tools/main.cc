@@ -281,6 +281,10 @@ void addCollect(CLI::App& app, int& exitCode) {
       ->check(CLI::Range(size_t{1024}, size_t{1} << 28));
   collect->add_flag("--until-idle", options.untilIdle,
                     "exit once every agent has gone for 1 s (or none came within 60 s)");
+  collect
+      ->add_option("--listen-wait-ms", options.listenWaitMs,
+                   "keep trying a port in use this long (a previous collector ending)")
+      ->check(CLI::Range(0, 600'000));
   collect->footer(R"(Example:
   ncclwatch collect --listen 0.0.0.0:29555 --secret-file ~/.ncclwatch-secret --dir /shared/logs
   (each rank: NCCLWATCH_COLLECTOR=<host>:29555 NCCLWATCH_SECRET=<the secret>))");

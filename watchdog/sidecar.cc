@@ -165,6 +165,10 @@ std::vector<std::string> sidecarArguments(const std::string& cli, const SidecarO
     arguments.push_back(options.directory);
   }
   arguments.push_back("--until-idle");
+  // An elastic restart's new sidecar may find the failed attempt's still on the port for the
+  // second it takes to notice its agents are gone.
+  arguments.push_back("--listen-wait-ms");
+  arguments.push_back("10000");
   return arguments;
 }
 

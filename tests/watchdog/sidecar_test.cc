@@ -112,7 +112,7 @@ TEST(SidecarCommand, ArgumentsNameTheSecretVariableNeverTheSecret) {
   EXPECT_EQ(ncclwatch::watchdog::sidecarArguments("/opt/nw/bin/ncclwatch", options),
             (std::vector<std::string>{"/opt/nw/bin/ncclwatch", "collect", "--listen",
                                       "0.0.0.0:29517", "--secret-env", "NCCLWATCH_SECRET", "--dir",
-                                      "/logs/job", "--until-idle"}));
+                                      "/logs/job", "--until-idle", "--listen-wait-ms", "10000"}));
   EXPECT_EQ(ncclwatch::watchdog::cliBesideLibrary("/opt/nw/lib/libncclwatch.so"),
             "/opt/nw/lib/../bin/ncclwatch");
 }
@@ -232,7 +232,7 @@ TEST_F(SidecarSpawn, StartsOnceTheSecretIsKnownAndIsReapedWithoutBlocking) {
   auto record = fields(readFile(record_));
   EXPECT_EQ(record["args"],
             "collect --listen 127.0.0.1:29517 --secret-env NCCLWATCH_SECRET --dir " + directory_ +
-                " --until-idle");
+                " --until-idle --listen-wait-ms 10000");
   EXPECT_EQ(record["secret"], "feedface");
   EXPECT_EQ(record["preload"], "/a/libfoo.so");
   EXPECT_EQ(record["keep"], "kept");
