@@ -143,6 +143,9 @@ std::string jobId() {
     return restarted ? std::string(run) + ".attempt" + restart : std::string(run);
   }
   if (const char* slurm = envText("SLURM_JOB_ID")) return slurm;
+  // OpenMPI (4.x) and other PMIx launchers: one namespace per job.
+  if (const char* mpi = envText("OMPI_MCA_ess_base_jobid")) return std::string("mpi-") + mpi;
+  if (const char* pmix = envText("PMIX_NAMESPACE")) return std::string("pmix-") + pmix;
   return "job-" + std::to_string(getpid());
 }
 

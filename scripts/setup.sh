@@ -8,7 +8,8 @@ shift || true
 
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev googletest libgtest-dev libgmock-dev
   libbenchmark-dev libunwind-14-dev libabsl-dev libsimdjson-dev libcli11-dev
-  chromium)  # chromium: headless rendering of `ncclwatch report` pages in tests
+  chromium  # chromium: headless rendering of `ncclwatch report` pages in tests
+  openmpi-bin)  # mpirun, for the launcher tests
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
