@@ -1,0 +1,63 @@
+"""PyTorch hangs, each with its own bug, for tests/pytorch_hangs and bench/fr_comparison.sh.
+
+    torchrun --nproc_per_node=4 hangs.py --bug skip|shape|raise|subgroup [--timeout S]
+
+skip      rank 1 skips one gradient all_reduce at step 2 (a data-dependent `if`);
+shape     rank 1 all-reduces a tensor of another shape at step 2;
+raise     rank 2 raises at step 2 and exits while the others wait in the next all_reduce;
+subgroup  rank 1 skips a barrier of the subgroup {0, 1} at step 2.
+Each hung call's line carries "# HUNG <bug>"; tests find it there. --timeout sets PyTorch's own
+collective timeout (its watchdog and Flight Recorder dump on it).
+"""
+import argparse
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+RANK = int(os.environ["RANK"])
+WORLD = int(os.environ["WORLD_SIZE"])
+
+
+def say(text):
+    sys.stdout.write(f"rank {RANK}: {text}\n")
+    sys.stdout.flush()
+
+
+def train(bug):
+    grad = torch.tensor([float(RANK + 1)] * 8, device="cuda")
+    pair = dist.new_group([0, 1])
+    for step in range(4):
+        dist.all_reduce(grad)  # the step's first gradient bucket
+        data_says_skip = RANK == 1 and step == 2  # e.g. a loss that came out NaN on one rank
+        if bug == "skip" and data_says_skip:
+            say("skips the second bucket")
+        else:
+            if bug == "shape" and data_says_skip:
+                wrong = torch.ones(4, device="cuda")
+                dist.all_reduce(wrong)  # HUNG shape
+            else:
+                dist.all_reduce(grad)  # HUNG skip
+        if bug == "raise" and RANK == 2 and step == 2:
+            raise ValueError("rank 2 cannot load its next batch")
+        if bug == "subgroup" and RANK in (0, 1) and not (RANK == 1 and step == 2):
+            dist.barrier(group=pair)  # HUNG subgroup
+        value = grad.sum().item()  # WAIT: where a rank blocks on the result
+        say(f"step {step} done ({value:.0f})")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bug", required=True, choices=["skip", "shape", "raise", "subgroup"])
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args()
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=args.timeout),
+                            device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+    train(args.bug)
+    dist.destroy_process_group()
+
+
+main()

@@ -1,0 +1,105 @@
+// Unmodified PyTorch (ProcessGroupNCCL under the real torchrun, from scripts/torch_venv.sh's
+// venv) hanging on the sim, each with a bug users meet: a skipped gradient all_reduce, a shape
+// that differs, a rank that raises and exits, a subgroup barrier one rank skips. ncclwatch, with
+// PyTorch's own watchdog and Flight Recorder on at their defaults beside it, names the rank and
+// the Python line that issued the hung call. Skipped, saying why, without the venv.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "command.h"
+#include "job.h"
+#include "traces.h"
+
+namespace {
+
+const std::string kCli = NCCLWATCH_BINARY;
+const std::string kVenv = NCCLWATCH_TORCH_VENV;
+const std::string kScript = NCCLWATCH_HANGS_SCRIPT;
+
+int lineOf(const std::string& marker) {
+  std::ifstream in(kScript);
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.find(marker) != std::string::npos) return number;
+  }
+  return -1;
+}
+
+std::string siteOf(const std::string& marker) {
+  return kScript + ":" + std::to_string(lineOf(marker)) + " train";
+}
+
+struct Hang {
+  const char* bug;
+  const char* kind;      // the first live verdict
+  const char* culprits;  // "1" etc.
+  const char* hungLine;  // marker of the line that issued the hung call
+};
+
+void PrintTo(const Hang& hang, std::ostream* out) {
+  *out << hang.bug;
+}
+
+class PytorchHang : public ::testing::TestWithParam<Hang> {
+ protected:
+  void SetUp() override {
+    if (access((kVenv + "/.ncclwatch-torch-ok").c_str(), R_OK) != 0) {
+      GTEST_SKIP() << "no torch venv at " << kVenv
+                   << " (scripts/torch_venv.sh installs it; needs PyPI)";
+    }
+  }
+  // `ncclwatch run --abort` around the real torchrun, the sim preloaded as torch needs it.
+  testsupport::Output run(const std::string& logs, const std::string& bug) {
+    std::string sim = testsupport::simLibDir();
+    return testsupport::command(
+        "LD_PRELOAD=" + sim + "/libcuda.so.1:" + sim + "/libcudart.so.13:" + sim +
+        "/libnccl.so.2 OMP_NUM_THREADS=1 timeout 150 " + kCli + " run --abort --dir " + logs +
+        " -- " + kVenv + "/bin/torchrun --standalone --nproc_per_node=4 " + kScript + " --bug " +
+        bug);
+  }
+};
+
+TEST_P(PytorchHang, TheVerdictNamesTheRankAndThePythonLine) {
+  const Hang& hang = GetParam();
+  std::string logs = testsupport::freshDirectory(std::string("pytorch-") + hang.bug);
+  testsupport::Output out = run(logs, hang.bug);
+  EXPECT_NE(out.status, 124) << "still hanging when the test's bound ran out\n" << out.text;
+  std::string verdicts = testsupport::readFile(logs + "/verdicts.jsonl");
+  std::string first = verdicts.substr(0, verdicts.find('\n'));
+  ASSERT_FALSE(first.empty()) << out.text;
+  EXPECT_NE(first.find(std::string("\"kind\":\"") + hang.kind + "\""), std::string::npos) << first;
+  EXPECT_NE(first.find(std::string("\"culprits\":[") + hang.culprits + "]"), std::string::npos)
+      << first;
+  // Where the hung call was issued, from the Python frames recorded with it.
+  EXPECT_NE(first.find("\"issued_at\":\"" + siteOf(hang.hungLine)), std::string::npos) << first;
+  // PyTorch's own machinery ran beside ours: nothing of ours broke the job's start, its
+  // collectives before the bug, or its watchdog (it reports the abort).
+  EXPECT_NE(out.text.find("rank 0: step 1 done"), std::string::npos) << out.text;
+  std::filesystem::remove_all(logs);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Bugs, PytorchHang,
+    ::testing::Values(Hang{"skip", "missing", "1", "# HUNG skip"},
+                      Hang{"shape", "mismatch", "1", "# HUNG shape"},
+                      Hang{"raise", "dead_rank", "2", "dist.all_reduce(grad)  # the step"}),
+    [](const ::testing::TestParamInfo<Hang>& info) { return std::string(info.param.bug); });
+
+// Rank 1 skips a barrier of the subgroup {0, 1}: rank 0 waits in it, ranks 1-3 wait in the
+// world's next all_reduce for rank 0. The job's analysis names rank 1 and the barrier's line.
+TEST_F(PytorchHang, ASkippedSubgroupBarrierNamesTheRankThatSkippedIt) {
+  std::string logs = testsupport::freshDirectory("pytorch-subgroup");
+  testsupport::Output out = run(logs, "subgroup");
+  EXPECT_NE(out.status, 124) << out.text;
+  testsupport::Output inspect = testsupport::command(kCli + " inspect --json " + logs);
+  EXPECT_NE(inspect.text.find("\"culprits\":[1]"), std::string::npos) << inspect.text;
+  EXPECT_NE(inspect.text.find("\"issued_at\":\"" + siteOf("# HUNG subgroup")), std::string::npos)
+      << inspect.text;
+  std::filesystem::remove_all(logs);
+}
+
+}  // namespace
