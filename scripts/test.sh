@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: set-up, build, every ctest test, then the unit and
-# sim tests labelled `sanitize` under ASan+UBSan and under TSan.
+# The whole test suite, from a fresh machine: set-up, build, the PyTorch venv, every ctest test,
+# then the unit and sim tests labelled `sanitize` under ASan+UBSan and under TSan.
 # NCCLWATCH_SANITIZERS=0 skips the sanitizer builds (quicker local runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${NCCLWATCH_TEST_JOBS:-2}
 
 scripts/setup.sh build
+# PyPI's PyTorch for the tests labelled `torch` (unmodified PyTorch on the sim); without PyPI
+# they are skipped, each saying why.
+scripts/torch_venv.sh build/torch-venv || echo "[test] no PyTorch venv: the torch tests will be skipped"
 ctest --test-dir build -j "$jobs" --output-on-failure --timeout 600
 
 if [ "${NCCLWATCH_SANITIZERS:-1}" != 0 ]; then

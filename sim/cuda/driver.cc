@@ -3,31 +3,22 @@
 // header links and resolves against these unchanged.
 #include <cuda.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <mutex>
+#include <vector>
 
-#include "engine.h"
-
-#define CUDASIM_API extern "C" __attribute__((visibility("default")))
+#include "driver_internal.h"
 
 using namespace cudasim;
 
 namespace {
 
 thread_local CUcontext t_context = nullptr;
-
-#define REQUIRE_INIT                                       \
-  do {                                                     \
-    if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED; \
-  } while (0)
-
-#define RESOLVE_STREAM(var, handle)                    \
-  std::shared_ptr<Stream> var = resolveStream(handle); \
-  if (!var) return CUDA_ERROR_INVALID_HANDLE
-
-#define RESOLVE_EVENT(var, handle)                   \
-  std::shared_ptr<Event> var = resolveEvent(handle); \
-  if (!var) return CUDA_ERROR_INVALID_HANDLE
 
 struct ErrorText {
   CUresult code;
@@ -54,6 +45,13 @@ constexpr ErrorText kErrors[] = {
      "operation failed due to a previous error during capture"},
     {CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
      "attempt to terminate a thread-local capture sequence from another thread"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS",
+     "an illegal memory access was encountered"},
+    {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
+    {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+     "part or all of the requested memory range is already mapped"},
+    {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+     "pointer does not correspond to a registered memory region"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -90,6 +88,22 @@ CUresult setOnStream(CUdeviceptr dst, unsigned char value, size_t bytes, CUstrea
 }
 
 }  // namespace
+
+namespace cudasim {
+
+CUcontext currentContext() {
+  return t_context;
+}
+
+bool debugEnabled() {
+  static const bool enabled = [] {
+    const char* text = std::getenv("CUDASIM_DEBUG");
+    return text != nullptr && std::strcmp(text, "0") != 0 && *text != '\0';
+  }();
+  return enabled;
+}
+
+}  // namespace cudasim
 
 // ---- initialization, devices, contexts ----------------------------------------------------
 
@@ -137,66 +151,143 @@ CUDASIM_API CUresult cuDeviceTotalMem(size_t* bytes, CUdevice device) {
   return CUDA_SUCCESS;
 }
 
+namespace {
+// The attributes of every virtual device: those of a compute-capability-9.0 part with one
+// multiprocessor. Anything not listed is 0 (absent features: textures, VMM, multicast, IPC
+// events, GPUDirect RDMA), so programs take the paths the sim implements.
+int attributeValue(CUdevice_attribute attribute, CUdevice device) {
+  switch (attribute) {
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X:
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y:
+      return 1024;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z:
+      return 64;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X:
+    case CU_DEVICE_ATTRIBUTE_MAX_PITCH:
+      return 2147483647;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y:
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z:
+      return 65535;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK:
+      return 49152;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN:
+      return 232448;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR:
+      return 233472;
+    case CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK:
+      return 1024;
+    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK:
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR:
+      return 65536;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
+      return 32;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE:
+      return 1980000;  // kHz
+    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE:
+      return 2619000;  // kHz
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH:
+      return 5120;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE:
+      return 50 << 20;
+    case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT:
+    case CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT:
+      return 512;
+    case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT:
+      return 32;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+      return 1;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR:
+      return 2048;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR:
+      return 32;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
+    case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP:
+      return 1;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+      return 9;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+      return 0;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+      return device;
+    case CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO:
+      return 2;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM:
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
+    case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+      return 1;
+    default:
+      return 0;
+  }
+}
+}  // namespace
+
 CUDASIM_API CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute,
                                           CUdevice device) {
   REQUIRE_INIT;
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!validDevice(device)) return CUDA_ERROR_INVALID_DEVICE;
-  switch (attribute) {
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
-      *value = 9;
-      break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
-      *value = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
-      *value = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
-      *value = 32;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
-      *value = 1024;
-      break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
-      *value = device;
-      break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
-      *value = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
-      *value = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
-      *value = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
-      *value = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
-      *value = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
-      *value = 1;
-      break;
-    default:
-      *value = 0;
-      break;
-  }
+  if (attribute < 1 || attribute >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+  *value = attributeValue(attribute, device);
   return CUDA_SUCCESS;
 }
+
+namespace {
+// Retains of each device's primary context: a context is active while retained.
+std::mutex g_retainsMutex;
+std::vector<int> g_retains;
+pid_t g_retainsPid = 0;
+
+int& retainsOf(CUdevice device) {
+  if (g_retainsPid != getpid()) {  // a fork child starts with no context
+    g_retains.assign(deviceCount(), 0);
+    g_retainsPid = getpid();
+  }
+  return g_retains[device];
+}
+}  // namespace
 
 CUDASIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
   REQUIRE_INIT;
   if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!validDevice(device)) return CUDA_ERROR_INVALID_DEVICE;
+  {
+    std::lock_guard<std::mutex> lock(g_retainsMutex);
+    ++retainsOf(device);
+  }
   *context = primaryContext(device);
   return CUDA_SUCCESS;
 }
 
 CUDASIM_API CUresult cuDevicePrimaryCtxRelease(CUdevice device) {
   REQUIRE_INIT;
-  return validDevice(device) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+  if (!validDevice(device)) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard<std::mutex> lock(g_retainsMutex);
+  int& retains = retainsOf(device);
+  if (retains == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  --retains;
+  return CUDA_SUCCESS;
+}
+
+CUDASIM_API CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, int* active) {
+  REQUIRE_INIT;
+  if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!validDevice(device)) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard<std::mutex> lock(g_retainsMutex);
+  *flags = 0;
+  *active = retainsOf(device) > 0;
+  return CUDA_SUCCESS;
 }
 
 CUDASIM_API CUresult cuCtxGetCurrent(CUcontext* context) {
@@ -272,7 +363,9 @@ CUDASIM_API CUresult cuMemHostAlloc(void** pointer, size_t bytes, unsigned int) 
 CUDASIM_API CUresult cuMemFree(CUdeviceptr pointer) {
   REQUIRE_INIT;
   if (pointer == 0) return CUDA_SUCCESS;
-  return release(reinterpret_cast<void*>(pointer)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  if (!release(reinterpret_cast<void*>(pointer))) return CUDA_ERROR_INVALID_VALUE;
+  forgetPoolAllocation(reinterpret_cast<void*>(pointer));  // cuMemAllocAsync memory may come here
+  return CUDA_SUCCESS;
 }
 
 CUDASIM_API CUresult cuMemFreeHost(void* pointer) {
@@ -342,7 +435,8 @@ CUDASIM_API CUresult cuStreamCreateWithPriority(CUstream* stream, unsigned int f
                                                 int priority) {
   REQUIRE_INIT;
   if (stream == nullptr || (flags & ~CU_STREAM_NON_BLOCKING) != 0) return CUDA_ERROR_INVALID_VALUE;
-  *stream = createStream(flags, priority);
+  // Out-of-range priorities are clamped to the device's range [-5, 0], as CUDA does.
+  *stream = createStream(flags, std::clamp(priority, -5, 0));
   return CUDA_SUCCESS;
 }
 
@@ -563,89 +657,4 @@ CUDASIM_API CUresult cuGetErrorName(CUresult error, const char** name) {
   const ErrorText* entry = findError(error);
   *name = entry ? entry->name : nullptr;
   return entry ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-
-// ---- cuGetProcAddress ----------------------------------------------------------------------
-
-namespace {
-struct ProcEntry {
-  const char* name;        // the unversioned name callers ask for
-  void* function;          // the ABI a CUDA 13 caller expects (cuda.h's macro target)
-  int minimumCudaVersion;  // callers asking for an older ABI get VERSION_NOT_SUFFICIENT
-};
-
-#define PROC(name, version) \
-  { #name, reinterpret_cast < void*>(&name), version }
-const ProcEntry kProcs[] = {
-    PROC(cuInit, 2000),
-    PROC(cuDriverGetVersion, 2020),
-    PROC(cuDeviceGet, 2000),
-    PROC(cuDeviceGetCount, 2000),
-    PROC(cuDeviceGetName, 2000),
-    PROC(cuDeviceTotalMem, 3020),
-    PROC(cuDeviceGetAttribute, 2000),
-    PROC(cuDevicePrimaryCtxRetain, 7000),
-    PROC(cuDevicePrimaryCtxRelease, 11000),
-    PROC(cuCtxGetCurrent, 4000),
-    PROC(cuCtxSetCurrent, 4000),
-    PROC(cuCtxGetDevice, 2000),
-    PROC(cuCtxSynchronize, 2000),
-    PROC(cuMemAlloc, 3020),
-    PROC(cuMemAllocManaged, 6000),
-    PROC(cuMemAllocHost, 3020),
-    PROC(cuMemHostAlloc, 2020),
-    PROC(cuMemFree, 3020),
-    PROC(cuMemFreeHost, 2000),
-    PROC(cuMemGetInfo, 3020),
-    PROC(cuPointerGetAttribute, 4000),
-    PROC(cuMemcpy, 4000),
-    PROC(cuMemcpyAsync, 4000),
-    PROC(cuMemsetD8, 3020),
-    PROC(cuMemsetD8Async, 3020),
-    PROC(cuStreamCreate, 2000),
-    PROC(cuStreamCreateWithPriority, 5050),
-    PROC(cuStreamDestroy, 4000),
-    PROC(cuStreamGetFlags, 5050),
-    PROC(cuStreamQuery, 2000),
-    PROC(cuStreamSynchronize, 2000),
-    PROC(cuStreamWaitEvent, 3020),
-    PROC(cuLaunchHostFunc, 10000),
-    PROC(cuStreamBeginCapture, 10010),
-    PROC(cuStreamEndCapture, 10000),
-    PROC(cuStreamIsCapturing, 10000),
-    PROC(cuStreamGetCaptureInfo, 12030),
-    PROC(cuThreadExchangeStreamCaptureMode, 10010),
-    PROC(cuGraphInstantiate, 11040),
-    PROC(cuGraphLaunch, 10000),
-    PROC(cuGraphDestroy, 10000),
-    PROC(cuGraphExecDestroy, 10000),
-    PROC(cuEventCreate, 2000),
-    PROC(cuEventRecord, 2000),
-    PROC(cuEventRecordWithFlags, 11010),
-    PROC(cuEventQuery, 2000),
-    PROC(cuEventSynchronize, 2000),
-    PROC(cuEventDestroy, 4000),
-    PROC(cuEventElapsedTime, 12080),
-    PROC(cuGetErrorString, 6000),
-    PROC(cuGetErrorName, 6000),
-};
-#undef PROC
-}  // namespace
-
-CUDASIM_API CUresult cuGetProcAddress(const char* symbol, void** function, int cudaVersion,
-                                      cuuint64_t, CUdriverProcAddressQueryResult* status) {
-  if (symbol == nullptr || function == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *function = nullptr;
-  for (const ProcEntry& entry : kProcs) {
-    if (std::strcmp(entry.name, symbol) != 0) continue;
-    if (cudaVersion < entry.minimumCudaVersion) {
-      if (status) *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
-      return CUDA_ERROR_NOT_FOUND;
-    }
-    *function = entry.function;
-    if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
-    return CUDA_SUCCESS;
-  }
-  if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-  return CUDA_ERROR_NOT_FOUND;
 }

@@ -58,6 +58,9 @@ struct State {
   std::unordered_map<void*, std::shared_ptr<Graph>> graphs;
   std::unordered_map<void*, std::shared_ptr<Graph>> graphExecs;  // key: a heap-allocated tag
 
+  std::mutex hostRangesMutex;
+  std::map<uintptr_t, std::pair<size_t, int>> hostRanges;  // start -> (bytes, device)
+
   std::mutex captureMutex;
   std::vector<std::shared_ptr<Capture>> activeCaptures;
   uint64_t nextCaptureId = 1;
@@ -589,9 +592,29 @@ std::shared_ptr<Graph> resolveGraph(CUgraph handle) {
 }
 
 bool destroyGraph(CUgraph handle) {
+  std::shared_ptr<Graph> graph;  // dropped after the lock: it may release user objects
   State& s = state();
   std::lock_guard<std::mutex> lock(s.registryMutex);
-  return s.graphs.erase(handle) == 1;
+  auto it = s.graphs.find(handle);
+  if (it == s.graphs.end()) return false;
+  graph = std::move(it->second);
+  s.graphs.erase(it);
+  return true;
+}
+
+std::shared_ptr<Graph> graphOfNode(const void* node, size_t* index) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.registryMutex);
+  for (auto& [handle, graph] : s.graphs) {
+    auto& items = graph->items;
+    if (items.empty()) continue;
+    auto* item = static_cast<const GraphItem*>(node);
+    if (item >= items.data() && item < items.data() + items.size()) {
+      if (index) *index = static_cast<size_t>(item - items.data());
+      return graph;
+    }
+  }
+  return nullptr;
 }
 
 CUgraphExec instantiateGraph(const std::shared_ptr<Graph>& graph) {
@@ -610,9 +633,14 @@ std::shared_ptr<Graph> resolveGraphExec(CUgraphExec handle) {
 }
 
 bool destroyGraphExec(CUgraphExec handle) {
+  std::shared_ptr<Graph> exec;  // dropped after the lock: it may release user objects
   State& s = state();
   std::lock_guard<std::mutex> lock(s.registryMutex);
-  return s.graphExecs.erase(handle) == 1;
+  auto it = s.graphExecs.find(handle);
+  if (it == s.graphExecs.end()) return false;
+  exec = std::move(it->second);
+  s.graphExecs.erase(it);
+  return true;
 }
 
 void launchGraph(const std::shared_ptr<Graph>& graph, const std::shared_ptr<Stream>& stream) {
@@ -686,10 +714,28 @@ bool release(void* pointer) {
   return true;
 }
 
+namespace {
+bool locateHostRange(const void* pointer, int* device) {
+  State& s = state();
+  auto address = reinterpret_cast<uintptr_t>(pointer);
+  std::lock_guard<std::mutex> lock(s.hostRangesMutex);
+  auto it = s.hostRanges.upper_bound(address);
+  if (it == s.hostRanges.begin()) return false;
+  --it;
+  if (address >= it->first + it->second.first) return false;
+  if (device) *device = it->second.second;
+  return true;
+}
+}  // namespace
+
 bool locate(const void* pointer, MemoryKind* kind, int* device) {
   Heap& h = heap();
   const char* p = static_cast<const char*>(pointer);
-  if (h.base == nullptr || p < h.base || p >= h.base + h.bytes) return false;
+  if (h.base == nullptr || p < h.base || p >= h.base + h.bytes) {
+    if (!locateHostRange(pointer, device)) return false;
+    if (kind) *kind = MemoryKind::kHost;
+    return true;
+  }
   size_t offset = static_cast<size_t>(p - h.base);
   std::lock_guard<std::mutex> lock(h.mutex);
   auto it = h.allocations.upper_bound(offset);
@@ -699,6 +745,41 @@ bool locate(const void* pointer, MemoryKind* kind, int* device) {
   if (kind) *kind = it->second.kind;
   if (device) *device = it->second.device;
   return true;
+}
+
+bool allocationRange(const void* pointer, char** base, size_t* bytes) {
+  Heap& h = heap();
+  const char* p = static_cast<const char*>(pointer);
+  if (h.base == nullptr || p < h.base || p >= h.base + h.bytes) return false;
+  size_t offset = static_cast<size_t>(p - h.base);
+  std::lock_guard<std::mutex> lock(h.mutex);
+  auto it = h.allocations.upper_bound(offset);
+  if (it == h.allocations.begin()) return false;
+  --it;
+  if (offset >= it->first + it->second.bytes) return false;
+  if (base) *base = h.base + it->first;
+  if (bytes) *bytes = it->second.bytes;
+  return true;
+}
+
+bool registerHostRange(void* pointer, size_t bytes) {
+  State& s = state();
+  auto start = reinterpret_cast<uintptr_t>(pointer);
+  std::lock_guard<std::mutex> lock(s.hostRangesMutex);
+  auto next = s.hostRanges.lower_bound(start);
+  if (next != s.hostRanges.end() && next->first < start + bytes) return false;
+  if (next != s.hostRanges.begin()) {
+    auto previous = std::prev(next);
+    if (previous->first + previous->second.first > start) return false;
+  }
+  s.hostRanges[start] = {bytes, currentDevice()};
+  return true;
+}
+
+bool unregisterHostRange(void* pointer) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.hostRangesMutex);
+  return s.hostRanges.erase(reinterpret_cast<uintptr_t>(pointer)) == 1;
 }
 
 size_t heapBytes() {

@@ -40,8 +40,20 @@ struct GraphItem {
   std::shared_ptr<Event> event;
 };
 
+// What a graph keeps alive beyond its items: references on user objects
+// (cuGraphRetainUserObject). A graph and the executable graphs instantiated from it share one,
+// and the last of them to go runs the releases.
+struct GraphResources {
+  std::mutex mutex;
+  std::vector<std::function<void()>> releases;
+  ~GraphResources() {
+    for (auto& release : releases) release();
+  }
+};
+
 struct Graph {
-  std::vector<GraphItem> items;
+  std::vector<GraphItem> items;  // a linear chain: each item depends on the one before
+  std::shared_ptr<GraphResources> resources = std::make_shared<GraphResources>();
 };
 
 struct Capture {
@@ -126,12 +138,23 @@ CUgraphExec instantiateGraph(const std::shared_ptr<Graph>& graph);
 std::shared_ptr<Graph> resolveGraphExec(CUgraphExec handle);
 bool destroyGraphExec(CUgraphExec handle);
 void launchGraph(const std::shared_ptr<Graph>& graph, const std::shared_ptr<Stream>& stream);
+// The graph (not executable) whose item `node` is (a CUgraphNode is the address of an item of
+// a graph that is no longer being captured), with the item's index; null if none.
+std::shared_ptr<Graph> graphOfNode(const void* node, size_t* index);
 
 // ---- memory -------------------------------------------------------------------------------
 enum class MemoryKind { kDevice, kHost, kManaged };
 void* allocate(size_t bytes, MemoryKind kind);  // null when the heap is exhausted
 bool release(void* pointer);                    // false if not an allocation start
+// Device, host (cudaMallocHost, cudaHostAlloc, or registered with cuMemHostRegister) or managed
+// memory; false for pointers the sim knows nothing of.
 bool locate(const void* pointer, MemoryKind* kind, int* device);
+// The heap allocation holding `pointer`: its start and size.
+bool allocationRange(const void* pointer, char** base, size_t* bytes);
+// Host memory registered with cuMemHostRegister: false when it overlaps a registered range
+// (register) or is not the start of one (unregister).
+bool registerHostRange(void* pointer, size_t bytes);
+bool unregisterHostRange(void* pointer);
 size_t heapBytes();
 size_t heapBytesInUse();
 

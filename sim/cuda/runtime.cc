@@ -1,17 +1,16 @@
 // The runtime API of the sim (libcudart.so.13): a thin layer over the sim's driver API, as the
 // real runtime is over the real driver. It keeps the per-thread current device and last error.
-#include <cuda.h>
-#include <cuda_runtime_api.h>
-
 #include <cstring>
 
-#define CUDASIM_API extern "C" __attribute__((visibility("default")))
+#include "runtime_internal.h"
 
 namespace {
-
 thread_local cudaError_t t_lastError = cudaSuccess;
 thread_local int t_device = 0;
 thread_local bool t_contextBound = false;
+}  // namespace
+
+namespace cudasim::rt {
 
 cudaError_t toRuntime(CUresult result) {
   switch (result) {
@@ -43,12 +42,19 @@ cudaError_t toRuntime(CUresult result) {
       return cudaErrorStreamCaptureInvalidated;
     case CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD:
       return cudaErrorStreamCaptureWrongThread;
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+      return cudaErrorIllegalAddress;
+    case CUDA_ERROR_FILE_NOT_FOUND:
+      return cudaErrorFileNotFound;
+    case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
+      return cudaErrorHostMemoryAlreadyRegistered;
+    case CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED:
+      return cudaErrorHostMemoryNotRegistered;
     default:
       return cudaErrorUnknown;
   }
 }
 
-// Records a failure as the thread's last error; "not ready" is an answer, not an error.
 cudaError_t finish(cudaError_t error) {
   if (error != cudaSuccess && error != cudaErrorNotReady) t_lastError = error;
   return error;
@@ -58,8 +64,6 @@ cudaError_t finish(CUresult result) {
   return finish(toRuntime(result));
 }
 
-// Binds the thread's current device's primary context, initializing the driver on first use,
-// as the runtime does implicitly on the first call of each thread.
 cudaError_t bindContext() {
   if (t_contextBound) return cudaSuccess;
   CUresult result = cuInit(0);
@@ -71,11 +75,15 @@ cudaError_t bindContext() {
   return cudaSuccess;
 }
 
-#define BIND_OR_RETURN                              \
-  do {                                              \
-    cudaError_t bound = bindContext();              \
-    if (bound != cudaSuccess) return finish(bound); \
-  } while (0)
+int currentDevice() {
+  return t_device;
+}
+
+}  // namespace cudasim::rt
+
+using namespace cudasim::rt;
+
+namespace {
 
 struct ErrorText {
   cudaError_t code;
@@ -106,6 +114,18 @@ constexpr ErrorText kErrors[] = {
      "operation failed due to a previous error during capture"},
     {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread",
      "attempt to terminate a thread-local capture sequence from another thread"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument"},
+    {cudaErrorInvalidDeviceFunction, "cudaErrorInvalidDeviceFunction", "invalid device function"},
+    {cudaErrorInvalidSymbol, "cudaErrorInvalidSymbol", "invalid device symbol"},
+    {cudaErrorInvalidPitchValue, "cudaErrorInvalidPitchValue", "invalid pitch argument"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
+     "an illegal memory access was encountered"},
+    {cudaErrorFileNotFound, "cudaErrorFileNotFound", "file not found"},
+    {cudaErrorHostMemoryAlreadyRegistered, "cudaErrorHostMemoryAlreadyRegistered",
+     "part or all of the requested memory range is already mapped"},
+    {cudaErrorHostMemoryNotRegistered, "cudaErrorHostMemoryNotRegistered",
+     "pointer does not correspond to a registered memory region"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 
@@ -114,16 +134,6 @@ const ErrorText* findError(cudaError_t code) {
     if (entry.code == code) return &entry;
   }
   return nullptr;
-}
-
-CUdeviceptr devicePointer(const void* pointer) {
-  return reinterpret_cast<CUdeviceptr>(pointer);
-}
-CUstream driverStream(cudaStream_t stream) {
-  return reinterpret_cast<CUstream>(stream);
-}
-CUevent driverEvent(cudaEvent_t event) {
-  return reinterpret_cast<CUevent>(event);
 }
 
 bool validCopyKind(cudaMemcpyKind kind) {
@@ -211,20 +221,72 @@ CUDASIM_API cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* propertie
   int count = 0;
   cuDeviceGetCount(&count);
   if (device < 0 || device >= count) return finish(cudaErrorInvalidDevice);
+  // As the real runtime does: the name, memory and identity, then one driver attribute per field.
   std::memset(properties, 0, sizeof(*properties));
   cuDeviceGetName(properties->name, sizeof(properties->name), device);
   cuDeviceTotalMem(&properties->totalGlobalMem, device);
-  properties->major = 9;
-  properties->minor = 0;
-  properties->multiProcessorCount = 1;
-  properties->warpSize = 32;
-  properties->maxThreadsPerBlock = 1024;
-  properties->pciBusID = device;
-  properties->unifiedAddressing = 1;
-  properties->managedMemory = 1;
-  properties->concurrentManagedAccess = 1;
-  properties->canMapHostMemory = 1;
-  properties->asyncEngineCount = 1;
+  cuDeviceGetUuid(reinterpret_cast<CUuuid*>(&properties->uuid), device);
+  auto attribute = [device](CUdevice_attribute which) {
+    int value = 0;
+    cuDeviceGetAttribute(&value, which, device);
+    return value;
+  };
+  auto& p = *properties;
+  p.sharedMemPerBlock = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
+  p.regsPerBlock = attribute(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK);
+  p.warpSize = attribute(CU_DEVICE_ATTRIBUTE_WARP_SIZE);
+  p.memPitch = attribute(CU_DEVICE_ATTRIBUTE_MAX_PITCH);
+  p.maxThreadsPerBlock = attribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+  p.maxThreadsDim[0] = attribute(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X);
+  p.maxThreadsDim[1] = attribute(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y);
+  p.maxThreadsDim[2] = attribute(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z);
+  p.maxGridSize[0] = attribute(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X);
+  p.maxGridSize[1] = attribute(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y);
+  p.maxGridSize[2] = attribute(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z);
+  p.totalConstMem = attribute(CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY);
+  p.major = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+  p.minor = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  p.textureAlignment = attribute(CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT);
+  p.texturePitchAlignment = attribute(CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT);
+  p.multiProcessorCount = attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  p.integrated = attribute(CU_DEVICE_ATTRIBUTE_INTEGRATED);
+  p.canMapHostMemory = attribute(CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY);
+  p.surfaceAlignment = attribute(CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT);
+  p.concurrentKernels = attribute(CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS);
+  p.ECCEnabled = attribute(CU_DEVICE_ATTRIBUTE_ECC_ENABLED);
+  p.pciBusID = attribute(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
+  p.pciDeviceID = attribute(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
+  p.pciDomainID = attribute(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID);
+  p.asyncEngineCount = attribute(CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT);
+  p.unifiedAddressing = attribute(CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING);
+  p.memoryBusWidth = attribute(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH);
+  p.l2CacheSize = attribute(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
+  p.persistingL2CacheMaxSize = attribute(CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE);
+  p.maxThreadsPerMultiProcessor = attribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
+  p.streamPrioritiesSupported = attribute(CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED);
+  p.globalL1CacheSupported = attribute(CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED);
+  p.localL1CacheSupported = attribute(CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED);
+  p.sharedMemPerMultiprocessor =
+      attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
+  p.regsPerMultiprocessor = attribute(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR);
+  p.managedMemory = attribute(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY);
+  p.isMultiGpuBoard = attribute(CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD);
+  p.hostNativeAtomicSupported = attribute(CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED);
+  p.pageableMemoryAccess = attribute(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS);
+  p.concurrentManagedAccess = attribute(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS);
+  p.computePreemptionSupported = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED);
+  p.canUseHostPointerForRegisteredMem =
+      attribute(CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM);
+  p.cooperativeLaunch = attribute(CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH);
+  p.sharedMemPerBlockOptin = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+  p.maxBlocksPerMultiProcessor = attribute(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR);
+  p.reservedSharedMemPerBlock = attribute(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK);
+  p.hostRegisterSupported = attribute(CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED);
+  p.memoryPoolsSupported = attribute(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED);
+  p.ipcEventSupported = attribute(CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED);
+  p.clusterLaunch = attribute(CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH);
+  p.deviceNumaId = -1;
+  p.hostNumaId = -1;
   return cudaSuccess;
 }
 
@@ -415,11 +477,6 @@ CUDASIM_API cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fun
                                            void* userData) {
   BIND_OR_RETURN;
   return finish(cuLaunchHostFunc(driverStream(stream), function, userData));
-}
-
-CUDASIM_API cudaError_t cudaLaunchKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) {
-  // The sim runs no device code: programs that launch their own kernels need a GPU.
-  return finish(cudaErrorNotSupported);
 }
 
 // ---- capture -------------------------------------------------------------------------------

@@ -257,3 +257,34 @@ ncclResult_t ncclDevCommDestroy(ncclComm_t comm, ncclDevComm_t const* devComm) {
   (void)devComm;
   return fail(ncclInvalidUsage, "ncclDevCommDestroy: the sim never creates device communicators");
 }
+
+// ---- for newer_api.cc (the NCCL 2.29-2.32 host API, built against the newer nccl.h) --------
+
+#include "newer_bridge.h"
+
+namespace ncclsim::newer {
+
+int checkComm(void* comm, const char* caller) {
+  return checkCommUsable(static_cast<ncclComm*>(comm), caller);
+}
+
+int fail(int result, const char* text) {
+  return ncclsim::fail(static_cast<ncclResult_t>(result), text);
+}
+
+int commRank(void* comm) {
+  return static_cast<ncclComm*>(comm)->rank;
+}
+
+int windowRange(void* window, void** comm, void** buffer, size_t* bytes, const char* caller) {
+  auto* registration = static_cast<Registration*>(window);
+  if (registration == nullptr || !registration->isWindow) {
+    return ncclsim::fail(ncclInvalidArgument, std::string(caller) + ": not a window");
+  }
+  if (comm) *comm = registration->comm;
+  if (buffer) *buffer = registration->buffer;
+  if (bytes) *bytes = registration->size;
+  return ncclSuccess;
+}
+
+}  // namespace ncclsim::newer
