@@ -1,0 +1,380 @@
+#include "remote_stacks.h"
+
+#include <cxxabi.h>
+#include <dirent.h>
+#include <elf.h>
+#include <signal.h>
+#include <sys/ptrace.h>
+#include <sys/uio.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#if NCCLWATCH_HAVE_LIBDW
+#include <elfutils/libdwfl.h>
+#endif
+
+namespace ncclwatch::stacks_of {
+namespace {
+
+int64_t monotonicNs() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
+
+std::string firstLine(const std::string& path) {
+  std::ifstream file(path);
+  std::string line;
+  std::getline(file, line);
+  return line;
+}
+
+std::string taskFile(pid_t pid, pid_t tid, const char* name) {
+  return firstLine("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/" + name);
+}
+
+std::vector<pid_t> threadsOf(pid_t pid) {
+  std::vector<pid_t> tids;
+  std::string path = "/proc/" + std::to_string(pid) + "/task";
+  DIR* directory = opendir(path.c_str());
+  if (directory == nullptr) return tids;
+  while (dirent* entry = readdir(directory)) {
+    char* end = nullptr;
+    long tid = std::strtol(entry->d_name, &end, 10);
+    if (end != entry->d_name && *end == '\0' && tid > 0) tids.push_back(static_cast<pid_t>(tid));
+  }
+  closedir(directory);
+  std::sort(tids.begin(), tids.end());  // the main thread (tid == pid) first
+  return tids;
+}
+
+// Why PTRACE_SEIZE was refused, in words a user can act on.
+std::string deniedWhy(pid_t pid, pid_t tid, int error) {
+  std::string why =
+      "ptrace(PTRACE_SEIZE) of thread " + std::to_string(tid) + " refused: " + std::strerror(error);
+  std::ifstream status("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("TracerPid:", 0) == 0) {
+      long tracer = std::strtol(line.c_str() + 10, nullptr, 10);
+      if (tracer != 0) return why + " (already traced by pid " + std::to_string(tracer) + ")";
+    }
+  }
+  std::string scope = firstLine("/proc/sys/kernel/yama/ptrace_scope");
+  if (!scope.empty() && scope != "0") why += " (Yama ptrace_scope=" + scope + ")";
+  return why + (error == EPERM ? " (no CAP_SYS_PTRACE, not dumpable, or a seccomp policy)" : "");
+}
+
+enum class Attach { kStopped, kGone, kDenied, kNoStop };
+
+// Attaches to `tid` without a signal and waits at most `bound` for it to stop. A signal that
+// arrives meanwhile stops it first (a signal-delivery-stop): it goes back at detach.
+Attach attachAndStop(pid_t tid, std::chrono::milliseconds bound, int* pendingSignal, int* error) {
+  *pendingSignal = 0;
+  if (ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) {
+    *error = errno;
+    return errno == ESRCH ? Attach::kGone : Attach::kDenied;
+  }
+  if (ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) != 0) return Attach::kGone;
+  auto deadline = std::chrono::steady_clock::now() + bound;
+  auto pause = std::chrono::microseconds(20);
+  for (;;) {
+    int status = 0;
+    pid_t done = waitpid(tid, &status, __WALL | WNOHANG);
+    if (done == tid) {
+      if (!WIFSTOPPED(status)) return Attach::kGone;  // it exited
+      if ((status >> 16) != PTRACE_EVENT_STOP) *pendingSignal = WSTOPSIG(status);
+      return Attach::kStopped;
+    }
+    if (done < 0 && errno != EINTR) return Attach::kGone;
+    if (std::chrono::steady_clock::now() >= deadline) return Attach::kNoStop;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+  }
+}
+
+}  // namespace
+
+#if NCCLWATCH_HAVE_LIBDW
+namespace {
+
+struct Target {
+  pid_t pid = 0;
+  std::vector<pid_t> tids;
+  size_t next = 0;
+};
+
+struct Unwound {
+  std::vector<std::pair<Dwarf_Addr, bool>> pcs;  // pc, is it exact (not a return address)
+  size_t max = 64;
+  bool truncated = false;
+};
+
+pid_t nextThread(Dwfl*, void* arg, void** threadArg) {
+  auto* target = static_cast<Target*>(arg);
+  if (target->next >= target->tids.size()) return 0;
+  *threadArg = target;
+  return target->tids[target->next++];
+}
+
+bool getThread(Dwfl*, pid_t, void* arg, void** threadArg) {
+  *threadArg = arg;
+  return true;
+}
+
+bool readWord(Dwfl*, Dwarf_Addr address, Dwarf_Word* result, void* arg) {
+  auto* target = static_cast<Target*>(arg);
+  iovec local{result, sizeof *result};
+  iovec remote{reinterpret_cast<void*>(address), sizeof *result};
+  return process_vm_readv(target->pid, &local, 1, &remote, 1, 0) ==
+         static_cast<ssize_t>(sizeof *result);
+}
+
+bool setInitialRegisters(Dwfl_Thread* thread, void*) {
+  pid_t tid = dwfl_thread_tid(thread);
+#if defined(__x86_64__)
+  user_regs_struct regs{};
+  iovec io{&regs, sizeof regs};
+  if (ptrace(PTRACE_GETREGSET, tid, NT_PRSTATUS, &io) != 0) return false;
+  // The DWARF register numbering of x86-64: rax, rdx, rcx, rbx, rsi, rdi, rbp, rsp, r8-r15, rip.
+  Dwarf_Word dwarf[17] = {regs.rax, regs.rdx, regs.rcx, regs.rbx, regs.rsi, regs.rdi,
+                          regs.rbp, regs.rsp, regs.r8,  regs.r9,  regs.r10, regs.r11,
+                          regs.r12, regs.r13, regs.r14, regs.r15, regs.rip};
+  return dwfl_thread_state_registers(thread, 0, 17, dwarf);
+#elif defined(__aarch64__)
+  user_pt_regs regs{};
+  iovec io{&regs, sizeof regs};
+  if (ptrace(PTRACE_GETREGSET, tid, NT_PRSTATUS, &io) != 0) return false;
+  // x0-x30 are DWARF 0-30, sp is 31; the pc has no DWARF number.
+  Dwarf_Word dwarf[32];
+  for (int i = 0; i < 31; ++i) dwarf[i] = regs.regs[i];
+  dwarf[31] = regs.sp;
+  if (!dwfl_thread_state_registers(thread, 0, 32, dwarf)) return false;
+  dwfl_thread_state_register_pc(thread, regs.pc);
+  return true;
+#else
+  (void)tid;
+  return false;
+#endif
+}
+
+int onFrame(Dwfl_Frame* state, void* arg) {
+  auto* unwound = static_cast<Unwound*>(arg);
+  Dwarf_Addr pc = 0;
+  bool exact = false;
+  if (!dwfl_frame_pc(state, &pc, &exact)) return DWARF_CB_ABORT;
+  if (unwound->pcs.size() == unwound->max) {
+    unwound->truncated = true;
+    return DWARF_CB_ABORT;
+  }
+  unwound->pcs.emplace_back(pc, exact);
+  return DWARF_CB_OK;
+}
+
+// Demangled, without the symbol version libdwfl appends ("clock_nanosleep@GLIBC_2.2.5"), as the
+// in-process symbolizer names functions.
+std::string demangled(const char* versioned) {
+  std::string symbol = versioned;
+  if (size_t at = symbol.find('@'); at != std::string::npos && at > 0) symbol.resize(at);
+  int status = -1;
+  char* text = abi::__cxa_demangle(symbol.c_str(), nullptr, nullptr, &status);
+  std::string result = status == 0 && text != nullptr ? text : symbol;
+  std::free(text);
+  return result;
+}
+
+// The same fields as the in-process symbolizer: functionOffset and moduleOffset are measured
+// from the pc itself, the function is looked up at pc - 1 for a return address.
+trace::DumpFrame symbolized(Dwfl* dwfl, Dwarf_Addr pc, bool exact) {
+  trace::DumpFrame frame;
+  frame.pc = pc;
+  Dwarf_Addr lookup = exact || pc == 0 ? pc : pc - 1;
+  Dwfl_Module* module = dwfl_addrmodule(dwfl, lookup);
+  if (module == nullptr) return frame;
+  const char* name =
+      dwfl_module_info(module, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+  if (name != nullptr) frame.module = name;
+  Dwarf_Addr bias = 0;
+  if (dwfl_module_getelf(module, &bias) != nullptr) frame.moduleOffset = pc - bias;
+  const unsigned char* bits = nullptr;
+  GElf_Addr noteAddress = 0;
+  int length = dwfl_module_build_id(module, &bits, &noteAddress);
+  for (int i = 0; i < length; ++i) {
+    char hex[3];
+    std::snprintf(hex, sizeof hex, "%02x", bits[i]);
+    frame.buildId += hex;
+  }
+  GElf_Off offset = 0;
+  GElf_Sym symbol{};
+  const char* function =
+      dwfl_module_addrinfo(module, lookup, &offset, &symbol, nullptr, nullptr, nullptr);
+  if (function != nullptr) {
+    frame.function = demangled(function);
+    frame.functionOffset = offset + (pc - lookup);
+  }
+  return frame;
+}
+
+// Opens every module's ELF file and call-frame information before any thread is stopped, so
+// that each stop lasts only its own unwind.
+int warmModule(Dwfl_Module* module, void**, const char*, Dwarf_Addr, void*) {
+  Dwarf_Addr bias = 0;
+  if (dwfl_module_getelf(module, &bias) != nullptr) dwfl_module_eh_cfi(module, &bias);
+  return DWARF_CB_OK;
+}
+
+const Dwfl_Callbacks kProcessCallbacks = {
+    .find_elf = dwfl_linux_proc_find_elf,
+    .find_debuginfo = dwfl_standard_find_debuginfo,
+    .section_address = nullptr,
+    .debuginfo_path = nullptr,
+};
+
+const Dwfl_Thread_Callbacks kThreadCallbacks = {
+    .next_thread = nextThread,
+    .get_thread = getThread,
+    .memory_read = readWord,
+    .set_initial_registers = setInitialRegisters,
+    .detach = nullptr,
+    .thread_detach = nullptr,
+};
+
+struct DwflCloser {
+  void operator()(Dwfl* dwfl) const { dwfl_end(dwfl); }
+};
+
+}  // namespace
+
+bool available() {
+  return true;
+}
+
+bool takeRemoteStacks(const Options& options, trace::Dump* dump, std::string* why) {
+  int64_t start = monotonicNs();
+  *dump = trace::Dump{};
+  dump->trigger = "stacks-of";
+  dump->timeNs = start;
+  dump->stackRoute = "ptrace (no signal sent)";
+  dump->pythonNote = "not taken (stacks-of)";
+  Target target;
+  target.pid = options.pid;
+  target.tids = threadsOf(options.pid);
+  if (target.tids.empty()) {
+    *why = "no process " + std::to_string(options.pid) + " (nothing in /proc/<pid>/task)";
+    return false;
+  }
+  std::unique_ptr<Dwfl, DwflCloser> dwfl(dwfl_begin(&kProcessCallbacks));
+  if (!dwfl || dwfl_linux_proc_report(dwfl.get(), options.pid) != 0 ||
+      dwfl_report_end(dwfl.get(), nullptr, nullptr) != 0) {
+    *why = std::string("cannot list the modules of pid ") + std::to_string(options.pid) + ": " +
+           dwfl_errmsg(-1);
+    return false;
+  }
+  dwfl_getmodules(dwfl.get(), warmModule, nullptr, 0);
+  if (!dwfl_attach_state(dwfl.get(), nullptr, options.pid, &kThreadCallbacks, &target)) {
+    *why = std::string("cannot unwind pid ") + std::to_string(options.pid) + ": " + dwfl_errmsg(-1);
+    return false;
+  }
+  std::vector<Unwound> unwound;
+  size_t stopped = 0;
+  std::string firstDenial;
+  for (pid_t tid : target.tids) {
+    if (dump->threads.size() == static_cast<size_t>(options.maxThreads)) {
+      dump->reason = " (" + std::to_string(target.tids.size() - dump->threads.size()) +
+                     " threads beyond the bound left out)";
+      break;
+    }
+    trace::DumpThread thread;
+    thread.tid = tid;
+    thread.name = taskFile(options.pid, tid, "comm");
+    Unwound stack;
+    stack.max = static_cast<size_t>(options.maxFrames);
+    int signal = 0, error = 0;
+    Attach attach = attachAndStop(tid, options.perThread, &signal, &error);
+    if (attach == Attach::kGone) continue;  // it exited meanwhile
+    if (attach == Attach::kDenied && firstDenial.empty()) {
+      firstDenial = deniedWhy(options.pid, tid, error);
+    }
+    if (attach == Attach::kStopped) {
+      ++stopped;
+      dwfl_getthread_frames(dwfl.get(), tid, onFrame, &stack);
+      ptrace(PTRACE_DETACH, tid, nullptr, reinterpret_cast<void*>(static_cast<intptr_t>(signal)));
+      thread.answered = !stack.pcs.empty();
+    } else {
+      // Not stopped within the bound (stuck in the kernel) or refused: what the kernel says.
+      // A thread still attached is detached by the kernel when this process ends.
+      thread.wchan = taskFile(options.pid, tid, "wchan");
+      thread.syscall =
+          (attach == Attach::kNoStop ? "did not stop for ptrace; " : "ptrace refused; ") +
+          taskFile(options.pid, tid, "syscall");
+    }
+    unwound.push_back(std::move(stack));
+    dump->threads.push_back(std::move(thread));
+  }
+  if (stopped == 0 && !firstDenial.empty()) {
+    *why = firstDenial;
+    return false;
+  }
+  for (size_t i = 0; i < dump->threads.size(); ++i) {
+    for (auto [pc, exact] : unwound[i].pcs) {
+      dump->threads[i].frames.push_back(symbolized(dwfl.get(), pc, exact));
+    }
+  }
+  dump->reason =
+      "native stacks of pid " + std::to_string(options.pid) + " through ptrace" + dump->reason;
+  dump->tookNs = monotonicNs() - start;
+  return true;
+}
+
+#else  // built without libdw
+
+bool available() {
+  return false;
+}
+
+bool takeRemoteStacks(const Options&, trace::Dump*, std::string* why) {
+  *why = "this ncclwatch was built without elfutils' libdw (Debian libdw-dev)";
+  return false;
+}
+
+#endif
+
+int run(const Options& options, std::ostream& out, std::ostream& err) {
+  // The agent spawns us with every signal blocked (its watchdog thread's mask).
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  // Unwinding needs only the modules' own .eh_frame: never ask a debuginfod server.
+  unsetenv("DEBUGINFOD_URLS");
+  if (options.pid <= 0) {
+    err << "ncclwatch stacks-of: PID must be a positive process id\n";
+    return 2;
+  }
+  if (options.waitForGo) {
+    char go = 0;
+    while (read(STDIN_FILENO, &go, 1) < 0 && errno == EINTR) {
+    }
+  }
+  trace::Dump dump;
+  std::string why;
+  if (!takeRemoteStacks(options, &dump, &why)) {
+    err << "ncclwatch stacks-of: " << why << "\n";
+    return 3;
+  }
+  out << trace::formatDump(dump);
+  out.flush();
+  return out ? 0 : 3;
+}
+
+}  // namespace ncclwatch::stacks_of
