@@ -5,6 +5,7 @@
 #include <elf.h>
 #include <signal.h>
 #include <sys/ptrace.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/user.h>
 #include <sys/wait.h>
@@ -76,6 +77,49 @@ std::string deniedWhy(pid_t pid, pid_t tid, int error) {
   return why + (error == EPERM ? " (no CAP_SYS_PTRACE, not dumpable, or a seccomp policy)" : "");
 }
 
+// What /proc/<pid>/task/<tid>/syscall says: the call a thread is blocked in, with its user
+// stack pointer and pc.
+struct BlockedCall {
+  bool blocked = false;
+  long number = -1;
+  uint64_t sp = 0, pc = 0;
+  bool operator==(const BlockedCall&) const = default;
+};
+
+BlockedCall blockedCall(pid_t pid, pid_t tid) {
+  BlockedCall call;
+  std::string line = taskFile(pid, tid, "syscall");
+  unsigned long long fields[9] = {};
+  long number = -1;
+  if (std::sscanf(line.c_str(), "%ld %llx %llx %llx %llx %llx %llx %llx %llx", &number, &fields[0],
+                  &fields[1], &fields[2], &fields[3], &fields[4], &fields[5], &fields[6],
+                  &fields[7]) == 9 &&
+      number >= 0) {
+    call = {true, number, fields[6], fields[7]};
+  }
+  return call;
+}
+
+// The calls that Linux ends with EINTR after any stop, even one the program never sees
+// (signal(7), "Interruption of system calls ... by stop signals"), PTRACE_INTERRUPT's included.
+// A thread blocked in one is unwound without stopping it.
+bool stopWouldInterrupt(long number) {
+  static const long kCalls[] = {
+#ifdef SYS_epoll_wait
+      SYS_epoll_wait,
+#endif
+#ifdef SYS_epoll_pwait2
+      SYS_epoll_pwait2,
+#endif
+#ifdef SYS_semop
+      SYS_semop,
+#endif
+      SYS_epoll_pwait,  SYS_semtimedop, SYS_rt_sigtimedwait, SYS_accept, SYS_accept4, SYS_connect,
+      SYS_recvfrom,     SYS_recvmsg,    SYS_recvmmsg,        SYS_sendto, SYS_sendmsg, SYS_sendmmsg,
+  };
+  return std::find(std::begin(kCalls), std::end(kCalls), number) != std::end(kCalls);
+}
+
 enum class Attach { kStopped, kGone, kDenied, kNoStop };
 
 // Attaches to `tid` without a signal and waits at most `bound` for it to stop. A signal that
@@ -113,6 +157,10 @@ struct Target {
   pid_t pid = 0;
   std::vector<pid_t> tids;
   size_t next = 0;
+  // Set while unwinding a thread left running in a call that a stop would cut short: its
+  // registers are the sp and pc the kernel shows; the others are recovered from frames that
+  // saved them, or the unwind ends early.
+  const BlockedCall* unstopped = nullptr;
 };
 
 struct Unwound {
@@ -141,8 +189,19 @@ bool readWord(Dwfl*, Dwarf_Addr address, Dwarf_Word* result, void* arg) {
          static_cast<ssize_t>(sizeof *result);
 }
 
-bool setInitialRegisters(Dwfl_Thread* thread, void*) {
+bool setInitialRegisters(Dwfl_Thread* thread, void* arg) {
   pid_t tid = dwfl_thread_tid(thread);
+  if (const BlockedCall* call = static_cast<Target*>(arg)->unstopped) {
+#if defined(__x86_64__)
+    constexpr int kSp = 7;
+#else
+    constexpr int kSp = 31;
+#endif
+    Dwarf_Word sp = call->sp;
+    if (!dwfl_thread_state_registers(thread, kSp, 1, &sp)) return false;
+    dwfl_thread_state_register_pc(thread, call->pc);
+    return true;
+  }
 #if defined(__x86_64__)
   user_regs_struct regs{};
   iovec io{&regs, sizeof regs};
@@ -250,6 +309,22 @@ const Dwfl_Thread_Callbacks kThreadCallbacks = {
     .thread_detach = nullptr,
 };
 
+// A thread blocked in a call that a stop would end with EINTR is unwound where it sleeps, from
+// the kernel's sp and pc, without stopping it. Its stack does not change while it stays in the
+// call: the frames count only when the call is still the same one afterwards.
+bool unwindWithoutStopping(Dwfl* dwfl, Target& target, pid_t tid, Unwound* stack) {
+  BlockedCall before = blockedCall(target.pid, tid);
+  if (!before.blocked || !stopWouldInterrupt(before.number)) return false;
+  target.unstopped = &before;
+  Unwound attempt;
+  attempt.max = stack->max;
+  dwfl_getthread_frames(dwfl, tid, onFrame, &attempt);
+  target.unstopped = nullptr;
+  if (attempt.pcs.empty() || !(blockedCall(target.pid, tid) == before)) return false;
+  *stack = std::move(attempt);
+  return true;
+}
+
 struct DwflCloser {
   void operator()(Dwfl* dwfl) const { dwfl_end(dwfl); }
 };
@@ -300,6 +375,12 @@ bool takeRemoteStacks(const Options& options, trace::Dump* dump, std::string* wh
     thread.name = taskFile(options.pid, tid, "comm");
     Unwound stack;
     stack.max = static_cast<size_t>(options.maxFrames);
+    if (unwindWithoutStopping(dwfl.get(), target, tid, &stack)) {
+      thread.answered = true;
+      unwound.push_back(std::move(stack));
+      dump->threads.push_back(std::move(thread));
+      continue;
+    }
     int signal = 0, error = 0;
     Attach attach = attachAndStop(tid, options.perThread, &signal, &error);
     if (attach == Attach::kGone) continue;  // it exited meanwhile

@@ -28,26 +28,30 @@ namespace {
 constexpr size_t kMaxOutput = 16u << 20;  // a dump of 512 threads x 64 frames fits well
 constexpr size_t kMaxError = 4096;
 
-// The child's stack until it calls execve; only the watchdog thread spawns, one at a time.
-alignas(64) char g_childStack[64 * 1024];
+// Stacks of the two short-lived processes below until the helper calls execve; only the
+// watchdog thread spawns, one helper at a time.
+alignas(64) char g_middleStack[16 * 1024];
+alignas(64) char g_helperStack[64 * 1024];
 
 struct ChildSetup {
   const char* path = nullptr;
   char* const* argv = nullptr;
   char* const* envp = nullptr;
   int in = -1, out = -1, err = -1;  // all >= 3, close-on-exec
-  int execError = 0;                // written by the child, which shares our memory
+  // Written by the children, which share our memory until the helper's execve.
+  pid_t helper = 0;
+  int spawnError = 0;
 };
 
-// Runs in the child, on g_childStack, sharing the parent's memory while the parent thread waits
-// (CLONE_VFORK): system calls only. Every signal is blocked (the parent blocked them before
-// clone), so no host handler can run here; execve resets the handlers, the helper unblocks.
-__attribute__((no_sanitize("address", "thread", "undefined"))) int childMain(void* argument) {
+// The helper itself, before execve: system calls only. Every signal is blocked (the parent
+// blocked them before the first clone), so no host handler can run here; execve resets the
+// handlers and the helper unblocks the signals.
+__attribute__((no_sanitize("address", "thread", "undefined"))) int helperMain(void* argument) {
   auto* setup = static_cast<ChildSetup*>(argument);
   if (syscall(SYS_dup3, setup->in, STDIN_FILENO, 0) < 0 ||
       syscall(SYS_dup3, setup->out, STDOUT_FILENO, 0) < 0 ||
       syscall(SYS_dup3, setup->err, STDERR_FILENO, 0) < 0) {
-    setup->execError = EBADF;
+    setup->spawnError = EBADF;
     syscall(SYS_exit, 127);
   }
 #ifdef SYS_close_range
@@ -56,9 +60,27 @@ __attribute__((no_sanitize("address", "thread", "undefined"))) int childMain(voi
 #endif
   syscall(SYS_execve, setup->path, setup->argv, setup->envp);
   // errno here is the waiting parent thread's (same memory, same thread pointer); it restores it.
-  setup->execError = errno != 0 ? errno : ENOEXEC;
+  setup->spawnError = errno != 0 ? errno : ENOEXEC;
   syscall(SYS_exit, 127);
   return 127;
+}
+
+// The middle process: starts the helper and exits at once, so that the helper is not our child.
+// A child that calls execve gets SIGCHLD as its exit signal whatever clone said, and a SIGCHLD,
+// even one the host ignores by default, ends the host's epoll_wait with EINTR while the
+// watchdog thread blocks it. This middle process never calls execve and has no exit signal;
+// the helper's SIGCHLD goes to whoever adopts it (init or a subreaper).
+__attribute__((no_sanitize("address", "thread", "undefined"))) int middleMain(void* argument) {
+  auto* setup = static_cast<ChildSetup*>(argument);
+  pid_t helper =
+      clone(helperMain, g_helperStack + sizeof g_helperStack, CLONE_VM | CLONE_VFORK, setup);
+  if (helper < 0) {
+    setup->spawnError = errno;
+  } else {
+    setup->helper = helper;
+  }
+  syscall(SYS_exit, 0);
+  return 0;
 }
 
 // A pipe end numbered 3 or more (a host may have closed 0-2), close-on-exec.
@@ -143,6 +165,62 @@ std::string firstLineOf(const std::string& text) {
   return line;
 }
 
+// Starts `setup.cli stacks-of <our pid> --wait-go` as a grandchild whose parent exits at once
+// (see middleMain). Returns its pid, or 0 with `why`.
+pid_t spawnHelper(const StackHelperSetup& setup, int in, int out, int err, std::string* why) {
+  std::vector<std::string> arguments = {setup.cli, "stacks-of", std::to_string(getpid()),
+                                        "--wait-go"};
+  std::vector<std::string> environment = setup.environment;
+  std::vector<char*> argv = pointers(arguments);
+  std::vector<char*> envp = pointers(environment);
+  ChildSetup child;
+  child.path = setup.cli.c_str();
+  child.argv = argv.data();
+  child.envp = envp.data();
+  child.in = in;
+  child.out = out;
+  child.err = err;
+  sigset_t all, previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &previous);
+  // Exit signal 0: the middle process's end sends nothing and a host's waitpid(-1) never sees it
+  // (only __WALL does, below).
+  pid_t middle =
+      clone(middleMain, g_middleStack + sizeof g_middleStack, CLONE_VM | CLONE_VFORK, &child);
+  int cloneErrno = errno;
+  if (middle > 0) {
+    while (waitpid(middle, nullptr, __WALL) < 0 && errno == EINTR) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  if (middle < 0 || child.helper <= 0) {
+    *why = std::string("cannot start the helper: ") +
+           std::strerror(middle < 0 ? cloneErrno : child.spawnError);
+    return 0;
+  }
+  if (child.spawnError != 0) {
+    *why = "cannot run " + setup.cli + ": " + std::strerror(child.spawnError) +
+           " (NCCLWATCH_CLI names the ncclwatch binary)";
+    return 0;
+  }
+  return child.helper;
+}
+
+// One byte that lets the helper attach. A helper already gone makes the write fail with EPIPE and
+// raise SIGPIPE on this thread: blocked here, and taken back before the mask is restored.
+void sendGo(int fd) {
+  sigset_t pipeSignal, previous;
+  sigemptyset(&pipeSignal);
+  sigaddset(&pipeSignal, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipeSignal, &previous);
+  char go = 'g';
+  if (write(fd, &go, 1) < 0 && errno == EPIPE) {
+    timespec none{};
+    sigtimedwait(&pipeSignal, nullptr, &none);
+  }
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+}
+
 }  // namespace
 
 bool parseStackRoute(const char* text, StackRoute* route) {
@@ -191,57 +269,36 @@ bool takeStacksThroughHelper(const StackHelperSetup& setup, std::chrono::millise
     *why = std::string("no pipe for the helper: ") + std::strerror(errno);
     return false;
   }
-  std::vector<std::string> arguments = {setup.cli, "stacks-of", std::to_string(getpid()),
-                                        "--wait-go"};
-  std::vector<std::string> environment = setup.environment;
-  std::vector<char*> argv = pointers(arguments);
-  std::vector<char*> envp = pointers(environment);
-  ChildSetup child;
-  child.path = setup.cli.c_str();
-  child.argv = argv.data();
-  child.envp = envp.data();
-  child.in = in.read;
-  child.out = out.write;
-  child.err = err.write;
-
   int savedErrno = errno;
-  sigset_t all, previous;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &previous);
-  // No exit signal: the host sees no SIGCHLD and no child of its own in waitpid(-1).
-  pid_t pid = clone(childMain, g_childStack + sizeof g_childStack, CLONE_VM | CLONE_VFORK, &child);
-  int cloneErrno = errno;
-  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
-  errno = savedErrno;
-  if (pid < 0) {
-    *why = std::string("cannot start the helper: ") + std::strerror(cloneErrno);
-    return false;
-  }
-  if (child.execError != 0) {
-    waitpid(pid, nullptr, __WALL);
-    *why = "cannot run " + setup.cli + ": " + std::strerror(child.execError) +
-           " (NCCLWATCH_CLI names the ncclwatch binary)";
-    return false;
-  }
+  pid_t helper = spawnHelper(setup, in.read, out.write, err.write, why);
   in.closeRead();
   out.closeWrite();
   err.closeWrite();
-  // Yama's default scope lets a process trace its descendants only; the helper is our child, but
-  // it traces its parent. Name it as our tracer for the time of the dump.
-  bool namedTracer = yamaScopeIsOne() && prctl(PR_SET_PTRACER, pid, 0, 0, 0) == 0;
-  char go = 'g';
-  ssize_t ignored = write(in.write, &go, 1);
-  (void)ignored;
+  if (helper <= 0) {
+    errno = savedErrno;
+    return false;
+  }
+  // Not our child: its exit cannot be waited for, only seen through a pidfd (Linux >= 5.3).
+  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, helper, 0));
+  // Yama's default scope lets a process be traced by its ancestors only. Name the helper as our
+  // tracer for the time of the dump.
+  bool namedTracer = yamaScopeIsOne() && prctl(PR_SET_PTRACER, helper, 0, 0, 0) == 0;
+  sendGo(in.write);
   in.closeWrite();
 
   std::string text, errorText;
   bool finished = drain(out.read, err.read, deadline, &text, &errorText);
-  if (!finished) kill(pid, SIGKILL);  // the kernel detaches every thread it still holds
-  int status = 0;
-  pid_t reaped = -1;
-  do {
-    reaped = waitpid(pid, &status, __WALL);
-  } while (reaped < 0 && errno == EINTR);
+  if (!finished) {
+    // The kernel detaches every thread the helper still holds as it dies; wait for that.
+    if (pidfd >= 0) {
+      syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+      pollfd exited{pidfd, POLLIN, 0};
+      poll(&exited, 1, 500);
+    } else {
+      kill(helper, SIGKILL);  // its pipes are still open: it has not exited, the pid is its own
+    }
+  }
+  if (pidfd >= 0) close(pidfd);
   if (namedTracer) prctl(PR_SET_PTRACER, 0, 0, 0, 0);
   errno = savedErrno;
 
@@ -249,16 +306,12 @@ bool takeStacksThroughHelper(const StackHelperSetup& setup, std::chrono::millise
     *why = "the helper took longer than " + std::to_string(bound.count()) + " ms (killed)";
     return false;
   }
-  bool exitedZero = reaped != pid || (WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  if (!exitedZero || text.empty()) {
-    *why = errorText.empty() ? "the helper ended with status " +
-                                   std::to_string(WIFEXITED(status) ? WEXITSTATUS(status)
-                                                                    : 128 + WTERMSIG(status))
-                             : firstLineOf(errorText);
-    return false;
-  }
   trace::Dump remote;
   std::string problem;
+  if (text.empty()) {
+    *why = errorText.empty() ? "the helper ended without output" : firstLineOf(errorText);
+    return false;
+  }
   if (!trace::parseDump(text, &remote, &problem)) {
     *why = "unreadable helper output: " + problem;
     return false;

@@ -21,15 +21,15 @@ using testsupport::JobSpec;
 
 constexpr char kPtraceRoute[] = "ptrace (no signal sent)";
 
-struct Run {
+struct ProbeRun {
   int status = -1;
   std::string output;
   std::vector<Dump> dumps;  // the "request" dumps of the one trace file
 };
 
-Run runProbe(const std::string& name, const std::string& wait,
-             std::vector<std::pair<std::string, std::string>> env = {},
-             std::vector<std::string> extraArgs = {}) {
+ProbeRun runProbe(const std::string& name, const std::string& wait,
+                  std::vector<std::pair<std::string, std::string>> env = {},
+                  std::vector<std::string> extraArgs = {}) {
   std::string logs = testsupport::freshDirectory(name);
   JobSpec spec;
   spec.program = PROBE_BINARY;
@@ -41,7 +41,7 @@ Run runProbe(const std::string& name, const std::string& wait,
               {"NCCLWATCH_POLL_MS", "20"}};
   spec.env.insert(spec.env.end(), env.begin(), env.end());
   Job job(spec);
-  Run run;
+  ProbeRun run;
   EXPECT_TRUE(job.waitExit(40s)) << job.output(0);
   run.status = job.exitStatus(0);
   run.output = job.output(0);
@@ -66,7 +66,7 @@ const ncclwatch::trace::DumpThread* threadIn(const Dump& dump, const std::string
 }
 
 void expectWholeSleepWithPtraceDumps(const std::string& wait, const std::string& function) {
-  Run run = runProbe("quiet-" + wait, wait);
+  ProbeRun run = runProbe("quiet-" + wait, wait);
   EXPECT_EQ(run.status, 0) << run.output;
   EXPECT_NE(run.output.find("in " + wait + ": no EINTR; dumps 3/3"), std::string::npos)
       << run.output;
@@ -102,10 +102,17 @@ TEST(QuietDumps, PollLastsItsWholeLengthThroughThreePtraceDumps) {
   expectWholeSleepWithPtraceDumps("poll", "quietSleepInPoll");
 }
 
+// epoll_wait ends with EINTR after any stop, PTRACE_INTERRUPT's included (signal(7)): the helper
+// unwinds a thread blocked in it where it sleeps, without stopping it.
+TEST(QuietDumps, EpollWaitLastsItsWholeLengthThroughThreePtraceDumps) {
+  expectWholeSleepWithPtraceDumps("epoll", "quietSleepInEpoll");
+}
+
 // Signal route fallback: the helper is missing. The dump says so, and its native stacks come
 // from the signal, which cuts the program's nanosleep short (the harm the ptrace route avoids).
 TEST(QuietDumps, MissingHelperFallsBackToTheSignalAndSaysWhy) {
-  Run run = runProbe("quiet-nohelper", "nanosleep", {{"NCCLWATCH_CLI", "/nonexistent/ncclwatch"}});
+  ProbeRun run =
+      runProbe("quiet-nohelper", "nanosleep", {{"NCCLWATCH_CLI", "/nonexistent/ncclwatch"}});
   ASSERT_EQ(run.dumps.size(), 3u) << run.output;
   for (const Dump& dump : run.dumps) {
     EXPECT_EQ(dump.stackRoute,
@@ -123,7 +130,7 @@ TEST(QuietDumps, MissingHelperFallsBackToTheSignalAndSaysWhy) {
 }
 
 TEST(QuietDumps, SignalRouteOnRequest) {
-  Run run = runProbe("quiet-signal", "poll", {{"NCCLWATCH_STACK_ROUTE", "signal"}});
+  ProbeRun run = runProbe("quiet-signal", "poll", {{"NCCLWATCH_STACK_ROUTE", "signal"}});
   ASSERT_EQ(run.dumps.size(), 3u) << run.output;
   for (const Dump& dump : run.dumps) {
     EXPECT_EQ(dump.stackRoute, "signal SIGRTMIN+3 (NCCLWATCH_STACK_ROUTE=signal)");
@@ -134,7 +141,7 @@ TEST(QuietDumps, SignalRouteOnRequest) {
 // ptrace refused: the program made itself undumpable (and, run as root, dropped CAP_SYS_PTRACE
 // from what its children may get). The helper is refused; the dump falls back with its reason.
 TEST(QuietDumps, PtraceRefusedFallsBackToTheSignalWithTheHelpersReason) {
-  Run run = runProbe("quiet-refused", "nanosleep", {}, {"--not-dumpable", "1"});
+  ProbeRun run = runProbe("quiet-refused", "nanosleep", {}, {"--not-dumpable", "1"});
   ASSERT_EQ(run.dumps.size(), 3u) << run.output;
   for (const Dump& dump : run.dumps) {
     EXPECT_EQ(dump.stackRoute.rfind("signal SIGRTMIN+3 (fallback: ", 0), 0u) << dump.stackRoute;
