@@ -325,6 +325,52 @@ bool unwindWithoutStopping(Dwfl* dwfl, Target& target, pid_t tid, Unwound* stack
   return true;
 }
 
+struct StopTimes {
+  int stopped = 0;
+  int inPlace = 0;
+  int64_t longestNs = 0;
+  int64_t totalNs = 0;
+};
+
+enum class Taken { kTaken, kGone, kRefused };
+
+// One thread: unwound where it sleeps, or stopped, unwound and detached at once. kRefused with
+// `why` when ptrace is refused (already traced by gdb or strace, or not permitted): the agent's
+// signal route then takes every thread rather than leave this one out.
+Taken takeThread(Dwfl* dwfl, Target& target, pid_t tid, const Options& options,
+                 trace::DumpThread* thread, Unwound* stack, StopTimes* times, std::string* why) {
+  thread->tid = tid;
+  thread->name = taskFile(target.pid, tid, "comm");
+  if (unwindWithoutStopping(dwfl, target, tid, stack)) {
+    thread->answered = true;
+    ++times->inPlace;
+    return Taken::kTaken;
+  }
+  int signal = 0, error = 0;
+  int64_t start = monotonicNs();
+  Attach attach = attachAndStop(tid, options.perThread, &signal, &error);
+  if (attach == Attach::kGone) return Taken::kGone;
+  if (attach == Attach::kDenied) {
+    *why = deniedWhy(target.pid, tid, error);
+    return Taken::kRefused;
+  }
+  if (attach == Attach::kNoStop) {
+    // Stuck in the kernel: what the kernel says. Still attached, it is detached by the kernel
+    // when this process ends.
+    thread->wchan = taskFile(target.pid, tid, "wchan");
+    thread->syscall = "did not stop for ptrace; " + taskFile(target.pid, tid, "syscall");
+    return Taken::kTaken;
+  }
+  dwfl_getthread_frames(dwfl, tid, onFrame, stack);
+  ptrace(PTRACE_DETACH, tid, nullptr, reinterpret_cast<void*>(static_cast<intptr_t>(signal)));
+  int64_t stoppedNs = monotonicNs() - start;
+  ++times->stopped;
+  times->longestNs = std::max(times->longestNs, stoppedNs);
+  times->totalNs += stoppedNs;
+  thread->answered = !stack->pcs.empty();
+  return Taken::kTaken;
+}
+
 struct DwflCloser {
   void operator()(Dwfl* dwfl) const { dwfl_end(dwfl); }
 };
@@ -362,8 +408,7 @@ bool takeRemoteStacks(const Options& options, trace::Dump* dump, std::string* wh
     return false;
   }
   std::vector<Unwound> unwound;
-  size_t stopped = 0;
-  std::string firstDenial;
+  StopTimes times;
   for (pid_t tid : target.tids) {
     if (dump->threads.size() == static_cast<size_t>(options.maxThreads)) {
       dump->reason = " (" + std::to_string(target.tids.size() - dump->threads.size()) +
@@ -371,42 +416,21 @@ bool takeRemoteStacks(const Options& options, trace::Dump* dump, std::string* wh
       break;
     }
     trace::DumpThread thread;
-    thread.tid = tid;
-    thread.name = taskFile(options.pid, tid, "comm");
     Unwound stack;
     stack.max = static_cast<size_t>(options.maxFrames);
-    if (unwindWithoutStopping(dwfl.get(), target, tid, &stack)) {
-      thread.answered = true;
-      unwound.push_back(std::move(stack));
-      dump->threads.push_back(std::move(thread));
-      continue;
-    }
-    int signal = 0, error = 0;
-    Attach attach = attachAndStop(tid, options.perThread, &signal, &error);
-    if (attach == Attach::kGone) continue;  // it exited meanwhile
-    if (attach == Attach::kDenied && firstDenial.empty()) {
-      firstDenial = deniedWhy(options.pid, tid, error);
-    }
-    if (attach == Attach::kStopped) {
-      ++stopped;
-      dwfl_getthread_frames(dwfl.get(), tid, onFrame, &stack);
-      ptrace(PTRACE_DETACH, tid, nullptr, reinterpret_cast<void*>(static_cast<intptr_t>(signal)));
-      thread.answered = !stack.pcs.empty();
-    } else {
-      // Not stopped within the bound (stuck in the kernel) or refused: what the kernel says.
-      // A thread still attached is detached by the kernel when this process ends.
-      thread.wchan = taskFile(options.pid, tid, "wchan");
-      thread.syscall =
-          (attach == Attach::kNoStop ? "did not stop for ptrace; " : "ptrace refused; ") +
-          taskFile(options.pid, tid, "syscall");
-    }
+    Taken taken = takeThread(dwfl.get(), target, tid, options, &thread, &stack, &times, why);
+    if (taken == Taken::kRefused) return false;
+    if (taken == Taken::kGone) continue;  // it exited meanwhile
     unwound.push_back(std::move(stack));
     dump->threads.push_back(std::move(thread));
   }
-  if (stopped == 0 && !firstDenial.empty()) {
-    *why = firstDenial;
-    return false;
-  }
+  char stops[160];
+  std::snprintf(stops, sizeof stops,
+                "; %d threads stopped, each for %.2f ms at most (%.2f ms in all), %d unwound "
+                "without a stop",
+                times.stopped, static_cast<double>(times.longestNs) / 1e6,
+                static_cast<double>(times.totalNs) / 1e6, times.inPlace);
+  dump->reason = stops + dump->reason;
   for (size_t i = 0; i < dump->threads.size(); ++i) {
     for (auto [pc, exact] : unwound[i].pcs) {
       dump->threads[i].frames.push_back(symbolized(dwfl.get(), pc, exact));
