@@ -293,9 +293,18 @@ int warmModule(Dwfl_Module* module, void**, const char*, Dwarf_Addr, void*) {
   return DWARF_CB_OK;
 }
 
+// No separate debug files (/usr/lib/debug, debuginfod): functions are named from each module's
+// own .symtab or .dynsym, as the in-process symbolizer names them, so that the same frame has
+// the same name whichever route a rank's dump took (the merged stack tree compares names).
+// Offline tools resolve file:line from the build-id.
+int noSeparateDebugInfo(Dwfl_Module*, void**, const char*, Dwarf_Addr, const char*, const char*,
+                        GElf_Word, char**) {
+  return -1;
+}
+
 const Dwfl_Callbacks kProcessCallbacks = {
     .find_elf = dwfl_linux_proc_find_elf,
-    .find_debuginfo = dwfl_standard_find_debuginfo,
+    .find_debuginfo = noSeparateDebugInfo,
     .section_address = nullptr,
     .debuginfo_path = nullptr,
 };
@@ -461,7 +470,7 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
   // Unwinding needs only the modules' own .eh_frame: never ask a debuginfod server.
-  unsetenv("DEBUGINFOD_URLS");
+  unsetenv("DEBUGINFOD_URLS");  // (belt and braces: no separate debug file is looked up at all)
   if (options.pid <= 0) {
     err << "ncclwatch stacks-of: PID must be a positive process id\n";
     return 2;
