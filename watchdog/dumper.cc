@@ -52,7 +52,7 @@ std::string topFrames(const trace::DumpThread& thread, int count) {
     ++shown;
   }
   if (!thread.answered) {
-    out += "      (did not answer the stack signal; kernel wait: " +
+    out += "      (no native stack; kernel wait: " +
            (thread.wchan.empty() ? std::string("?") : thread.wchan) + ", " + thread.syscall + ")\n";
   }
   return out;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "watchdog/sidecar.h"
 
@@ -263,6 +264,10 @@ bool takeStacksThroughHelper(const StackHelperSetup& setup, std::chrono::millise
     *why = "cannot tell where libncclwatch.so was loaded from (set NCCLWATCH_CLI)";
     return false;
   }
+  // One helper at a time: the two children's stacks are static (a test may dump from several
+  // threads; the agent dumps from its watchdog thread only).
+  static std::mutex oneAtATime;
+  std::lock_guard<std::mutex> lock(oneAtATime);
   auto deadline = std::chrono::steady_clock::now() + bound;
   Pipe in, out, err;
   if (!in.open() || !out.open() || !err.open()) {

@@ -38,7 +38,9 @@ ProbeRun runProbe(const std::string& name, const std::string& wait,
   spec.env = {{"LD_PRELOAD", testsupport::buildDir() + "/lib/libncclwatch.so"},
               {"NCCLWATCH_DIR", logs},
               {"NCCLWATCH_COLLECTOR", "off"},
-              {"NCCLWATCH_POLL_MS", "20"}};
+              {"NCCLWATCH_POLL_MS", "20"},
+              // Sanitizer builds: the preloaded library comes before the probe's runtime.
+              {"ASAN_OPTIONS", "verify_asan_link_order=0"}};
   spec.env.insert(spec.env.end(), env.begin(), env.end());
   Job job(spec);
   ProbeRun run;
