@@ -1,5 +1,6 @@
 #include "watchdog/stack_helper.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -34,7 +35,21 @@ constexpr size_t kMaxError = 4096;
 alignas(64) char g_middleStack[16 * 1024];
 alignas(64) char g_helperStack[64 * 1024];
 
+using CloneFunction = int (*)(int (*)(void*), void*, int, void*, ...);
+
+// glibc's own clone, not a sanitizer's interceptor of it: TSan's runs its fork bookkeeping in the
+// child, which here shares our memory, and so corrupts the runtime's state in the parent.
+CloneFunction libcClone() {
+  static const CloneFunction found = [] {
+    void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+    void* symbol = libc != nullptr ? dlsym(libc, "clone") : nullptr;
+    return symbol != nullptr ? reinterpret_cast<CloneFunction>(symbol) : &::clone;
+  }();
+  return found;
+}
+
 struct ChildSetup {
+  CloneFunction clone = nullptr;
   const char* path = nullptr;
   char* const* argv = nullptr;
   char* const* envp = nullptr;
@@ -74,7 +89,7 @@ __attribute__((no_sanitize("address", "thread", "undefined"))) int helperMain(vo
 __attribute__((no_sanitize("address", "thread", "undefined"))) int middleMain(void* argument) {
   auto* setup = static_cast<ChildSetup*>(argument);
   pid_t helper =
-      clone(helperMain, g_helperStack + sizeof g_helperStack, CLONE_VM | CLONE_VFORK, setup);
+      setup->clone(helperMain, g_helperStack + sizeof g_helperStack, CLONE_VM | CLONE_VFORK, setup);
   if (helper < 0) {
     setup->spawnError = errno;
   } else {
@@ -175,6 +190,7 @@ pid_t spawnHelper(const StackHelperSetup& setup, int in, int out, int err, std::
   std::vector<char*> argv = pointers(arguments);
   std::vector<char*> envp = pointers(environment);
   ChildSetup child;
+  child.clone = libcClone();
   child.path = setup.cli.c_str();
   child.argv = argv.data();
   child.envp = envp.data();
@@ -187,7 +203,7 @@ pid_t spawnHelper(const StackHelperSetup& setup, int in, int out, int err, std::
   // Exit signal 0: the middle process's end sends nothing and a host's waitpid(-1) never sees it
   // (only __WALL does, below).
   pid_t middle =
-      clone(middleMain, g_middleStack + sizeof g_middleStack, CLONE_VM | CLONE_VFORK, &child);
+      child.clone(middleMain, g_middleStack + sizeof g_middleStack, CLONE_VM | CLONE_VFORK, &child);
   int cloneErrno = errno;
   if (middle > 0) {
     while (waitpid(middle, nullptr, __WALL) < 0 && errno == EINTR) {
@@ -238,6 +254,7 @@ bool parseStackRoute(const char* text, StackRoute* route) {
 }
 
 StackHelperSetup stackHelperFromEnvironment() {
+  libcClone();  // looked up now, on the application thread, rather than at dump time
   StackHelperSetup setup;
   const char* cli = std::getenv("NCCLWATCH_CLI");
   if (cli != nullptr && *cli != '\0') {
