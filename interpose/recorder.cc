@@ -207,6 +207,17 @@ watchdog::HangAction hangAction() {
   return watchdog::HangAction::kWarn;
 }
 
+watchdog::StackRoute stackRoute() {
+  const char* text = envText("NCCLWATCH_STACK_ROUTE");
+  watchdog::StackRoute route = watchdog::StackRoute::kAuto;
+  if (text != nullptr && !watchdog::parseStackRoute(text, &route)) {
+    std::fprintf(stderr,
+                 "[ncclwatch] NCCLWATCH_STACK_ROUTE=%s is not auto, ptrace or signal; using auto\n",
+                 text);
+  }
+  return route;
+}
+
 // A signal by number or name (SIGUSR1, USR1, SIGRTMIN+5); 0 when unset or unknown (said once).
 int dumpSignal() {
   const char* text = envText("NCCLWATCH_DUMP_SIGNAL");
@@ -250,6 +261,7 @@ watchdog::AgentOptions agentOptionsFromEnvironment(const trace::ProcessInfo& pro
   options.triggers.fatalSignals = envSwitch("NCCLWATCH_DUMP_ON_CRASH", true);
   options.stackSignalOffset = static_cast<int>(
       envCount("NCCLWATCH_STACK_SIGNAL", 0, SIGRTMAX - SIGRTMIN, options.stackSignalOffset));
+  options.stackRoute = stackRoute();
   options.dumpAtExit = envSwitch("NCCLWATCH_DUMP_AT_EXIT", false);
   std::string note;
   options.hasCollector = watchdog::collectorFromEnvironment(&options.collector, &note);

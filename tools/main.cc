@@ -11,6 +11,7 @@
 #include "demo.h"
 #include "inspect.h"
 #include "launch.h"
+#include "remote_stacks.h"
 #include "report.h"
 #include "show.h"
 #include "stacks.h"
@@ -127,6 +128,26 @@ is, then the native and the Python trees (outermost frame first, rank sets like 
 Exit code: 0 printed, 1 no rank has a dump, 2 usage or I/O error.)");
   stacks->callback(
       [&exitCode] { exitCode = ncclwatch::stacks::run(options, std::cout, std::cerr); });
+}
+
+void addStacksOf(CLI::App& app, int& exitCode) {
+  CLI::App* stacksOf = app.add_subcommand(
+      "stacks-of", "Native stacks of every thread of a running process, through ptrace");
+  static ncclwatch::stacks_of::Options options;
+  static int perThreadMs = 200;
+  stacksOf->add_option("pid", options.pid, "the process")->required();
+  stacksOf->add_option("--per-thread-ms", perThreadMs, "how long one thread may take to stop")
+      ->check(CLI::Range(1, 60000));
+  stacksOf->add_flag("--wait-go", options.waitForGo,
+                     "attach only after one byte (or end of input) on stdin");
+  stacksOf->footer(R"(Stops one thread at a time without a signal (PTRACE_SEIZE + PTRACE_INTERRUPT:
+interrupted sleeps continue, nanosleep keeps its length), unwinds it with libdwfl and detaches it at
+once. Prints an `ncclwatch-dump 1` block (docs/format.md). The watchdog runs this for its dumps.
+Exit code: 0 printed, 2 usage error, 3 ptrace not possible (the reason on stderr).)");
+  stacksOf->callback([&exitCode] {
+    options.perThread = std::chrono::milliseconds(perThreadMs);
+    exitCode = ncclwatch::stacks_of::run(options, std::cout, std::cerr);
+  });
 }
 
 void addReport(CLI::App& app, int& exitCode) {
@@ -326,6 +347,7 @@ int main(int argc, char** argv) {
   addShow(app, exitCode);
   addInspect(app, exitCode);
   addStacks(app, exitCode);
+  addStacksOf(app, exitCode);
   addReport(app, exitCode);
   addTimeline(app, exitCode);
   addStragglers(app, exitCode);

@@ -51,6 +51,10 @@ std::string formatDump(const Dump& dump) {
   fieldSigned(out, dump.timeNs);
   out += "\ntook_ns";
   fieldSigned(out, dump.tookNs);
+  if (!dump.stackRoute.empty()) {
+    out += "\nstack_route";
+    field(out, dump.stackRoute);
+  }
   for (const DumpFinding& finding : dump.findings) {
     out += "\nfinding";
     field(out, finding.commHash, true);
@@ -129,6 +133,8 @@ bool parseDump(std::string_view text, Dump* dump, std::string* problem) {
       if (!number(f[1], &dump->timeNs)) return fail("bad time_ns");
     } else if (kind == "took_ns" && need(2)) {
       if (!number(f[1], &dump->tookNs)) return fail("bad took_ns");
+    } else if (kind == "stack_route" && need(2)) {
+      dump->stackRoute = f[1];
     } else if (kind == "finding" && need(8)) {
       DumpFinding finding;
       if (!number(f[1], &finding.commHash, 16) || !number(f[2], &finding.seq) ||

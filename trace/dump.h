@@ -56,6 +56,9 @@ struct Dump {
   std::string reason;   // one line
   int64_t timeNs = 0;   // CLOCK_MONOTONIC when it was taken
   int64_t tookNs = 0;   // how long taking it lasted
+  // How the native stacks were taken: "ptrace (no signal sent)", or "signal SIGRTMIN+3" and why
+  // the signal route was used. Empty in dumps written before the field existed.
+  std::string stackRoute;
   std::vector<DumpFinding> findings;
   std::vector<DumpThread> threads;
   std::string pythonNote;  // which route gave the Python stacks, or why there are none

@@ -99,7 +99,7 @@ Agent* Agent::start(trace::RingWriter& writer, const AgentOptions& options) {
   }
   // On this (application) thread: the stack signal, the Python route, the dump triggers.
   std::string error;
-  if (!prepareDumps(options.stackSignalOffset, &error)) {
+  if (!prepareDumps(options.stackSignalOffset, &error, options.stackRoute)) {
     std::fprintf(stderr, "[ncclwatch] native stacks of other threads unavailable: %s\n",
                  error.c_str());
   }
@@ -322,7 +322,11 @@ void Agent::dump(const std::string& trigger, const std::string& reason,
                  std::vector<trace::DumpFinding> findings, bool withStacks) {
   trace::Dump taken;
   if (withStacks) {
-    taken = takeDump(trigger, reason, std::move(findings), DumpBounds{});
+    DumpBounds bounds;
+    // A SIGTERM handler waits NCCLWATCH_DUMP_WAIT_MS (3 s) in all: leave the signal route
+    // room to answer when the helper cannot.
+    if (trigger == "sigterm") bounds.helper = std::chrono::milliseconds(1500);
+    taken = takeDump(trigger, reason, std::move(findings), bounds);
   } else {
     taken.trigger = trigger;
     taken.reason = reason;

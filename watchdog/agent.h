@@ -49,7 +49,8 @@ struct AgentOptions {
   bool events = true;  // GPU completion events (NCCLWATCH_EVENTS)
   HangThresholds thresholds;
   HangAction onHang = HangAction::kWarn;
-  int stackSignalOffset = 3;  // SIGRTMIN + this captures native stacks
+  int stackSignalOffset = 3;                  // SIGRTMIN + this captures native stacks
+  StackRoute stackRoute = StackRoute::kAuto;  // NCCLWATCH_STACK_ROUTE
   TriggerOptions triggers;
   bool dumpAtExit = false;
   int rank = -1;

@@ -18,6 +18,9 @@ namespace {
 constexpr size_t kMaxThreads = 512;
 constexpr size_t kMaxPythonBytes = 1 << 20;
 
+StackRoute g_route = StackRoute::kAuto;
+StackHelperSetup* g_helper = nullptr;  // set once at prepare time, never freed
+
 std::string hex(uint64_t value) {
   char text[24];
   std::snprintf(text, sizeof text, "%016" PRIx64, value);
@@ -49,7 +52,7 @@ std::string topFrames(const trace::DumpThread& thread, int count) {
     ++shown;
   }
   if (!thread.answered) {
-    out += "      (did not answer the stack signal; kernel wait: " +
+    out += "      (no native stack; kernel wait: " +
            (thread.wchan.empty() ? std::string("?") : thread.wchan) + ", " + thread.syscall + ")\n";
   }
   return out;
@@ -57,20 +60,25 @@ std::string topFrames(const trace::DumpThread& thread, int count) {
 
 }  // namespace
 
-bool prepareDumps(int stackSignalOffset, std::string* error) {
+bool prepareDumps(int stackSignalOffset, std::string* error, StackRoute route) {
   preparePythonStacks(0);
+  g_route = route;
+  if (route != StackRoute::kSignal && g_helper == nullptr) {
+    g_helper = new StackHelperSetup(stackHelperFromEnvironment());
+  }
   return StackSampler::install(SIGRTMIN + stackSignalOffset, error);
 }
 
-trace::Dump takeDump(const std::string& trigger, const std::string& reason,
-                     std::vector<trace::DumpFinding> findings, const DumpBounds& bounds) {
-  int64_t start = trace::FastClock::nowNs();
-  trace::Dump dump;
-  dump.trigger = trigger;
-  dump.reason = reason;
-  dump.timeNs = start;
-  dump.findings = std::move(findings);
+namespace {
 
+std::string signalName() {
+  int number = StackSampler::signalNumber();
+  return number == 0 ? std::string("(not installed)")
+                     : "SIGRTMIN+" + std::to_string(number - SIGRTMIN);
+}
+
+// Every thread signalled in turn, each unwinding itself; then symbolized here.
+void captureWithSignal(trace::Dump& dump, const DumpBounds& bounds) {
   auto slots = std::make_unique<ThreadStack[]>(kMaxThreads);
   CaptureResult captured =
       StackSampler::captureAll(std::span<ThreadStack>(slots.get(), kMaxThreads), bounds.perThread);
@@ -97,6 +105,42 @@ trace::Dump takeDump(const std::string& trigger, const std::string& reason,
     dump.reason += " (" + std::to_string(captured.threads - captured.count) +
                    " threads beyond the dump's bound left out)";
   }
+}
+
+// The ptrace route when allowed, else the signal; dump.stackRoute says which and why.
+void captureNativeStacks(trace::Dump& dump, const DumpBounds& bounds) {
+  std::string why;
+  if (dump.trigger == "fatal-signal") {
+    why = "fatal signal: the dying process starts no helper";
+  } else if (g_route == StackRoute::kSignal) {
+    why = "NCCLWATCH_STACK_ROUTE=signal";
+  } else if (takeStacksThroughHelper(g_helper != nullptr ? *g_helper : StackHelperSetup{},
+                                     bounds.helper, &dump.threads, &why)) {
+    dump.stackRoute = "ptrace (no signal sent)";
+    return;
+  } else if (g_route == StackRoute::kPtrace) {
+    dump.stackRoute = "none: ptrace failed (" + why + ") and NCCLWATCH_STACK_ROUTE=ptrace";
+    return;
+  } else {
+    why = "fallback: " + why;
+  }
+  dump.threads.clear();
+  captureWithSignal(dump, bounds);
+  dump.stackRoute = "signal " + signalName() + " (" + why + ")";
+}
+
+}  // namespace
+
+trace::Dump takeDump(const std::string& trigger, const std::string& reason,
+                     std::vector<trace::DumpFinding> findings, const DumpBounds& bounds) {
+  int64_t start = trace::FastClock::nowNs();
+  trace::Dump dump;
+  dump.trigger = trigger;
+  dump.reason = reason;
+  dump.timeNs = start;
+  dump.findings = std::move(findings);
+
+  captureNativeStacks(dump, bounds);
 
   std::string pythonText;
   PythonStackRoute route = dumpPythonStacks(&pythonText, kMaxPythonBytes, bounds.python);
@@ -177,9 +221,10 @@ std::string describeDump(const trace::Dump& dump, const ProcessLabel& label, boo
   }
   size_t answered = 0;
   for (const trace::DumpThread& thread : dump.threads) answered += thread.answered ? 1 : 0;
+  std::string route = dump.stackRoute.empty() ? "" : " by " + dump.stackRoute;
   std::snprintf(
-      line, sizeof line, "  %zu threads (%zu with native stacks), Python: %s; %s %s in %.0f ms\n",
-      dump.threads.size(), answered,
+      line, sizeof line, "  %zu threads (%zu with native stacks%s), Python: %s; %s %s in %.0f ms\n",
+      dump.threads.size(), answered, route.c_str(),
       dump.pythonThreads.empty()
           ? dump.pythonNote.c_str()
           : (std::to_string(dump.pythonThreads.size()) + " threads via " + dump.pythonNote).c_str(),

@@ -21,6 +21,7 @@ Dump sampleDump() {
   dump.reason = "calls pending\tpast\nthe threshold";  // separators inside values
   dump.timeNs = 5'000'000'000;
   dump.tookNs = 21'000'000;
+  dump.stackRoute = "signal SIGRTMIN+3 (fallback: ptrace refused)";
   dump.findings.push_back({0xabcdef0123456789ull, 26, "AllReduce", "started", 2003, 4242,
                            "AllReduce 4096 x float pending 2.0 s"});
   DumpThread thread;
@@ -51,6 +52,7 @@ TEST(DumpText, RoundTripsEveryField) {
   EXPECT_EQ(parsed.reason, "calls pending past the threshold");  // sanitized, not split
   EXPECT_EQ(parsed.timeNs, original.timeNs);
   EXPECT_EQ(parsed.tookNs, original.tookNs);
+  EXPECT_EQ(parsed.stackRoute, "signal SIGRTMIN+3 (fallback: ptrace refused)");
   ASSERT_EQ(parsed.findings.size(), 1u);
   EXPECT_EQ(parsed.findings[0].commHash, 0xabcdef0123456789ull);
   EXPECT_EQ(parsed.findings[0].seq, 26u);
@@ -66,6 +68,19 @@ TEST(DumpText, RoundTripsEveryField) {
   EXPECT_TRUE(parsed.pythonThreads[0].current);
   EXPECT_EQ(parsed.pythonThreads[0].frames[1].line, -1);
   EXPECT_EQ(parsed.pythonThreads[0].frames[0].function, "train_step");
+}
+
+// Dumps written before the stack_route line existed still read; the route is then unknown.
+TEST(DumpText, ADumpWithoutAStackRouteReads) {
+  Dump original = sampleDump();
+  original.stackRoute.clear();
+  std::string text = formatDump(original);
+  EXPECT_EQ(text.find("stack_route"), std::string::npos);
+  Dump parsed;
+  std::string problem;
+  ASSERT_TRUE(parseDump(text, &parsed, &problem)) << problem;
+  EXPECT_TRUE(parsed.stackRoute.empty());
+  EXPECT_EQ(parsed.threads.size(), 2u);
 }
 
 TEST(DumpText, BadTextIsNamedByLine) {
