@@ -56,12 +56,14 @@ class CollectorLink {
   // Where this process's pending calls wait inside NCCL (the plugin's notes): sent at the next
   // step, after the records, and again on every new connection.
   void publishWaits(const std::vector<trace::WaitNote>& waits);
-  // At a normal exit: the last records and BYE, sent within `boundMs`.
+  // At a normal exit: the last records and BYE, sent within `boundMs` (and, when the link
+  // never reached the collector, connecting first within another `boundMs`).
   void finish(int boundMs);
   const ExchangeCounters& counters() const { return counters_; }
 
  private:
   void connectNow(int64_t nowNs);
+  bool connectBeforeExit(int boundMs);
   void disconnect(int64_t nowNs);
   void queue(std::vector<std::byte>&& frame);
   void collectRecords(int64_t nowNs);
