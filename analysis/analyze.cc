@@ -722,6 +722,10 @@ void JobAnalysis::checkMismatches() {
     } else if (undecided) {
       std::string f;
       for (const std::string& field : v.fields) f += (f.empty() ? "" : ", ") + field;
+      if (corrupts(calls)) {
+        v.effect = Effect::kSilentDataCorruption;
+        f += ", the same bytes: NCCL completes it with wrong results, silent data corruption";
+      }
       v.explanation = "ranks " + formatRanks(v.culprits) + " disagree at " + seqText + " (" +
                       callText(v.classes[0].call) + " against " + callText(v.classes[1].call) +
                       ", " + f + " differ); with " + std::to_string(classes[0].second.size()) +
@@ -1153,6 +1157,10 @@ void JobAnalysis::checkDeadAndMissing() {
     uint64_t leftOrdinal = 0;
     if (!proc.alive && proc.clean) {
       for (auto [commPointer, mine] : memberships[p]) {
+        // A communicator whose ranks already diverged: that verdict says why they wait.
+        bool explained = false;
+        for (const Verdict& v : verdicts_) explained |= v.comm.hash == commPointer->hash;
+        if (explained) continue;
         uint64_t k = leftBehind(*commPointer, *mine);
         if (k != 0 && (leftWaiting == nullptr || k < leftOrdinal)) {
           leftWaiting = commPointer;

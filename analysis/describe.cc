@@ -192,11 +192,12 @@ std::string whatHappened(const JobReport& job, int64_t nowNs, int64_t lastActivi
   }
   int errors = 0;
   const Verdict* first = nullptr;
-  bool hangs = job.stalled, corruption = false, failed = false;
+  bool hangs = job.stalled, corruption = false, failed = false, waitsOnFailure = false;
   for (const Verdict& v : job.verdicts) {
     if (v.kind == VerdictKind::kStraggler) continue;
     ++errors;
     if (first == nullptr && v.primary) first = &v;
+    waitsOnFailure |= v.effect == Effect::kHang;  // a failed call's consequences too
     if (!v.primary) continue;
     hangs |= v.effect == Effect::kHang;
     corruption |= v.effect == Effect::kSilentDataCorruption;
@@ -208,8 +209,8 @@ std::string whatHappened(const JobReport& job, int64_t nowNs, int64_t lastActivi
   } else {
     std::string count = std::to_string(errors) + (errors == 1 ? " finding" : " findings");
     if (failed) {
-      text += std::string(hangs ? "An NCCL call failed and the others hang: "
-                                : "An NCCL call failed: ") +
+      text += std::string(hangs || waitsOnFailure ? "An NCCL call failed and the others hang: "
+                                                  : "An NCCL call failed: ") +
               count + ". ";
     } else if (hangs) {
       text += "It hung: " + count + ". ";

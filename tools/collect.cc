@@ -661,10 +661,19 @@ void Collector::State::run() {
 // their last calls, and a verdict drawn from that could blame the wrong rank (`ncclwatch
 // inspect` reads their complete files instead).
 void Collector::State::drainAndFinish() {
-  int64_t deadline = steadyNs() + 2000 * kMs;
+  int64_t deadline = steadyNs() + 2000 * kMs, lastNews = steadyNs();
   epoll_event events[256];
-  while (counters.connected.load() > 0 && steadyNs() < deadline) {
-    int ready = epoll_wait(epollFd, events, 256, 50);
+  for (;;) {
+    // Connections still in the listen queue, agents still sending, or closed ones whose last
+    // frames are unread: until none is left, or agents still connected stay silent for 200 ms
+    // (a collector stopped while its job runs), or the bound.
+    int ready = epoll_wait(epollFd, events, 256, 20);
+    bool open = false, news = false;
+    for (const Connection& connection : connections) open |= connection.fd >= 0;
+    for (int i = 0; i < ready; ++i) news |= events[i].data.u64 != kWakeTag;  // stop() woke us
+    int64_t now = steadyNs();
+    if (news) lastNews = now;
+    if ((!news && !open) || now - lastNews >= 200 * kMs || now >= deadline) break;
     for (int i = 0; i < ready; ++i) {
       uint64_t tag = events[i].data.u64;
       if (tag == kListenTag) {

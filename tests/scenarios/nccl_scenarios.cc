@@ -33,6 +33,7 @@ struct Job {
   int rank = 0;
   int world = 1;
   ncclComm_t comm = nullptr;  // the world
+  int device = 0;
   cudaStream_t stream = nullptr;
   float* data = nullptr;  // kCount * world floats of device memory (room for gathers)
   float* out = nullptr;   // the same size again
@@ -85,9 +86,9 @@ void allReduce(ncclComm_t comm, size_t count = kCount, ncclDataType_t dtype = nc
   check(ncclAllReduce(g.data, g.data, count, dtype, op, comm, stream), "ncclAllReduce");
 }
 
-void broadcast(ncclComm_t comm, int root = 0, size_t count = kCount,
-               cudaStream_t stream = g.stream) {
-  check(ncclBroadcast(g.data, g.data, count, ncclFloat32, root, comm, stream), "ncclBroadcast");
+void broadcast(ncclComm_t comm, int root = 0, size_t count = kCount, cudaStream_t stream = g.stream,
+               float* buffer = g.data) {
+  check(ncclBroadcast(buffer, buffer, count, ncclFloat32, root, comm, stream), "ncclBroadcast");
 }
 
 void allGather(ncclComm_t comm, size_t count = kCount / 4) {
@@ -432,7 +433,7 @@ int nonBlocking(bool bug) {
   return 0;
 }
 
-// Collectives captured in a CUDA graph and replayed; with the bug rank 1 captured another count.
+// Collectives captured in a CUDA graph and launched; with the bug rank 1 captured another count.
 int graph(bool bug) {
   warmUp();
   cudaStream_t capture;
@@ -444,7 +445,9 @@ int graph(bool bug) {
   checkCuda(cudaStreamEndCapture(capture, &captured), "EndCapture");
   cudaGraphExec_t exec;
   checkCuda(cudaGraphInstantiate(&exec, captured, 0), "cudaGraphInstantiate");
-  for (int i = 0; i < 3; ++i) checkCuda(cudaGraphLaunch(exec, capture), "cudaGraphLaunch");
+  // One launch: the sim runs a captured NCCL operation once (its task is freed after the first
+  // replay), where NCCL replays it as often as the graph is launched.
+  checkCuda(cudaGraphLaunch(exec, capture), "cudaGraphLaunch");
   sync(capture);
   return finish();
 }
@@ -455,15 +458,16 @@ int threads(bool bug) {
   ncclComm_t dup = duplicate();
   cudaStream_t second;
   checkCuda(cudaStreamCreate(&second), "cudaStreamCreate");
+  float* own = deviceFloats(kCount);
   std::thread a([&] {
-    checkCuda(cudaSetDevice(g.env.localRank % 8), "cudaSetDevice");
+    checkCuda(cudaSetDevice(g.device), "cudaSetDevice");
     for (int i = 0; i < 5; ++i) allReduce(g.comm);
     sync();
   });
   std::thread b([&] {
-    checkCuda(cudaSetDevice(g.env.localRank % 8), "cudaSetDevice");
+    checkCuda(cudaSetDevice(g.device), "cudaSetDevice");
     int calls = bug && g.rank == 2 ? 4 : 5;
-    for (int i = 0; i < calls; ++i) broadcast(dup, 0, kCount, second);
+    for (int i = 0; i < calls; ++i) broadcast(dup, 0, kCount, second, own);
     sync(second);
   });
   a.join();
@@ -676,7 +680,8 @@ int main(int argc, char** argv) {
   g.world = g.env.world;
   int devices = 0;
   checkCuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
-  checkCuda(cudaSetDevice(g.env.localRank % devices), "cudaSetDevice");
+  g.device = g.env.localRank % devices;
+  checkCuda(cudaSetDevice(g.device), "cudaSetDevice");
   checkCuda(cudaStreamCreate(&g.stream), "cudaStreamCreate");
   g.data = deviceFloats(kCount * static_cast<size_t>(g.world));
   g.out = deviceFloats(kCount * static_cast<size_t>(g.world));
