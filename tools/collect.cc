@@ -184,7 +184,9 @@ struct Collector::State {
   // evidence, as `ncclwatch inspect` sees it.
   void adoptTraceFiles(int64_t now);
   bool jobMissesRanks() const;
+  bool sameAttempt(const trace::RingHeader& header) const;
   int64_t nextAdoptNs = 0;
+  std::set<std::string> foreignFiles;  // trace files in the folder that are not this job's
   void report(const analysis::Verdict& verdict, const analysis::JobReport& job);
   bool culpritsEnded(const analysis::Verdict& verdict, const analysis::JobReport& job) const;
   void queueFrame(size_t slot, const std::vector<std::byte>& frame);
@@ -700,6 +702,20 @@ void Collector::State::drainAndFinish() {
   analyze(steadyNs(), true);
 }
 
+// Whether a trace file found in the folder belongs to the attempt the collector watches: its
+// rank is not known yet, and it started with the known ranks (a restarted job reuses its id and
+// folder; the earlier attempt's files are older).
+bool Collector::State::sameAttempt(const trace::RingHeader& header) const {
+  int64_t earliest = INT64_MAX;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const trace::RingHeader& known = files[i].header;
+    if (std::strncmp(known.jobId, header.jobId, sizeof known.jobId) != 0) continue;
+    if (known.rank == header.rank && known.pid != header.pid) return false;
+    if (!processes[i].adopted) earliest = std::min(earliest, known.anchorRealtimeNs);
+  }
+  return earliest == INT64_MAX || header.anchorRealtimeNs >= earliest - 60'000 * kMs;
+}
+
 bool Collector::State::jobMissesRanks() const {
   std::map<std::string, std::pair<int, std::set<int>>> jobs;  // job -> (world, ranks known)
   for (const trace::TraceFile& file : files) {
@@ -732,12 +748,34 @@ void Collector::State::adoptTraceFiles(int64_t now) {
   if (!rereadAdopted && !jobMissesRanks()) return;
   std::set<std::string> jobIds;
   for (const trace::TraceFile& file : files) jobIds.insert(file.header.jobId);
+  // Files known already (by name: <host>-<pid>.ncclwatch), except adopted ones that may still
+  // grow; only this host's (a shared folder holds every host's); a few new ones per scan.
+  std::set<std::string> known;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const Process& process = processes[i];
+    if (process.adopted && process.adoptedAlive && !process.connected) continue;
+    known.insert(std::filesystem::path(files[i].path).filename().string());
+  }
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  std::string prefix = std::string(host) + "-";
+  int reads = 0;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(options.directory, error)) {
-    if (entry.path().extension() != ".ncclwatch") continue;
+    std::string name = entry.path().filename().string();
+    if (entry.path().extension() != ".ncclwatch" || name.rfind(prefix, 0) != 0 ||
+        known.count(name) || foreignFiles.count(name)) {
+      continue;
+    }
+    if (++reads > 64) break;
     std::string path = entry.path().string();
     trace::TraceFile file = trace::readTraceFile(path);
-    if (!file.usable || !jobIds.count(file.header.jobId) || !analysis::onThisHost(file)) continue;
+    if (!file.usable) continue;  // not (yet) a trace: look again next time
+    if (!jobIds.count(file.header.jobId) || !analysis::onThisHost(file) ||
+        !sameAttempt(file.header)) {
+      foreignFiles.insert(name);  // another job's, or an earlier attempt's: never read again
+      continue;
+    }
     auto key = std::make_tuple(std::string(file.header.jobId), file.header.rank, file.header.pid);
     auto found = processIndex.find(key);
     size_t index = 0;
