@@ -422,7 +422,10 @@ TEST(CollectorEnd, ARankThatNeverConnectedIsReadFromItsTraceFile) {
     ncclwatch::trace::RingWriter writer;
     ncclwatch::trace::ProcessInfo info{3, 4, 3, host, "fake-job"};
     std::string error;
-    ASSERT_TRUE(writer.open(directory + "/crashed.ncclwatch", 1024, info, &error)) << error;
+    // Named as the library names it: <host>-<pid>.ncclwatch.
+    ASSERT_TRUE(writer.open(directory + "/" + host + "-" + std::to_string(getpid()) + ".ncclwatch",
+                            1024, info, &error))
+        << error;
     ncclwatch::trace::CommInfo comm{};
     comm.commHash = kComm;
     comm.nranks = 4;
