@@ -548,8 +548,6 @@ void JobAnalysis::checkMismatches() {
       uint32_t i = comm.members[mi].at(k);
       return i == kNone ? 0 : alignKey(procs_[comm.members[mi].proc].rec(i));
     };
-    // A class that matches the others one call later skipped a call; one call earlier: it made
-    // an extra one. That makes it the culprit even when it is not the smaller class.
     auto lastOf = [&](int mi) { return static_cast<int64_t>(comm.members[mi].lastOrdinal()); };
     // A class that matches the others one call later skipped a call; one call earlier: it made
     // an extra one. That makes it the culprit even when it is not the smaller class. When the
@@ -822,6 +820,9 @@ void JobAnalysis::checkColours(Comm& comm) {
       if (best.empty() || static_cast<int>(best.size()) * 2 >= n) continue;
       Verdict v = make(VerdictKind::kMismatch, &comm, procs_[first.proc].rec(fi).seq);
       v.fields = {"color"};
+      // Ranks in the wrong child combine the wrong ranks' data (or hang later, which the job's
+      // own state says): nothing hangs at the split itself.
+      v.effect = Effect::kSilentDataCorruption;
       std::map<int, std::vector<int>> byColour;
       for (auto& [r, c] : colourOf) byColour[c].push_back(globalRank(comm, r));
       for (auto& [c, ranks] : byColour) {
@@ -851,8 +852,9 @@ void JobAnalysis::checkColours(Comm& comm) {
       v.explanation = who +
                       " passed a split colour that breaks the layout of the others: the "
                       "children have sizes " +
-                      sizesText + " instead of " + std::to_string(groupSize) + " each; check how " +
-                      who + " computes its colour";
+                      sizesText + " instead of " + std::to_string(groupSize) +
+                      " each, so their collectives combine the wrong ranks; check how " + who +
+                      " computes its colour";
       verdicts_.push_back(std::move(v));
       return;
     }
