@@ -54,6 +54,10 @@ bool isPending(const CallRecord& r) {
   if (trace::isLifecycle(r.op)) return r.state == RecordState::kIssued;
   return isTracked(r);
 }
+// A call NCCL refused or reported failed (not "in progress").
+bool isFailed(const CallRecord& r) {
+  return r.state == RecordState::kFailed && r.result != 0 && r.result != 7;
+}
 bool isSequenced(const CallRecord& r) {
   return r.seq > 0 && r.op != OpKind::kInit && r.op != OpKind::kGroupStart &&
          r.op != OpKind::kGroupEnd;
@@ -122,7 +126,23 @@ class JobAnalysis {
   void checkGraph();
   void checkStuckP2p(const std::vector<std::unordered_set<uint32_t>>& heads);
   void checkInit();
+  void checkErrors();
   void checkStragglers();
+  void excludeShrunkMembers();
+  void assessConfidence();
+  void noteEvidenceGaps(JobReport& report) const;
+  void restsOnTiming(Verdict& v) const;
+  // Whether some other member of `hash` waits there (a pending call not done elsewhere).
+  bool othersWaitOn(uint64_t hash, int except) const;
+  // The first collective ordinal past `gone`'s last on `comm` in which another member waits
+  // (pending, not done elsewhere); 0 when none waits for what `gone` never issued.
+  uint64_t leftBehind(const Comm& comm, const Member& gone) const;
+  // The most common difference between two members' call sites over the calls before
+  // `before` on which they agree: the load-address offset between their processes; 0 unknown.
+  int64_t siteDelta(const Comm& comm, int a, int b, uint64_t before) const;
+  // Whether the calls of two members at two ordinals came from the same line of code (true
+  // when their sites cannot tell).
+  bool sameSite(const Comm& comm, int a, uint64_t ka, int b, uint64_t kb, uint64_t before) const;
   void finishVerdicts();
   void addStackTops();
   void summarize(JobReport& report);
@@ -187,6 +207,7 @@ class JobAnalysis {
     return -1;
   }
   bool stalled_ = false;
+  bool stalledByQuiet_ = false;  // stalled only because nothing moved for quietNs
   bool ended_ = false;
   int64_t jobLastActivity_ = 0;
   std::vector<Verdict> verdicts_;
@@ -355,6 +376,36 @@ void JobAnalysis::buildComms() {
   }
 }
 
+// ncclCommShrink: the excluded ranks never call it and owe the parent nothing from there on
+// (they typically failed, or leave). Their later calls on the parent (a destroy) are not a
+// divergence: alignment stops for them at the survivors' shrink.
+void JobAnalysis::excludeShrunkMembers() {
+  for (const Comm& child : comms_) {
+    if (child.kind != static_cast<int>(OpKind::kShrink) || child.desc.parent == 0) continue;
+    if (static_cast<int>(child.members.size()) != child.desc.size) continue;  // not all known
+    auto parentAt = commIndex_.find(child.desc.parent);
+    if (parentAt == commIndex_.end()) continue;
+    Comm& parent = comms_[parentAt->second];
+    std::set<int> survivors;
+    for (const Member& m : child.members) survivors.insert(m.proc);
+    uint64_t shrinkOrdinal = 0;
+    for (const Member& m : parent.members) {
+      if (!survivors.count(m.proc)) continue;
+      for (size_t i = 0; i < m.coll.size() && shrinkOrdinal == 0; ++i) {
+        if (m.coll[i] != kNone && procs_[m.proc].rec(m.coll[i]).op == OpKind::kShrink) {
+          shrinkOrdinal = m.base + i;
+        }
+      }
+      if (shrinkOrdinal != 0) break;
+    }
+    if (shrinkOrdinal == 0) continue;
+    for (Member& m : parent.members) {
+      if (survivors.count(m.proc) || m.coll.empty() || m.lastOrdinal() < shrinkOrdinal) continue;
+      m.coll.resize(shrinkOrdinal > m.base ? shrinkOrdinal - m.base : 0);
+    }
+  }
+}
+
 void JobAnalysis::decideStalled() {
   bool anyAlive = false, anyUnclean = false, anyPending = false;
   for (Proc& proc : procs_) {
@@ -376,6 +427,7 @@ void JobAnalysis::decideStalled() {
   }
   if (anyAlive) {
     stalled_ = (anyPending || countsDiffer) && now_ - jobLastActivity_ >= options_.quietNs;
+    stalledByQuiet_ = stalled_;
   } else {
     stalled_ = anyUnclean && (anyPending || countsDiffer);
   }
@@ -405,6 +457,51 @@ std::vector<std::string> differingFields(const std::vector<CallDesc>& calls) {
     fields.push_back(trace::hasRoot(calls[0].op) ? "root" : "peer");
   }
   return fields;
+}
+
+int64_t JobAnalysis::siteDelta(const Comm& comm, int a, int b, uint64_t before) const {
+  const Member& ma = comm.members[a];
+  const Member& mb = comm.members[b];
+  std::map<int64_t, int> votes;
+  uint64_t from = std::max(ma.base, mb.base);
+  for (uint64_t k = from; k < before; ++k) {
+    uint32_t i = ma.at(k), j = mb.at(k);
+    if (i == kNone || j == kNone) continue;
+    const CallRecord& x = procs_[ma.proc].rec(i);
+    const CallRecord& y = procs_[mb.proc].rec(j);
+    if (x.callSite == 0 || y.callSite == 0 || alignKey(x) != alignKey(y)) continue;
+    ++votes[static_cast<int64_t>(x.callSite - y.callSite)];
+  }
+  if (votes.empty()) return 0;
+  auto best = std::max_element(votes.begin(), votes.end(),
+                               [](const auto& l, const auto& r) { return l.second < r.second; });
+  return best->first == 0 ? INT64_MIN : best->first;  // INT64_MIN: known, and zero
+}
+
+bool JobAnalysis::sameSite(const Comm& comm, int a, uint64_t ka, int b, uint64_t kb,
+                           uint64_t before) const {
+  uint32_t i = comm.members[a].at(ka), j = comm.members[b].at(kb);
+  if (i == kNone || j == kNone) return true;
+  uint64_t x = procs_[comm.members[a].proc].rec(i).callSite;
+  uint64_t y = procs_[comm.members[b].proc].rec(j).callSite;
+  int64_t delta = siteDelta(comm, a, b, before);
+  if (x == 0 || y == 0 || delta == 0) return true;  // nothing to compare with
+  return static_cast<int64_t>(x - y) == (delta == INT64_MIN ? 0 : delta);
+}
+
+// Whether NCCL completes a collective on which the ranks made these calls, with wrong data:
+// the same operation, root and byte size, different only in element type or reduction (NCCL
+// moves bytes and checks neither).
+bool corrupts(const std::vector<CallDesc>& calls) {
+  if (calls.size() < 2 || !trace::isCollective(calls[0].op)) return false;
+  bool typeOrReduction = false;
+  for (const CallDesc& c : calls) {
+    if (c.op != calls[0].op || c.rootOrPeer != calls[0].rootOrPeer) return false;
+    int bytes = trace::dtypeBytes(c.dtype), firstBytes = trace::dtypeBytes(calls[0].dtype);
+    if (bytes == 0 || c.count * bytes != calls[0].count * firstBytes) return false;
+    typeOrReduction |= c.dtype != calls[0].dtype || c.redop != calls[0].redop;
+  }
+  return typeOrReduction;
 }
 
 void JobAnalysis::checkMismatches() {
@@ -452,8 +549,12 @@ void JobAnalysis::checkMismatches() {
       uint32_t i = comm.members[mi].at(k);
       return i == kNone ? 0 : alignKey(procs_[comm.members[mi].proc].rec(i));
     };
+    auto lastOf = [&](int mi) { return static_cast<int64_t>(comm.members[mi].lastOrdinal()); };
     // A class that matches the others one call later skipped a call; one call earlier: it made
-    // an extra one. That makes it the culprit even when it is not the smaller class.
+    // an extra one. That makes it the culprit even when it is not the smaller class. When the
+    // calls around are identical, a shift and a plain substitution both fit: the substitution,
+    // which leaves the rest of both sequences aligned, wins unless the call counts differ by
+    // the one call the shift needs.
     auto shift = [&](int minority, int majority) -> int {
       uint64_t m0 = keyAt(minority, divergent), m1 = keyAt(minority, divergent + 1);
       uint64_t j0 = keyAt(majority, divergent), j1 = keyAt(majority, divergent + 1);
@@ -461,8 +562,8 @@ void JobAnalysis::checkMismatches() {
       if (m1 != 0 && j1 != 0 && m0 == j1 && m1 == j0 && (m2 == 0 || j2 == 0 || m2 == j2)) {
         return 2;  // two calls swapped
       }
-      bool skipped = true, extra = true;
-      int checked = 0;
+      bool skipped = true, extra = true, aligned = true;
+      int checked = 0, alignedChecked = 0;
       for (uint64_t d = 0; d < 3; ++d) {
         uint64_t a = keyAt(minority, divergent + d), b = keyAt(majority, divergent + d + 1);
         uint64_t c = keyAt(minority, divergent + d + 1), e = keyAt(majority, divergent + d);
@@ -471,9 +572,18 @@ void JobAnalysis::checkMismatches() {
           ++checked;
         }
         if (c != 0 && e != 0) extra &= c == e;
+        uint64_t x = keyAt(minority, divergent + d + 1), y = keyAt(majority, divergent + d + 1);
+        if (x != 0 && y != 0) {
+          aligned &= x == y;
+          ++alignedChecked;
+        }
       }
       if (checked == 0) skipped = false;
       if (keyAt(minority, divergent + 1) == 0 || keyAt(majority, divergent) == 0) extra = false;
+      if (alignedChecked > 0 && aligned && (skipped || extra)) {
+        int64_t more = lastOf(minority) - lastOf(majority);
+        if (!(skipped && more < 0) && !(extra && more > 0)) return 0;
+      }
       return skipped ? -1 : extra ? 1 : 0;
     };
     std::sort(classes.begin(), classes.end(), [&](const auto& a, const auto& b) {
@@ -481,9 +591,38 @@ void JobAnalysis::checkMismatches() {
       return a.second.front() < b.second.front();
     });
     int majorityIdx = 0;
+    // A tie (two ranks of a 2-rank communicator, or two halves) has no majority. A class at
+    // teardown where the other makes a collective stopped early; otherwise the class whose call
+    // is the other's next call skipped one. When both fit (a repeating pattern), the call sites
+    // decide: the skipper's call came from the same code as the other's next call (compilers
+    // duplicate code, so differing sites alone do not overrule the calls). When still neither
+    // or both fit, nothing in the records decides it, and the verdict says so.
+    bool undecided = false;
+    std::string undecidedWhy;
     if (classes.size() >= 2 && classes[0].second.size() == classes[1].second.size()) {
-      // a tie: the class that is shifted against the other is the odd one
-      if (shift(classes[0].second[0], classes[1].second[0]) != 0) majorityIdx = 1;
+      int c0 = classes[0].second[0], c1 = classes[1].second[0];
+      bool t0 = isTeardown(procs_[comm.members[c0].proc].rec(comm.members[c0].at(divergent)).op);
+      bool t1 = isTeardown(procs_[comm.members[c1].proc].rec(comm.members[c1].at(divergent)).op);
+      bool skip0 = shift(c0, c1) == -1, skip1 = shift(c1, c0) == -1;
+      bool bothByCalls = skip0 && skip1;
+      if (bothByCalls) {
+        skip0 = sameSite(comm, c0, divergent, c1, divergent + 1, divergent);
+        skip1 = sameSite(comm, c1, divergent, c0, divergent + 1, divergent);
+      }
+      if (t0 != t1) {
+        majorityIdx = t0 ? 1 : 0;
+      } else if (skip0 != skip1) {
+        majorityIdx = skip0 ? 1 : 0;
+      } else if (shift(c0, c1) == 2) {
+        majorityIdx = 1;  // a swap: either side could be "the" wrong one; name the first
+      } else {
+        undecided = classes.size() == 2;
+        undecidedWhy = bothByCalls
+                           ? "each side's call here is the other's next call, from "
+                             "the same code (a repeating pattern)"
+                           : "neither side's call here is the other's next call, so neither "
+                             "skipped a call";
+      }
     }
     int rep = classes[majorityIdx].second[0];
     const Member& repM = comm.members[rep];
@@ -494,6 +633,7 @@ void JobAnalysis::checkMismatches() {
     std::string culpritText;
     int64_t divergence = INT64_MAX;
     bool teardown = false;
+    OpKind teardownOp = OpKind::kDestroy;
     int shiftKind = 0;
     for (int c = 0; c < static_cast<int>(classes.size()); ++c) {
       RankClass rc;
@@ -501,15 +641,18 @@ void JobAnalysis::checkMismatches() {
       rc.call = describe(procs_[m0.proc], m0.at(divergent));
       for (int mi : classes[c].second) rc.ranks.push_back(procs_[comm.members[mi].proc].rank);
       calls.push_back(rc.call);
-      if (c != majorityIdx) {
+      if (c != majorityIdx || undecided) {
         for (int mi : classes[c].second) {
           const Member& m = comm.members[mi];
           v.culprits.push_back(procs_[m.proc].rank);
           divergence = std::min(divergence,
                                 procs_[m.proc].wall(procs_[m.proc].rec(m.at(divergent)).issueNs));
         }
-        if (isTeardown(rc.call.op) && !isTeardown(majorityCall.op)) teardown = true;
-        int s = shift(classes[c].second[0], rep);
+        if (isTeardown(rc.call.op) && !isTeardown(majorityCall.op)) {
+          teardown = true;
+          teardownOp = rc.call.op;
+        }
+        int s = c == majorityIdx ? 0 : shift(classes[c].second[0], rep);
         if (s != 0) shiftKind = s;
       }
       v.classes.push_back(std::move(rc));
@@ -522,6 +665,7 @@ void JobAnalysis::checkMismatches() {
       v.classes.push_back(std::move(rc));
     }
     if (majorityIdx != 0) std::swap(v.classes[0], v.classes[majorityIdx]);
+    std::sort(v.culprits.begin(), v.culprits.end());
     v.fields = differingFields(calls);
     v.divergenceNs = divergence == INT64_MAX ? 0 : divergence;
     std::string culprits = formatRanks(v.culprits);
@@ -560,14 +704,34 @@ void JobAnalysis::checkMismatches() {
       }
       return "";
     };
-    if (teardown) {
+    if (teardown && teardownOp == OpKind::kAbort) {
+      v.kind = VerdictKind::kMissing;
+      v.explanation = who + " aborted the communicator (ncclCommAbort) where " + others +
+                      " wait in " + callText(majorityCall) + " " + seqText +
+                      ": an abort is local; the others are never told, so every rank must abort "
+                      "it (or none)";
+    } else if (teardown) {
       v.kind = VerdictKind::kMissing;
       std::string fewer = countDifference();
-      v.explanation = who + " reached teardown (" +
-                      trace::opName(calls.size() > 1 ? calls[1].op : OpKind::kDestroy) +
-                      ") after one call fewer than " + others + ", who wait in " + seqText +
+      v.explanation = who + " reached teardown (" + trace::opName(teardownOp) + ") where " +
+                      others + " wait in " + callText(majorityCall) + " " + seqText +
                       (fewer.empty() ? "" : ": it issued " + fewer) +
-                      "; identical calls hid the skipped one: look for rank-dependent control flow";
+                      "; it left before the others were done (an early return, or identical "
+                      "calls hid a skipped one): look for rank-dependent control flow";
+    } else if (undecided) {
+      std::string f;
+      for (const std::string& field : v.fields) f += (f.empty() ? "" : ", ") + field;
+      if (corrupts(calls)) {
+        v.effect = Effect::kSilentDataCorruption;
+        f += ", the same bytes: NCCL completes it with wrong results, silent data corruption";
+      }
+      v.explanation = "ranks " + formatRanks(v.culprits) + " disagree at " + seqText + " (" +
+                      callText(v.classes[0].call) + " against " + callText(v.classes[1].call) +
+                      ", " + f + " differ); with " + std::to_string(classes[0].second.size()) +
+                      (classes[0].second.size() == 1 ? " rank" : " ranks") +
+                      " on each side there is no majority, and " + undecidedWhy +
+                      ": which side is wrong cannot be decided from the records; compare both "
+                      "sides' code at these calls";
     } else if (shiftKind == 2) {
       v.explanation = who + " issued " + callText(v.classes.back().call) + " and " +
                       callText(majorityCall) + " in the opposite order of " + others + " (at " +
@@ -584,9 +748,19 @@ void JobAnalysis::checkMismatches() {
     } else {
       std::string f;
       for (const std::string& field : v.fields) f += (f.empty() ? "" : ", ") + field;
-      v.explanation = who + " called " + callText(v.classes.back().call) + " where " + others +
-                      " called " + callText(v.classes[0].call) + " (" + f +
-                      " differ): every rank must issue the same collective with the same arguments";
+      if (corrupts(calls)) {
+        v.effect = Effect::kSilentDataCorruption;
+        v.explanation = who + " called " + callText(v.classes.back().call) + " where " + others +
+                        " called " + callText(v.classes[0].call) + " (" + f +
+                        " differ, the same bytes): NCCL does not notice and completes it with "
+                        "wrong results on every rank: silent data corruption, not a hang; every "
+                        "rank must pass the same dtype and reduction";
+      } else {
+        v.explanation = who + " called " + callText(v.classes.back().call) + " where " + others +
+                        " called " + callText(v.classes[0].call) + " (" + f +
+                        " differ): every rank must issue the same collective with the same "
+                        "arguments";
+      }
     }
     verdicts_.push_back(std::move(v));
   }
@@ -647,6 +821,9 @@ void JobAnalysis::checkColours(Comm& comm) {
       if (best.empty() || static_cast<int>(best.size()) * 2 >= n) continue;
       Verdict v = make(VerdictKind::kMismatch, &comm, procs_[first.proc].rec(fi).seq);
       v.fields = {"color"};
+      // Ranks in the wrong child combine the wrong ranks' data (or hang later, which the job's
+      // own state says): nothing hangs at the split itself.
+      v.effect = Effect::kSilentDataCorruption;
       std::map<int, std::vector<int>> byColour;
       for (auto& [r, c] : colourOf) byColour[c].push_back(globalRank(comm, r));
       for (auto& [c, ranks] : byColour) {
@@ -676,8 +853,9 @@ void JobAnalysis::checkColours(Comm& comm) {
       v.explanation = who +
                       " passed a split colour that breaks the layout of the others: the "
                       "children have sizes " +
-                      sizesText + " instead of " + std::to_string(groupSize) + " each; check how " +
-                      who + " computes its colour";
+                      sizesText + " instead of " + std::to_string(groupSize) +
+                      " each, so their collectives combine the wrong ranks; check how " + who +
+                      " computes its colour";
       verdicts_.push_back(std::move(v));
       return;
     }
@@ -722,6 +900,7 @@ void JobAnalysis::checkP2p() {
       std::string what;
       bool novel;
       std::string field;
+      int absentPeer = -1;  // global rank of the peer that never posted the other side
     };
     std::vector<Item> items;
     auto novel = [&](const Side& s) {
@@ -769,7 +948,7 @@ void JobAnalysis::checkP2p() {
               items.push_back({side,
                                "rank " + std::to_string(globalRank(comm, peer)) +
                                    " never posts the matching Recv",
-                               novel(side), ""});
+                               novel(side), "", globalRank(comm, peer)});
             }
             ++a;
           } else {
@@ -777,7 +956,7 @@ void JobAnalysis::checkP2p() {
               Side side{rj, (*recvList)[b]};
               items.push_back(
                   {side, "rank " + std::to_string(procs_[sender.proc].rank) + " never sends it",
-                   novel(side), ""});
+                   novel(side), "", procs_[sender.proc].rank});
             }
             ++b;
           }
@@ -797,7 +976,7 @@ void JobAnalysis::checkP2p() {
             Side side{mi, i};
             items.push_back({side,
                              "rank " + std::to_string(globalRank(comm, peer)) + " never sends it",
-                             novel(side), ""});
+                             novel(side), "", globalRank(comm, peer)});
           }
         }
       }
@@ -809,12 +988,73 @@ void JobAnalysis::checkP2p() {
       return std::make_tuple(pa.rec(a.side.index).op, pa.rank, pa.rec(a.side.index).seq) <
              std::make_tuple(pb.rec(b.side.index).op, pb.rank, pb.rec(b.side.index).seq);
     });
+    // The fewest ranks that explain every unmatched call: each unmatched call is a pair (its
+    // rank, the peer that never posted the other side), and a rank in every pair (a wrong peer
+    // leaves both the peer it used and the one it should have used waiting) explains them all.
+    // A greedy cover; a tie goes to the rank that never posted its side.
+    auto p2pCoverCulprits = [&](const std::vector<Item>& list) {
+      std::vector<std::pair<int, int>> pairs;  // (rank with the call, absent peer)
+      for (const Item& item : list) {
+        if (item.field.empty() && item.absentPeer >= 0) {
+          pairs.push_back({procs_[comm.members[item.side.member].proc].rank, item.absentPeer});
+        }
+      }
+      std::set<int> chosen;
+      std::vector<bool> covered(pairs.size(), false);
+      for (;;) {
+        std::map<int, std::pair<int, int>> score;  // rank -> (pairs it covers, pairs absent)
+        for (size_t i = 0; i < pairs.size(); ++i) {
+          if (covered[i]) continue;
+          ++score[pairs[i].first].first;
+          ++score[pairs[i].second].first;
+          ++score[pairs[i].second].second;
+        }
+        if (score.empty()) break;
+        auto best = score.begin();
+        for (auto it = score.begin(); it != score.end(); ++it) {
+          if (it->second > best->second) best = it;
+        }
+        chosen.insert(best->first);
+        for (size_t i = 0; i < pairs.size(); ++i) {
+          covered[i] =
+              covered[i] || pairs[i].first == best->first || pairs[i].second == best->first;
+        }
+      }
+      return chosen;
+    };
+    // A send and receive of different sizes: the side whose size no other transfer on the
+    // communicator uses is the odd one; when that does not tell, both.
+    auto p2pSizeCulprits = [&](const Comm& c, const std::vector<Item>& list) {
+      std::map<uint64_t, int> sizes;  // bytes -> transfers of that size
+      for (const Member& m : c.members) {
+        for (uint32_t i : m.p2p) {
+          const CallRecord& r = procs_[m.proc].rec(i);
+          ++sizes[r.count * static_cast<uint64_t>(trace::dtypeBytes(r.dtype))];
+        }
+      }
+      uint64_t usual = std::max_element(sizes.begin(), sizes.end(), [](auto& a, auto& b) {
+                         return a.second < b.second;
+                       })->first;
+      std::set<int> odd, all;
+      for (const Item& item : list) {
+        if (item.field.empty()) continue;
+        const Proc& proc = procs_[c.members[item.side.member].proc];
+        const CallRecord& r = proc.rec(item.side.index);
+        all.insert(proc.rank);
+        if (r.count * static_cast<uint64_t>(trace::dtypeBytes(r.dtype)) != usual) {
+          odd.insert(proc.rank);
+        }
+      }
+      return odd.empty() || odd == all ? all : odd;
+    };
     uint64_t seq = UINT64_MAX;
     Verdict v = make(VerdictKind::kUnmatchedP2p, &comm, 0);
     std::set<std::string> fields;
-    bool anyNovel = false;
-    for (const Item& item : items) anyNovel |= item.novel;
-    std::set<int> culprits;
+    for (const Item& item : items) {
+      if (!item.field.empty()) fields.insert(item.field);
+    }
+    std::set<int> culprits =
+        fields.empty() ? p2pCoverCulprits(items) : p2pSizeCulprits(comm, items);
     int64_t divergence = INT64_MAX;
     for (const Item& item : items) {
       const Proc& proc = procs_[comm.members[item.side.member].proc];
@@ -825,39 +1065,72 @@ void JobAnalysis::checkP2p() {
       rc.call.rootOrPeer = globalRank(comm, rc.call.rootOrPeer);
       rc.call.note = item.what;
       seq = std::min(seq, rc.call.seq);
-      if (!item.field.empty()) fields.insert(item.field);
-      if (item.novel || !anyNovel) {
-        culprits.insert(proc.rank);
+      bool involvesCulprit = culprits.count(proc.rank) || culprits.count(item.absentPeer);
+      if (involvesCulprit) {
         divergence = std::min(divergence, proc.wall(proc.rec(item.side.index).issueNs));
       }
-      v.classes.push_back(std::move(rc));
-      if (v.classes.size() >= 16) break;
+      if (v.classes.size() < 16) v.classes.push_back(std::move(rc));
     }
     v.seq = seq;
     v.fields.assign(fields.begin(), fields.end());
     v.culprits.assign(culprits.begin(), culprits.end());
     v.divergenceNs = divergence == INT64_MAX ? 0 : divergence;
     std::string who = (v.culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(v.culprits);
+    size_t unmatched = 0;
+    bool culpritAbsentEverywhere = v.culprits.size() == 1;
+    for (const Item& item : items) {
+      if (!item.field.empty()) continue;
+      ++unmatched;
+      culpritAbsentEverywhere &= item.absentPeer == v.culprits.front();
+    }
     if (!fields.empty()) {
-      v.explanation = "a send and its receive disagree on " + *fields.begin() +
-                      ": sender and receiver must pass the same count and dtype";
-    } else if (anyNovel) {
-      v.explanation = who +
-                      " sent to or received from a peer it never used before, and that peer "
-                      "does not post the other side: check how " +
-                      who +
-                      (v.culprits.size() == 1 ? " computes its peer" : " compute their peers");
+      v.explanation = "a send and its receive disagree on " + *fields.begin() + "; " + who +
+                      (v.culprits.size() == 1 ? " passes" : " pass") +
+                      " a size the others do not use: sender and receiver must pass the same "
+                      "count and dtype";
+    } else if (v.culprits.size() == 1 && culpritAbsentEverywhere) {
+      v.explanation =
+          who + " never posts its side of " +
+          (unmatched == 1 ? std::string("a transfer its peer waits in")
+                          : std::to_string(unmatched) + " transfers its peers wait in") +
+          " (rank i's k-th send to j needs j's k-th receive from i): look for the "
+          "send or receive " +
+          who + " skips";
+    } else if (v.culprits.size() == 1) {
+      v.explanation = "every one of the " + std::to_string(unmatched) +
+                      " unmatched sends and receives involves " + who +
+                      ": it talks to a peer "
+                      "that does not expect it, so the peer it should have talked to waits in "
+                      "vain; check how " +
+                      who + " computes its peers";
     } else {
       v.explanation =
           "sends and receives do not pair up (rank i's k-th send to j needs j's k-th "
-          "receive from i): check the peers of " +
+          "receive from i), and no one rank is in all of them: check the peers of " +
           who;
     }
+    if (v.fields.empty()) restsOnTiming(v);
     verdicts_.push_back(std::move(v));
   }
 }
 
 // ----- hangs: dead ranks and missing ones -----
+
+uint64_t JobAnalysis::leftBehind(const Comm& comm, const Member& gone) const {
+  uint64_t first = 0;
+  for (const Member& m : comm.members) {
+    if (m.proc == gone.proc) continue;
+    for (const auto& [index, ordinal] : pendingOrdinal_[m.proc]) {
+      if (ordinal <= gone.lastOrdinal() || (first != 0 && ordinal >= first)) continue;
+      const CallRecord& r = procs_[m.proc].rec(index);
+      if (r.commHash != comm.hash || !trace::isCollective(r.op) || impliedDone(m.proc, index)) {
+        continue;
+      }
+      first = ordinal;
+    }
+  }
+  return first;
+}
 
 void JobAnalysis::checkDeadAndMissing() {
   // A process that ended without a clean shutdown while live ones wait is evidence enough: it
@@ -880,7 +1153,25 @@ void JobAnalysis::checkDeadAndMissing() {
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
     const Proc& proc = procs_[p];
     bool crashed = !proc.alive && !proc.clean && liveOnesWait;
-    if (!stalled_ && !crashed) continue;
+    // A process that ended normally (returning from main is no excuse) while another member of
+    // one of its communicators waits in a collective it never issued: it will never come. (One
+    // that ended otherwise was crashed or killed: the checks below judge it.)
+    const Comm* leftWaiting = nullptr;
+    uint64_t leftOrdinal = 0;
+    if (!proc.alive && proc.clean) {
+      for (auto [commPointer, mine] : memberships[p]) {
+        // A communicator whose ranks already diverged: that verdict says why they wait.
+        bool explained = false;
+        for (const Verdict& v : verdicts_) explained |= v.comm.hash == commPointer->hash;
+        if (explained) continue;
+        uint64_t k = leftBehind(*commPointer, *mine);
+        if (k != 0 && (leftWaiting == nullptr || k < leftOrdinal)) {
+          leftWaiting = commPointer;
+          leftOrdinal = k;
+        }
+      }
+    }
+    if (!stalled_ && !crashed && leftWaiting == nullptr) continue;
     bool silent = proc.alive ? now_ - proc.lastActivity >= options_.quietNs : true;
     if (!silent) continue;
     bool behindSomewhere = false, aheadOrEqualSomewhere = false;
@@ -905,10 +1196,15 @@ void JobAnalysis::checkDeadAndMissing() {
     // have stopped there waiting for it too); a live one must be behind everywhere.
     uint32_t w = waitPoint(p);
     bool goneIdle = !proc.alive && w == kNone;
-    if (!behindSomewhere || (aheadOrEqualSomewhere && !goneIdle)) continue;
-    if (w != kNone &&
-        (proc.rec(w).state == RecordState::kStarted || trace::isLifecycle(proc.rec(w).op))) {
-      continue;
+    if (leftWaiting != nullptr) {
+      where = leftWaiting;
+      whereOrdinal = leftOrdinal;
+    } else {
+      if (!behindSomewhere || (aheadOrEqualSomewhere && !goneIdle)) continue;
+      if (w != kNone &&
+          (proc.rec(w).state == RecordState::kStarted || trace::isLifecycle(proc.rec(w).op))) {
+        continue;
+      }
     }
     bool blamed = false;
     for (const Verdict& other : verdicts_) {
@@ -931,16 +1227,25 @@ void JobAnalysis::checkDeadAndMissing() {
     RankClass dead;
     dead.ranks = {proc.rank};
     dead.call.note = proc.alive   ? "alive but silent: no NCCL call for a while"
-                     : proc.clean ? "process exited (clean shutdown) without issuing it"
+                     : proc.clean ? "process exited normally (returned from main or called exit) "
+                                    "without issuing it, its communicator never destroyed"
                                   : "process ended without a clean shutdown (crashed or exited)";
     v.classes.push_back(std::move(waiting));
     v.classes.push_back(std::move(dead));
     v.culprits = {proc.rank};
     v.divergenceNs = proc.lastActivity;
-    v.explanation = "rank " + std::to_string(proc.rank) +
-                    (proc.alive ? " stopped issuing NCCL calls" : " is gone") +
-                    " while the others wait for it in #" + std::to_string(v.seq) +
-                    ": look at its exit status, core dump or log";
+    if (proc.clean && !proc.alive) {
+      v.explanation = "rank " + std::to_string(proc.rank) +
+                      " ended normally while the others wait for it in #" + std::to_string(v.seq) +
+                      ": it left the job early (an early return or exit on a rank-dependent "
+                      "path); every rank must make the same collectives before it leaves";
+    } else {
+      v.explanation = "rank " + std::to_string(proc.rank) +
+                      (proc.alive ? " stopped issuing NCCL calls" : " is gone") +
+                      " while the others wait for it in #" + std::to_string(v.seq) +
+                      ": look at its exit status, core dump or log";
+    }
+    restsOnTiming(v);
     verdicts_.push_back(std::move(v));
   }
   // Missing: on each comm, the first call some ranks wait in and others never issued (unless an
@@ -1022,6 +1327,7 @@ void JobAnalysis::checkDeadAndMissing() {
                            : "are elsewhere") +
                       ": find what holds " + who + " (see the other verdicts)";
     }
+    restsOnTiming(v);
     verdicts_.push_back(std::move(v));
   }
 }
@@ -1237,7 +1543,12 @@ void JobAnalysis::checkGraph() {
       if (!started) notStarted.push_back(procs_[m.proc].rank);
       since = std::max(since, procs_[m.proc].wall(r.issueNs));
     }
-    if (!same) continue;                                          // the mismatch verdict covers it
+    if (!same) continue;  // the mismatch verdict covers it
+    // A communicator another verdict explains (a mismatch later in the same group holds this
+    // call's group open) is stuck because of it.
+    bool explained = false;
+    for (const Verdict& v : verdicts_) explained |= v.comm.hash == comm->hash;
+    if (explained) continue;
     if (!anyStarted && comm->maxCompletedOrdinal == 0) continue;  // no completion info at all
     reported.insert(comm);
     const Member& m0 = comm->members[0];
@@ -1261,6 +1572,7 @@ void JobAnalysis::checkGraph() {
                       (notStarted.size() == 1 ? "rank " : "ranks ") + formatRanks(notStarted) +
                       ": GPU work queued before it on that stream never finished";
     }
+    restsOnTiming(v);
     verdicts_.push_back(std::move(v));
   }
   if (reported.empty()) checkStuckP2p(heads);
@@ -1353,6 +1665,7 @@ void JobAnalysis::checkStuckP2p(const std::vector<std::unordered_set<uint32_t>>&
                       " started on both sides and never completed: the network or a "
                       "GPU stalled (check NCCL_DEBUG=INFO logs, link errors, Xid messages)";
     }
+    restsOnTiming(v);
     verdicts_.push_back(std::move(v));
   }
 }
@@ -1399,6 +1712,7 @@ void JobAnalysis::checkInit() {
                           "ranks)"
                         : who + " never finished ncclCommInit* while the others did: check that " +
                               who + " reaches the init with the same unique id and world size";
+    restsOnTiming(v);
     verdicts_.push_back(std::move(v));
   }
   // Child communicators some of whose ranks never appeared.
@@ -1418,6 +1732,158 @@ void JobAnalysis::checkInit() {
                     std::to_string(comm.desc.size) +
                     " ranks of this split never created it: they called the split with another "
                     "colour, or never called it";
+    restsOnTiming(v);
+    verdicts_.push_back(std::move(v));
+  }
+}
+
+// ----- errors -----
+
+bool JobAnalysis::othersWaitOn(uint64_t hash, int except) const {
+  for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
+    if (p == except) continue;
+    const auto& records = procs_[p].file->records;
+    for (uint32_t i = 0; i < records.size(); ++i) {
+      if (records[i].commHash == hash && isPending(records[i]) && !impliedDone(p, i)) return true;
+    }
+  }
+  return false;
+}
+
+// An NCCL call that returned an error on some rank, from which that rank never recovered on the
+// communicator (no later call on it completed), is a finding once it matters: the rank ended or
+// stopped, the job stalled, or other members wait on that communicator. NCCL's error does not
+// reach the other ranks: they wait for the failed rank's part for ever.
+void JobAnalysis::checkErrors() {
+  struct Failure {
+    int proc;
+    uint32_t index;
+  };
+  std::map<uint64_t, std::vector<Failure>> byComm;  // comm hash -> unrecovered failures
+  for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
+    const auto& records = procs_[p].file->records;
+    std::unordered_map<uint64_t, uint32_t> failed;  // comm -> first unrecovered failure
+    for (uint32_t i = 0; i < records.size(); ++i) {
+      const CallRecord& r = records[i];
+      if (r.commHash == 0) continue;
+      if (isFailed(r)) {
+        failed.try_emplace(r.commHash, i);
+      } else if (r.state == RecordState::kCompleted && !isTeardown(r.op) && r.op != OpKind::kInit) {
+        failed.erase(r.commHash);  // a later call on it worked: the rank went on
+      }
+    }
+    for (auto [hash, index] : failed) byComm[hash].push_back({p, index});
+  }
+  for (auto& [hash, failures] : byComm) {
+    bool matters = stalled_;
+    for (const Failure& f : failures) {
+      const Proc& proc = procs_[f.proc];
+      matters |= !proc.alive || now_ - proc.lastActivity >= options_.quietNs;
+      matters |= othersWaitOn(hash, f.proc);
+    }
+    if (!matters) continue;
+    std::sort(failures.begin(), failures.end(), [&](const Failure& a, const Failure& b) {
+      return procs_[a.proc].wall(procs_[a.proc].rec(a.index).issueNs) <
+             procs_[b.proc].wall(procs_[b.proc].rec(b.index).issueNs);
+    });
+    const CallRecord& first = procs_[failures[0].proc].rec(failures[0].index);
+    auto known = commIndex_.find(hash);
+    const Comm* comm = known == commIndex_.end() ? nullptr : &comms_[known->second];
+    Verdict v = make(VerdictKind::kError, comm, first.op == OpKind::kInit ? 0 : first.seq);
+    v.effect = Effect::kError;
+    if (comm == nullptr) {
+      v.comm.hash = hash;
+      v.comm.size = first.op == OpKind::kInit ? static_cast<int>(first.count) : 0;
+    }
+    // Who failed, by call and error; a remote error is what a peer's failure looks like from
+    // here, so ranks with another error are the culprits when there are any.
+    std::map<std::tuple<int, int, uint64_t>, RankClass> failing;
+    std::set<int> failedProcs;
+    bool anyLocal = false;
+    for (const Failure& f : failures) anyLocal |= procs_[f.proc].rec(f.index).result != 6;
+    for (const Failure& f : failures) {
+      const Proc& proc = procs_[f.proc];
+      const CallRecord& r = proc.rec(f.index);
+      failedProcs.insert(f.proc);
+      RankClass& rc = failing[{static_cast<int>(r.op), r.result, r.seq}];
+      if (rc.ranks.empty()) {
+        rc.call = describe(proc, f.index);
+        if (trace::isPointToPoint(r.op) && comm != nullptr) {
+          rc.call.rootOrPeer = globalRank(*comm, rc.call.rootOrPeer);
+        }
+        rc.call.note = std::string("returned ") + ncclResultName(r.result) + " (" +
+                       ncclResultText(r.result) + ")";
+      }
+      rc.ranks.push_back(proc.rank);
+      if (!anyLocal || r.result != 6) v.culprits.push_back(proc.rank);
+    }
+    for (auto& [key, rc] : failing) v.classes.push_back(std::move(rc));
+    // The others: where each member (or, for a communicator never created, each rank) is.
+    std::map<std::tuple<uint64_t, uint64_t, int, std::string>, RankClass> others;
+    auto addOther = [&](int p) {
+      if (failedProcs.count(p)) return;
+      uint32_t w = kNone;
+      const auto& records = procs_[p].file->records;
+      for (uint32_t i = 0; i < records.size() && w == kNone; ++i) {
+        if (records[i].commHash == hash && isPending(records[i]) && !impliedDone(p, i)) w = i;
+      }
+      CallDesc d;
+      if (w != kNone) {
+        d = describe(procs_[p], w);
+        d.note = "waits here";
+      } else if (comm == nullptr || first.op == OpKind::kInit) {
+        d = whereIs(p);
+        if (d.op == OpKind::kUnknown) {
+          d.note =
+              "never finished creating this communicator (still inside its ncclCommInit*, "
+              "or never called it)";
+        }
+      } else {
+        d = whereIs(p);
+      }
+      RankClass& rc = others[{d.commHash, d.seq, static_cast<int>(d.op), d.note}];
+      if (rc.ranks.empty()) rc.call = d;
+      rc.ranks.push_back(procs_[p].rank);
+    };
+    if (comm != nullptr && first.op != OpKind::kInit) {
+      for (const Member& m : comm->members) addOther(m.proc);
+    } else {
+      for (int p = 0; p < static_cast<int>(procs_.size()); ++p) addOther(p);
+    }
+    std::vector<int> waiting;
+    for (auto& [key, rc] : others) {
+      waiting.insert(waiting.end(), rc.ranks.begin(), rc.ranks.end());
+      v.classes.push_back(std::move(rc));
+    }
+    std::sort(v.culprits.begin(), v.culprits.end());
+    v.divergenceNs = procs_[failures[0].proc].wall(first.issueNs);
+    const Proc& firstProc = procs_[failures[0].proc];
+    std::string who = (v.culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(v.culprits);
+    std::string call = first.op == OpKind::kInit
+                           ? std::string("ncclCommInit* of comm ") + shortHash(hash) + " (" +
+                                 std::to_string(first.count) + " ranks)"
+                           : callText(describeCall(first)) + " #" + std::to_string(first.seq);
+    std::string after = !firstProc.alive ? ", and it then exited"
+                        : now_ - firstProc.lastActivity >= options_.quietNs
+                            ? ", and it then stopped calling NCCL"
+                            : "";
+    std::string stale;
+    if (first.op == OpKind::kInit && memberRank(failures[0].proc, hash) >= 0) {
+      stale =
+          " It passed the unique id of a communicator it had already created: each id makes "
+          "one communicator (a stale id).";
+    }
+    std::string othersText =
+        waiting.empty()
+            ? ""
+            : "; " + std::string(waiting.size() == 1 ? "rank " : "ranks ") + formatRanks(waiting) +
+                  (first.op == OpKind::kInit ? " never finished creating that communicator"
+                                             : " wait for its part there");
+    v.explanation = who + "'s " + call + " returned " + ncclResultName(first.result) + " (" +
+                    ncclResultText(first.result) + ")" + after + othersText + "." + stale +
+                    " NCCL tells no other rank: see " + who +
+                    "'s log for NCCL's message, fix the call, and on an error abort the "
+                    "communicator on every rank (ncclCommAbort) so that none waits for ever";
     verdicts_.push_back(std::move(v));
   }
 }
@@ -1489,6 +1955,7 @@ void JobAnalysis::checkStragglers() {
     std::sort(lags[p].begin(), lags[p].end());
     int64_t median = lags[p][lags[p].size() / 2];
     Verdict v = make(VerdictKind::kStraggler, lastComm[p], lastSeq[p]);
+    v.effect = Effect::kInformation;
     RankClass slow;
     slow.ranks = {procs_[p].rank};
     char text[160];
@@ -1508,6 +1975,8 @@ void JobAnalysis::checkStragglers() {
 
 int priority(const Verdict& v) {
   switch (v.kind) {
+    case VerdictKind::kError:
+      return -1;
     case VerdictKind::kInitHang:
       return 0;
     case VerdictKind::kMismatch:
@@ -1566,6 +2035,23 @@ void JobAnalysis::finishVerdicts() {
                          hashText(holder->comm.hash) + ")";
       }
     }
+    // What a failed call leaves behind (the others waiting, a mismatch or a missing call where
+    // the failed rank stopped) is a consequence of the error.
+    if (v.kind != VerdictKind::kError && v.kind != VerdictKind::kStraggler && !v.culprits.empty()) {
+      for (const Verdict& error : verdicts_) {
+        if (error.kind != VerdictKind::kError) continue;
+        bool held = std::all_of(v.culprits.begin(), v.culprits.end(), [&](int rank) {
+          return std::find(error.culprits.begin(), error.culprits.end(), rank) !=
+                 error.culprits.end();
+        });
+        if (held && v.primary) {
+          v.primary = false;
+          v.explanation += " (a consequence of the failed call of " +
+                           std::string(error.culprits.size() == 1 ? "rank " : "ranks ") +
+                           formatRanks(error.culprits) + ")";
+        }
+      }
+    }
     if (colour && v.kind != VerdictKind::kStraggler &&
         !(v.kind == VerdictKind::kMismatch && v.fields == std::vector<std::string>{"color"})) {
       v.primary = false;
@@ -1606,6 +2092,143 @@ void JobAnalysis::summarize(JobReport& report) {
             });
 }
 
+// How sure each verdict is. Timing-only doubts are added where the verdicts are made; here the
+// evidence itself: ranks without a trace, lost records, calls whose completion nobody tracked.
+void JobAnalysis::assessConfidence() {
+  int world = 0;
+  std::set<int> present;
+  for (const Proc& proc : procs_) {
+    world = std::max(world, proc.file->header.world);
+    present.insert(proc.rank);
+  }
+  std::vector<int> untraced;
+  for (int r = 0; r < world; ++r) {
+    if (!present.count(r)) untraced.push_back(r);
+  }
+  std::unordered_map<int, const Proc*> byRank;
+  for (const Proc& proc : procs_) byRank[proc.rank] = &proc;
+  for (Verdict& v : verdicts_) {
+    if (v.kind == VerdictKind::kStraggler) continue;
+    auto doubt = [&v](double factor, std::string why) {
+      v.confidence *= factor;
+      v.doubts.push_back(std::move(why));
+    };
+    auto known = commIndex_.find(v.comm.hash);
+    int members =
+        known == commIndex_.end() ? 0 : static_cast<int>(comms_[known->second].members.size());
+    if (known != commIndex_.end() && members < v.comm.size) {
+      doubt(0.5, std::to_string(v.comm.size - members) + " of the communicator's " +
+                     std::to_string(v.comm.size) + " ranks have no trace (" +
+                     (untraced.empty() ? std::string("not recorded")
+                                       : "ranks " + formatRanks(untraced)) +
+                     "): what they did is unknown");
+    } else if (!untraced.empty()) {
+      doubt(0.8, "ranks " + formatRanks(untraced) + " of the job have no trace");
+    }
+    std::set<int> involved(v.culprits.begin(), v.culprits.end());
+    for (const RankClass& rc : v.classes) involved.insert(rc.ranks.begin(), rc.ranks.end());
+    std::vector<int> lossy, untracked;
+    uint64_t lost = 0;
+    for (int rank : involved) {
+      auto found = byRank.find(rank);
+      if (found == byRank.end()) continue;
+      const trace::TraceFile& file = *found->second->file;
+      uint64_t missing = file.lostRecords + file.header.droppedRecords;
+      if (missing > 0) {
+        lossy.push_back(rank);
+        lost += missing;
+      }
+    }
+    if (!lossy.empty()) {
+      doubt(0.6, std::to_string(lost) + " records of ranks " + formatRanks(lossy) +
+                     " were lost: calls between the ones kept are unknown");
+    }
+    // Completion tracking: each class's first rank's record of its call stands for the class.
+    for (const RankClass& rc : v.classes) {
+      if (rc.ranks.empty() || rc.call.seq == 0 || rc.call.commHash == 0) continue;
+      auto found = byRank.find(rc.ranks.front());
+      if (found == byRank.end()) continue;
+      const auto& records = found->second->file->records;
+      for (size_t i = records.size(); i-- > 0;) {
+        const CallRecord& r = records[i];
+        if (r.commHash != rc.call.commHash || r.seq != rc.call.seq || !isSequenced(r)) continue;
+        bool tracked = isTracked(r) || (r.flags & trace::kRecordKernelTracked) != 0;
+        if (!tracked && (trace::isCollective(r.op) || trace::isPointToPoint(r.op))) {
+          untracked.insert(untracked.end(), rc.ranks.begin(), rc.ranks.end());
+        }
+        break;
+      }
+    }
+    if (!untracked.empty()) {
+      doubt(0.75, "completion was not tracked for the calls of " +
+                      std::string(untracked.size() == 1 ? "rank " : "ranks ") +
+                      formatRanks(untracked) +
+                      " (captured in a CUDA graph, or events off): whether they ran and finished "
+                      "is unknown");
+    }
+  }
+}
+
+void JobAnalysis::noteEvidenceGaps(JobReport& report) const {
+  int world = report.world;
+  std::set<int> present;
+  for (const Proc& proc : procs_) present.insert(proc.rank);
+  std::vector<int> untraced, noEvents, wrapped;
+  for (int r = 0; r < world; ++r) {
+    if (!present.count(r)) untraced.push_back(r);
+  }
+  if (!untraced.empty()) {
+    report.evidenceGaps.push_back((untraced.size() == 1 ? "rank " : "ranks ") +
+                                  formatRanks(untraced) + " left no trace");
+  }
+  for (const Proc& proc : procs_) {
+    const trace::TraceFile& file = *proc.file;
+    uint64_t lost = file.lostRecords + file.header.droppedRecords;
+    if (lost > 0) {
+      report.evidenceGaps.push_back("rank " + std::to_string(proc.rank) + " lost " +
+                                    std::to_string(lost) + " records");
+    }
+    bool anyTracked = false, anyCall = false;
+    for (const CallRecord& r : file.records) {
+      if (!trace::isCollective(r.op) && !trace::isPointToPoint(r.op)) continue;
+      anyCall = true;
+      anyTracked |= isTracked(r) || (r.flags & trace::kRecordKernelTracked) != 0;
+    }
+    if (anyCall && !anyTracked) noEvents.push_back(proc.rank);
+    if (!file.continuous && file.header.nextIndex > file.header.capacity) {
+      wrapped.push_back(proc.rank);
+    }
+  }
+  if (!noEvents.empty()) {
+    report.evidenceGaps.push_back("completion was not tracked on " +
+                                  std::string(noEvents.size() == 1 ? "rank " : "ranks ") +
+                                  formatRanks(noEvents) + " (events off or unavailable)");
+  }
+  if (!wrapped.empty()) {
+    report.evidenceGaps.push_back(
+        "the rings of " + std::string(wrapped.size() == 1 ? "rank " : "ranks ") +
+        formatRanks(wrapped) + " overwrote their oldest calls (NCCLWATCH_TRACE=full keeps all)");
+  }
+}
+
+// Timing alone: nothing moved for the quiet time while calls were pending. A rank slower than
+// that, still alive, looks the same.
+void JobAnalysis::restsOnTiming(Verdict& v) const {
+  if (!stalledByQuiet_) return;
+  bool anyCulpritAlive = v.culprits.empty();
+  for (int rank : v.culprits) {
+    for (const Proc& proc : procs_) anyCulpritAlive |= proc.rank == rank && proc.alive;
+  }
+  if (!anyCulpritAlive) return;
+  char text[200];
+  std::snprintf(text, sizeof text,
+                "rests on timing alone: no NCCL progress for %.1f s while calls were pending; "
+                "a rank slower than that would look the same",
+                (now_ - jobLastActivity_) / 1e9);
+  v.confidence *= 0.75;
+  v.doubts.push_back(text);
+}
+
 // Each class's first rank with a dump says where it was: the newest dump's frames of the thread
 // that issued the class's call (ranks of one class made the same call, so one speaks for all).
 void JobAnalysis::addStackTops() {
@@ -1636,7 +2259,9 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
             [](const Proc& a, const Proc& b) { return a.rank < b.rank; });
   for (const Proc& proc : procs_) report.world = std::max(report.world, proc.file->header.world);
   buildComms();
+  excludeShrunkMembers();
   decideStalled();
+  checkErrors();
   checkInit();
   checkMismatches();
   checkDeadAndMissing();
@@ -1644,6 +2269,7 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
   checkGraph();
   checkStragglers();
   finishVerdicts();
+  assessConfidence();
   addStackTops();
   report.stalled = stalled_;
   report.ended = ended_;
@@ -1663,6 +2289,7 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
   }
   report.verdicts = std::move(verdicts_);
   summarize(report);
+  noteEvidenceGaps(report);
   report.summary = whatHappened(report, now_, jobLastActivity_);
   return report;
 }
@@ -1733,8 +2360,48 @@ const char* kindName(VerdictKind kind) {
       return "init_hang";
     case VerdictKind::kStraggler:
       return "straggler";
+    case VerdictKind::kError:
+      return "error";
   }
   return "unknown";
+}
+
+const char* effectName(Effect effect) {
+  switch (effect) {
+    case Effect::kHang:
+      return "hang";
+    case Effect::kSilentDataCorruption:
+      return "silent_data_corruption";
+    case Effect::kError:
+      return "error";
+    case Effect::kInformation:
+      return "information";
+  }
+  return "unknown";
+}
+
+const char* confidenceLevel(double confidence) {
+  return confidence >= 0.9 ? "high" : confidence >= 0.6 ? "medium" : "low";
+}
+
+// The names and texts of nccl.h's ncclResult_t values (NCCL's ncclGetErrorString wording).
+const char* ncclResultName(int result) {
+  static const char* const kNames[] = {
+      "ncclSuccess",         "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
+      "ncclInvalidArgument", "ncclInvalidUsage",       "ncclRemoteError", "ncclInProgress"};
+  return result >= 0 && result < 8 ? kNames[result] : "ncclResult?";
+}
+
+const char* ncclResultText(int result) {
+  static const char* const kTexts[] = {"no error",
+                                       "unhandled cuda error",
+                                       "unhandled system error",
+                                       "internal error",
+                                       "invalid argument",
+                                       "invalid usage",
+                                       "remote process exited or there was a network error",
+                                       "NCCL operation in progress"};
+  return result >= 0 && result < 8 ? kTexts[result] : "unknown result";
 }
 
 bool Report::hasFindings() const {

@@ -21,8 +21,18 @@ enum class VerdictKind {
   kDeadRank,
   kInitHang,
   kStraggler,
+  kError,  // an NCCL call returned an error, and the others are left waiting
 };
 const char* kindName(VerdictKind kind);  // "mismatch", "missing", ... as in verdicts.jsonl
+
+// What a verdict's bug does to the job.
+enum class Effect {
+  kHang,                  // ranks wait for ever (or until a timeout kills the job)
+  kSilentDataCorruption,  // NCCL completes the calls with wrong results: nothing hangs
+  kError,                 // a call failed; what waits on it is a consequence
+  kInformation,           // stragglers
+};
+const char* effectName(Effect effect);  // "hang", "silent_data_corruption", "error", ...
 
 // One call as a class of ranks made it.
 struct CallDesc {
@@ -72,6 +82,12 @@ struct Verdict {
   int64_t detectionNs = 0;   // wall clock when the analysis saw it
   std::string explanation;   // one line a user can act on
   bool primary = true;       // false: a consequence of another verdict (see explanation)
+  Effect effect = Effect::kHang;
+  // How sure the analysis is (1: the records show it; lower when records were lost, ranks have
+  // no trace, the verdict rests on timing alone, or completion was not tracked for its calls),
+  // and each reason it is less sure, in words.
+  double confidence = 1.0;
+  std::vector<std::string> doubts;
   // Where the ranks wait inside NCCL, from the profiler plugin (analysis/in_nccl.h); empty
   // without the plugin.
   std::vector<std::string> inNccl;
@@ -110,7 +126,10 @@ struct JobReport {
   std::vector<ProcessSummary> processes;
   bool stalled = false;  // no progress: the analysis judged pending calls as hung
   bool ended = false;    // every process has ended
-  std::string summary;   // the "what happened" paragraph
+  // Where the evidence is incomplete (ranks without a trace, lost records, untracked
+  // completion), one sentence each; empty when every rank's calls are all there.
+  std::vector<std::string> evidenceGaps;
+  std::string summary;  // the "what happened" paragraph
   std::vector<Verdict> verdicts;
   std::vector<CommSummary> comms;
 };
@@ -151,5 +170,12 @@ bool onThisHost(const trace::TraceFile& file);
 
 // "0-4,6-7" from ranks in any order.
 std::string formatRanks(std::vector<int> ranks);
+
+// "high", "medium" or "low" for a verdict's confidence.
+const char* confidenceLevel(double confidence);
+
+// ncclInvalidArgument → "ncclInvalidArgument", and NCCL's own text for it ("invalid argument").
+const char* ncclResultName(int result);
+const char* ncclResultText(int result);
 
 }  // namespace ncclwatch::analysis

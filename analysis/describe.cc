@@ -194,17 +194,41 @@ std::string whatHappened(const JobReport& job, int64_t nowNs, int64_t lastActivi
   }
   int errors = 0;
   const Verdict* first = nullptr;
+  bool hangs = job.stalled, corruption = false, failed = false, waitsOnFailure = false;
   for (const Verdict& v : job.verdicts) {
     if (v.kind == VerdictKind::kStraggler) continue;
     ++errors;
     if (first == nullptr && v.primary) first = &v;
+    waitsOnFailure |= v.effect == Effect::kHang;  // a failed call's consequences too
+    if (!v.primary) continue;
+    hangs |= v.effect == Effect::kHang;
+    corruption |= v.effect == Effect::kSilentDataCorruption;
+    failed |= v.effect == Effect::kError;
   }
   if (errors == 0) {
     text += job.stalled ? "It stopped with calls pending, but no verdict explains why."
                         : "No hang and no mismatch found.";
   } else {
-    text += "It hung: " + std::to_string(errors) + (errors == 1 ? " finding" : " findings") + ". ";
+    std::string count = std::to_string(errors) + (errors == 1 ? " finding" : " findings");
+    if (failed) {
+      text += std::string(hangs || waitsOnFailure ? "An NCCL call failed and the others hang: "
+                                                  : "An NCCL call failed: ") +
+              count + ". ";
+    } else if (hangs) {
+      text += "It hung: " + count + ". ";
+    } else if (corruption) {
+      text += "Nothing hung, but results are wrong (silent data corruption): " + count + ". ";
+    } else {
+      text += "Nothing hung: " + count + ". ";
+    }
     if (first != nullptr) text += "First cause: " + first->explanation + ".";
+  }
+  if (!job.evidenceGaps.empty()) {
+    text += " Evidence is incomplete: ";
+    for (size_t i = 0; i < job.evidenceGaps.size(); ++i) {
+      text += (i ? "; " : "") + job.evidenceGaps[i];
+    }
+    text += ".";
   }
   return text;
 }
@@ -219,6 +243,7 @@ void printVerdictText(const Verdict& v, std::ostream& out, const TextStyle& styl
     off = "\033[0m";
   }
   out << "[ncclwatch] " << on << kind << off;
+  if (v.effect == Effect::kSilentDataCorruption) out << " (silent data corruption)";
   if (v.comm.hash != 0) out << " on comm " << commText(v.comm);
   if (v.seq != 0) out << " at call #" << v.seq;
   if (!v.fields.empty()) {
@@ -266,6 +291,13 @@ void printVerdictText(const Verdict& v, std::ostream& out, const TextStyle& styl
         << "; diverged " << wallText(v.divergenceNs) << "\n";
   }
   for (const std::string& line : v.inNccl) out << "  in NCCL: " << line << "\n";
+  if (!v.doubts.empty()) {
+    char level[48];
+    std::snprintf(level, sizeof level, "%s (%.2f)", confidenceLevel(v.confidence), v.confidence);
+    out << "  confidence " << level << ": ";
+    for (size_t i = 0; i < v.doubts.size(); ++i) out << (i ? "; " : "") << v.doubts[i];
+    out << "\n";
+  }
   out << "  -> " << v.explanation << "\n";
 }
 
@@ -303,6 +335,16 @@ std::string verdictJson(const Verdict& v, const std::string& jobId, int attempt)
   jsonString(out, jobId);
   out += ",\"attempt\":" + std::to_string(attempt);
   out += ",\"primary\":" + std::string(v.primary ? "true" : "false");
+  out += ",\"effect\":\"" + std::string(effectName(v.effect)) + "\"";
+  char confidence[32];
+  std::snprintf(confidence, sizeof confidence, "%.2f", v.confidence);
+  out += ",\"confidence\":" + std::string(confidence) + ",\"confidence_level\":\"" +
+         confidenceLevel(v.confidence) + "\",\"doubts\":[";
+  for (size_t i = 0; i < v.doubts.size(); ++i) {
+    if (i) out += ',';
+    jsonString(out, v.doubts[i]);
+  }
+  out += ']';
   out += ",\"comm\":";
   if (v.comm.hash != 0) {
     jsonComm(out, v.comm);
@@ -355,6 +397,12 @@ void printJson(const Report& report, std::ostream& out) {
     text += ",\"ended\":" + std::string(job.ended ? "true" : "false");
     text += ",\"summary\":";
     jsonString(text, job.summary);
+    text += ",\"evidence_gaps\":[";
+    for (size_t i = 0; i < job.evidenceGaps.size(); ++i) {
+      if (i) text += ',';
+      jsonString(text, job.evidenceGaps[i]);
+    }
+    text += ']';
     text += ",\"processes\":[";
     for (size_t i = 0; i < job.processes.size(); ++i) {
       const ProcessSummary& p = job.processes[i];

@@ -129,6 +129,12 @@ struct Process {
   // long enough for an agent to reconnect after a network hiccup.
   int64_t goneNs = 0;
   bool goneForSure = false;
+  // Known only from its trace file in the collector's folder (it never connected: it ended, or
+  // crashed, before it reached the collector); read again while it runs.
+  bool adopted = false;
+  bool adoptedAlive = false;
+  // Nothing it could still send changes what it did: it said BYE or is gone for sure.
+  bool ended() const { return saidBye || goneForSure || (adopted && !adoptedAlive); }
 };
 
 struct Collector::State {
@@ -173,9 +179,19 @@ struct Collector::State {
   void write(Connection& connection);
   void watchWrites(Connection& connection, bool on);
   void maybeAnalyze(int64_t now);
-  void analyze(int64_t now);
+  // `final`: the job is over (every rank said BYE): every verdict is said, none waits to settle.
+  void analyze(int64_t now, bool final = false);
+  void drainAndFinish();
+  // Reads the trace files in the collector's folder of ranks that never connected (or that
+  // ended while it thought them alive): a rank that crashed before its first exchange is still
+  // evidence, as `ncclwatch inspect` sees it.
+  void adoptTraceFiles(int64_t now);
+  bool jobMissesRanks() const;
+  bool sameAttempt(const trace::RingHeader& header) const;
+  int64_t nextAdoptNs = 0;
+  std::set<std::string> foreignFiles;  // trace files in the folder that are not this job's
   void report(const analysis::Verdict& verdict, const analysis::JobReport& job);
-  bool culpritsGoneForSure(const analysis::Verdict& verdict, const analysis::JobReport& job) const;
+  bool culpritsEnded(const analysis::Verdict& verdict, const analysis::JobReport& job) const;
   void queueFrame(size_t slot, const std::vector<std::byte>& frame);
   void sendDueAborts(int64_t now);
   struct PendingAbort {
@@ -436,11 +452,11 @@ void Collector::State::report(const analysis::Verdict& verdict, const analysis::
     text << "  (reported " << (verdict.detectionNs - verdict.divergenceNs) / kMs
          << " ms after the divergent call)\n";
   }
-  *out << text.str() << std::flush;
   if (!options.directory.empty()) {
     std::ofstream jsonl(options.directory + "/verdicts.jsonl", std::ios::app);
     jsonl << analysis::verdictJson(verdict, job.jobId, job.attempt) << "\n";
   }
+  *out << text.str() << std::flush;
   // Every involved rank dumps, so that its trace file shows where each one was.
   std::set<int> involved(verdict.culprits.begin(), verdict.culprits.end());
   for (const analysis::RankClass& rankClass : verdict.classes) {
@@ -519,19 +535,19 @@ bool everyMemberSpoke(const analysis::Verdict& verdict, const analysis::JobRepor
   return false;
 }
 
-// Whether every culprit of the verdict is a process known to be gone: nothing it could still
-// send would change the verdict, so it need not wait to settle (a launcher that stops the other
-// ranks after a crash would otherwise end the job first).
-bool Collector::State::culpritsGoneForSure(const analysis::Verdict& verdict,
-                                           const analysis::JobReport& job) const {
+// Whether every culprit of the verdict has ended (BYE, or a process known to be gone): nothing
+// it could still send would change the verdict, so it need not wait to settle (a launcher that
+// stops the other ranks after a crash would otherwise end the job first).
+bool Collector::State::culpritsEnded(const analysis::Verdict& verdict,
+                                     const analysis::JobReport& job) const {
   for (int culprit : verdict.culprits) {
-    bool gone = false;
+    bool ended = false;
     for (size_t i = 0; i < processes.size(); ++i) {
       if (files[i].header.rank == culprit && std::string(files[i].header.jobId) == job.jobId) {
-        gone |= processes[i].goneForSure;
+        ended |= processes[i].ended();
       }
     }
-    if (!gone) return false;
+    if (!ended) return false;
   }
   return !verdict.culprits.empty();
 }
@@ -559,7 +575,7 @@ void Collector::State::maybeAnalyze(int64_t now) {
   lastAnalysisNs = end;
 }
 
-void Collector::State::analyze(int64_t now) {
+void Collector::State::analyze(int64_t now, bool final) {
   analysis::Options analysisOptions;
   analysisOptions.nowNs = realtimeNs();
   analysisOptions.quietNs = options.quietMs * kMs;
@@ -568,9 +584,10 @@ void Collector::State::analyze(int64_t now) {
   for (size_t i = 0; i < processes.size(); ++i) {
     const Process& process = processes[i];
     bool inGrace = !process.connected && !process.saidBye && !process.goneForSure &&
-                   now - process.goneNs < kReconnectGraceNs;
+                   !process.adopted && now - process.goneNs < kReconnectGraceNs;
     graceRunning |= inGrace;
-    if ((process.connected && !process.saidBye) || inGrace) {
+    if ((process.connected && !process.saidBye) || inGrace ||
+        (process.adopted && !process.connected && process.adoptedAlive)) {
       analysisOptions.aliveRanks.push_back(files[i].header.rank);
     }
   }
@@ -595,9 +612,11 @@ void Collector::State::analyze(int64_t now) {
                           : now;
       seen[key] = Candidate{culprits, since};
       bool settled =
-          now - since >= options.settleMs * kMs ||
+          final || now - since >= options.settleMs * kMs ||
           (verdict.kind == analysis::VerdictKind::kMismatch && everyMemberSpoke(verdict, job)) ||
-          (verdict.kind == analysis::VerdictKind::kDeadRank && culpritsGoneForSure(verdict, job));
+          ((verdict.kind == analysis::VerdictKind::kDeadRank ||
+            verdict.kind == analysis::VerdictKind::kError) &&
+           culpritsEnded(verdict, job));
       if (!settled) continue;
       reported.insert(key);
       seen.erase(key);
@@ -637,11 +656,170 @@ void Collector::State::run() {
       }
     }
     if (!pendingAborts.empty()) sendDueAborts(now);
+    if (now >= nextAdoptNs) {
+      nextAdoptNs = now + 500 * kMs;
+      adoptTraceFiles(now);
+    }
     maybeAnalyze(now);
   }
-  // No last pass once the job is gone: ranks killed while stopping never sent their last calls,
-  // and a verdict drawn from that would blame the wrong rank; `ncclwatch inspect` reads the
-  // complete files instead.
+  drainAndFinish();
+}
+
+// At the end: the frames agents sent before their connections closed (a job that just ended
+// is still in the socket buffers), then, when every rank ended normally, one last pass that
+// says whatever it finds. A job whose ranks were killed gets none: killed ranks never sent
+// their last calls, and a verdict drawn from that could blame the wrong rank (`ncclwatch
+// inspect` reads their complete files instead).
+void Collector::State::drainAndFinish() {
+  int64_t deadline = steadyNs() + 2000 * kMs, lastNews = steadyNs();
+  epoll_event events[256];
+  for (;;) {
+    // Connections still in the listen queue, agents still sending, or closed ones whose last
+    // frames are unread: until none is left, or agents still connected stay silent for 200 ms
+    // (a collector stopped while its job runs), or the bound.
+    int ready = epoll_wait(epollFd, events, 256, 20);
+    bool open = false, news = false;
+    for (const Connection& connection : connections) open |= connection.fd >= 0;
+    for (int i = 0; i < ready; ++i) news |= events[i].data.u64 != kWakeTag;  // stop() woke us
+    int64_t now = steadyNs();
+    if (news) lastNews = now;
+    if ((!news && !open) || now - lastNews >= 200 * kMs || now >= deadline) break;
+    for (int i = 0; i < ready; ++i) {
+      uint64_t tag = events[i].data.u64;
+      if (tag == kListenTag) {
+        accept();
+        continue;
+      }
+      if (tag == kWakeTag || tag >= connections.size()) continue;
+      Connection& connection = connections[tag];
+      if (connection.fd >= 0 && (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) {
+        read(connection);
+      }
+    }
+  }
+  if (processes.empty()) return;
+  adoptTraceFiles(steadyNs());
+  for (const Process& process : processes) {
+    if (!process.saidBye && !(process.adopted && !process.adoptedAlive && !process.connected)) {
+      return;
+    }
+  }
+  for (const trace::TraceFile& file : files) {
+    if (file.header.cleanShutdown == 0) return;
+  }
+  analyze(steadyNs(), true);
+}
+
+// Whether a trace file found in the folder belongs to the attempt the collector watches: its
+// rank is not known yet, and it started with the known ranks (a restarted job reuses its id and
+// folder; the earlier attempt's files are older).
+bool Collector::State::sameAttempt(const trace::RingHeader& header) const {
+  int64_t earliest = INT64_MAX;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const trace::RingHeader& known = files[i].header;
+    if (std::strncmp(known.jobId, header.jobId, sizeof known.jobId) != 0) continue;
+    if (known.rank == header.rank && known.pid != header.pid) return false;
+    if (!processes[i].adopted) earliest = std::min(earliest, known.anchorRealtimeNs);
+  }
+  return earliest == INT64_MAX || header.anchorRealtimeNs >= earliest - 60'000 * kMs;
+}
+
+bool Collector::State::jobMissesRanks() const {
+  std::map<std::string, std::pair<int, std::set<int>>> jobs;  // job -> (world, ranks known)
+  for (const trace::TraceFile& file : files) {
+    auto& job = jobs[file.header.jobId];
+    job.first = std::max(job.first, file.header.world);
+    job.second.insert(file.header.rank);
+  }
+  for (const auto& [id, job] : jobs) {
+    if (static_cast<int>(job.second.size()) < job.first) return true;
+  }
+  return false;
+}
+
+void Collector::State::adoptTraceFiles(int64_t now) {
+  if (options.directory.empty() || processes.empty()) return;
+  // Processes that left without BYE while they still mapped their file (exiting): gone now?
+  for (size_t i = 0; i < processes.size(); ++i) {
+    Process& process = processes[i];
+    if (process.connected || process.saidBye || process.goneForSure || process.adopted) continue;
+    if (analysis::onThisHost(files[i]) && !analysis::runningHere(files[i])) {
+      process.goneForSure = true;
+      reloadFromFile(i);
+      wanted = true;
+    }
+  }
+  bool rereadAdopted = false;
+  for (const Process& process : processes) {
+    rereadAdopted |= process.adopted && process.adoptedAlive && !process.connected;
+  }
+  if (!rereadAdopted && !jobMissesRanks()) return;
+  std::set<std::string> jobIds;
+  for (const trace::TraceFile& file : files) jobIds.insert(file.header.jobId);
+  // Files known already (by name: <host>-<pid>.ncclwatch), except adopted ones that may still
+  // grow; only this host's (a shared folder holds every host's); a few new ones per scan.
+  std::set<std::string> known;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const Process& process = processes[i];
+    if (process.adopted && process.adoptedAlive && !process.connected) continue;
+    known.insert(std::filesystem::path(files[i].path).filename().string());
+  }
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  std::string prefix = std::string(host) + "-";
+  int reads = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(options.directory, error)) {
+    std::string name = entry.path().filename().string();
+    if (entry.path().extension() != ".ncclwatch" || name.rfind(prefix, 0) != 0 ||
+        known.count(name) || foreignFiles.count(name)) {
+      continue;
+    }
+    if (++reads > 64) break;
+    std::string path = entry.path().string();
+    trace::TraceFile file = trace::readTraceFile(path);
+    if (!file.usable) continue;  // not (yet) a trace: look again next time
+    if (!jobIds.count(file.header.jobId) || !analysis::onThisHost(file) ||
+        !sameAttempt(file.header)) {
+      foreignFiles.insert(name);  // another job's, or an earlier attempt's: never read again
+      continue;
+    }
+    auto key = std::make_tuple(std::string(file.header.jobId), file.header.rank, file.header.pid);
+    auto found = processIndex.find(key);
+    size_t index = 0;
+    if (found == processIndex.end()) {
+      if (processes.size() >= 4 * options.maxAgents) return;
+      Process process;
+      process.adopted = true;
+      size_t share = options.maxRecords / static_cast<size_t>(std::max(file.header.world, 1));
+      process.window = std::clamp<size_t>(share, 256, 65536);
+      process.toWall = file.header.anchorRealtimeNs - file.header.anchorMonotonicNs;
+      index = processes.size();
+      processIndex.emplace(key, static_cast<int>(index));
+      processes.push_back(process);
+      trace::TraceFile known;
+      known.header = file.header;
+      known.path = path;
+      known.usable = true;
+      files.push_back(std::move(known));
+    } else {
+      index = static_cast<size_t>(found->second);
+      if (!processes[index].adopted || processes[index].connected) continue;
+    }
+    Process& process = processes[index];
+    bool alive = file.header.cleanShutdown == 0 && analysis::runningHere(file);
+    files[index].header.cleanShutdown = file.header.cleanShutdown;
+    if (!alive && !process.adoptedAlive && found != processIndex.end()) continue;  // read before
+    process.adoptedAlive = alive;
+    if (!file.comms.empty()) {
+      files[index].comms = file.comms;
+      for (const trace::CommInfo& comm : file.comms) triage.addComm(comm);
+    }
+    for (const trace::CallRecord& record : file.records) store(index, record);
+    files[index].dumps = std::move(file.dumps);
+    wanted = true;
+  }
+  (void)now;
 }
 
 Collector::Collector() : state_(std::make_unique<State>()) {}
@@ -765,6 +943,9 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
   out << "[ncclwatch] collector listening on port " << collector.port() << "\n" << std::flush;
   signal(SIGINT, forward);
   signal(SIGTERM, forward);
+  // A sidecar prints on rank 0's stderr, which may close before the last verdict: that verdict
+  // still goes to verdicts.jsonl.
+  signal(SIGPIPE, SIG_IGN);
   const Counters& counters = collector.counters();
   auto started = std::chrono::steady_clock::now(), lastConnected = started;
   while (!g_stopCollect.load()) {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 namespace ncclwatch::watchdog {
 namespace {
@@ -298,19 +299,47 @@ void CollectorLink::step(int64_t nowNs, std::vector<CollectorRequest>* requests)
   receive(requests, nowNs);
 }
 
-void CollectorLink::finish(int boundMs) {
-  if (fd_ < 0) return;
-  if (connecting_) {
-    // A short-lived process may end before its connection completed: finish it, briefly.
-    pollfd ready{fd_, POLLOUT, 0};
-    int error = 0;
-    socklen_t length = sizeof error;
-    if (poll(&ready, 1, boundMs) <= 0 ||
-        getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &length) != 0 || error != 0) {
-      return;
+// A process that ends before it ever reached the collector (a short job, or one still in its
+// connection backoff) connects now, within `boundMs`: its calls and its BYE are what tells the
+// collector that it left, and when.
+bool CollectorLink::connectBeforeExit(int boundMs) {
+  timespec start{};
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  auto elapsedMs = [&start] {
+    timespec now{};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1'000'000;
+  };
+  for (;;) {
+    if (fd_ < 0) connectNow(0);
+    if (fd_ >= 0 && !connecting_) return true;
+    int left = boundMs - static_cast<int>(elapsedMs());
+    if (left <= 0) return false;
+    if (fd_ >= 0) {
+      pollfd ready{fd_, POLLOUT, 0};
+      int error = 0;
+      socklen_t length = sizeof error;
+      if (poll(&ready, 1, std::min(left, 50)) > 0 &&
+          getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0) {
+        connecting_ = false;
+        ++counters_.established;
+        return true;
+      }
+      if (ready.revents == 0 && elapsedMs() < boundMs) continue;  // still connecting
+      disconnect(0);
     }
-    connecting_ = false;
-    ++counters_.established;
+    // Refused (the collector is not listening yet): try again shortly.
+    pollfd none{-1, 0, 0};
+    poll(&none, 0, std::min(20, std::max(1, boundMs - static_cast<int>(elapsedMs()))));
+  }
+}
+
+void CollectorLink::finish(int boundMs) {
+  if (hello_.secret[0] == '\0') return;
+  if (!connectBeforeExit(boundMs)) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    return;
   }
   collectRecords(0);
   std::vector<std::byte> frame;

@@ -59,12 +59,14 @@ class CollectorLink {
   // New Python call sites (their text): sent at the next step, and all of them again on every
   // new connection.
   void publishSites(const std::string& text);
-  // At a normal exit: the last records and BYE, sent within `boundMs`.
+  // At a normal exit: the last records and BYE, sent within `boundMs` (and, when the link
+  // never reached the collector, connecting first within another `boundMs`).
   void finish(int boundMs);
   const ExchangeCounters& counters() const { return counters_; }
 
  private:
   void connectNow(int64_t nowNs);
+  bool connectBeforeExit(int boundMs);
   void disconnect(int64_t nowNs);
   void queue(std::vector<std::byte>&& frame);
   void collectRecords(int64_t nowNs);

@@ -1,5 +1,7 @@
 #include "config.h"
 
+#include "shm.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -103,6 +105,16 @@ bool parseFaults(const std::string& text, std::vector<Fault>* faults, std::strin
   return true;
 }
 
+bool mismatchProceeds(const SimConfig& config, const CollDescriptor& mine,
+                      const CollDescriptor& theirs) {
+  if (config.mismatchHang || mine.bytes != theirs.bytes) return false;
+  if (config.mismatchCorrupt) return true;
+  // NCCL moves bytes: it notices neither another element type of the same size nor another
+  // reduction. Another operation or root makes the ranks run different protocols: a hang.
+  if (mine.kind != theirs.kind) return false;
+  return !collKindHasRoot(static_cast<CollKind>(mine.kind)) || mine.root == theirs.root;
+}
+
 SimConfig parseSimConfig(const char* (*lookup)(const char*)) {
   SimConfig config;
   auto value = [&](const char* name) -> std::string {
@@ -111,8 +123,9 @@ SimConfig parseSimConfig(const char* (*lookup)(const char*)) {
   };
   const std::string mismatch = value("NCCLSIM_MISMATCH");
   config.mismatchCorrupt = mismatch == "corrupt";
-  if (!mismatch.empty() && mismatch != "corrupt" && mismatch != "hang") {
-    std::fprintf(stderr, "ncclsim: NCCLSIM_MISMATCH=%s is not hang or corrupt; using hang\n",
+  config.mismatchHang = mismatch == "hang";
+  if (!mismatch.empty() && mismatch != "corrupt" && mismatch != "hang" && mismatch != "nccl") {
+    std::fprintf(stderr, "ncclsim: NCCLSIM_MISMATCH=%s is not nccl, hang or corrupt; using nccl\n",
                  mismatch.c_str());
   }
   config.instant = value("NCCLSIM_INSTANT") == "1";

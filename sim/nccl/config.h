@@ -19,13 +19,24 @@ struct Fault {
   uint64_t delayUs = 1000;   // slow, pause
 };
 
+struct CollDescriptor;
+
 struct SimConfig {
+  // NCCLSIM_MISMATCH. Unset (`nccl`): what NCCL does: a collective whose ranks differ only in
+  // element type (equal byte size) or reduction completes with wrong data, any other mismatch
+  // hangs. `corrupt`: every mismatch of equal byte size completes; `hang`: every mismatch hangs.
   bool mismatchCorrupt = false;  // NCCLSIM_MISMATCH=corrupt
+  bool mismatchHang = false;     // NCCLSIM_MISMATCH=hang
   bool instant = false;          // NCCLSIM_INSTANT=1
   bool debug = false;            // NCCLSIM_DEBUG=1
   int debugWaitMs = 2000;        // NCCLSIM_DEBUG_WAIT_MS
   std::vector<Fault> faults;     // NCCLSIM_FAULT
 };
+
+// Whether a collective on which two ranks posted different descriptors proceeds (silently
+// corrupting its results) instead of hanging, under `config`'s mismatch mode.
+bool mismatchProceeds(const SimConfig& config, const CollDescriptor& mine,
+                      const CollDescriptor& theirs);
 
 // Parses NCCLSIM_FAULT. On a malformed entry, returns false and says why in *error.
 bool parseFaults(const std::string& text, std::vector<Fault>* faults, std::string* error);

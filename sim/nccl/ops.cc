@@ -415,7 +415,7 @@ bool runCollective(Operation& op) {
   for (int r = 0; r < comm->nranks; ++r) all[r] = comm->segment.slot(r)->descriptor;
   for (int r = 0; r < comm->nranks; ++r) {
     if (descriptorsAgree(mine, all[r])) continue;
-    if (simConfig().mismatchCorrupt && all[r].bytes == mine.bytes) continue;  // silent corruption
+    if (mismatchProceeds(simConfig(), mine, all[r])) continue;  // silent corruption
     debugLine(what + " waits: mismatch with rank " + std::to_string(r) + " " + describe(all[r]));
     waitForever(comm);  // as on a GPU: nobody completes a mismatched collective
     return false;

@@ -15,6 +15,8 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <set>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -36,6 +38,20 @@ constexpr size_t alignUp(size_t value, size_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
 constexpr size_t kSlotsOffset = alignUp(sizeof(SegmentHeader), 64);
+
+// Segment names this process has attached. A unique id makes one communicator: once all its
+// ranks joined, its segment's name is gone (the last rank unlinks it), as NCCL's root closes its
+// bootstrap socket. A process that creates that name again is using a stale id.
+std::mutex gAttachedMutex;
+std::set<std::string>& attachedNames() {
+  static auto* names = new std::set<std::string>();  // lives for the process
+  static pid_t owner = getpid();
+  if (owner != getpid()) {  // a fork child attaches on its own account
+    names->clear();
+    owner = getpid();
+  }
+  return *names;
+}
 }  // namespace
 
 size_t Segment::sizeFor(int nranks) {
@@ -63,6 +79,16 @@ std::string Segment::attach(const std::string& name, int nranks) {
   size_ = sizeFor(nranks);
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   const bool creator = fd >= 0;
+  {
+    std::lock_guard<std::mutex> lock(gAttachedMutex);
+    if (creator && attachedNames().count(name)) {
+      close(fd);
+      shm_unlink(name.c_str());
+      return "the unique id was already used up by a communicator of this process (a stale id): "
+             "its root no longer accepts ranks";
+    }
+    attachedNames().insert(name);
+  }
   if (!creator) {
     if (errno != EEXIST) return "shm_open " + name + ": " + std::strerror(errno);
     fd = shm_open(name.c_str(), O_RDWR, 0600);

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "trace/fingerprint.h"
+#include "trace/ring_writer.h"
 #include "trace/wire.h"
 
 namespace {
@@ -364,6 +365,100 @@ TEST(CollectorAgents, ARankThatEndsNormallyIsNotDeadOneThatVanishesIs) {
   EXPECT_EQ(collector.counters().verdicts.load(), 1u) << text;  // nothing about job "ends"
   close(stays);
   close(waits);
+}
+
+// A job that ends normally (every rank said BYE) is analysed to its last record before the
+// collector exits: ranks whose calls disagree only in dtype complete them (silent corruption),
+// end at once, and the collector is stopped right away; the verdict is still said.
+TEST(CollectorEnd, AJobThatEndsNormallyIsAnalysedToItsLastRecord) {
+  constexpr uint64_t kComm = 0x600dull;
+  std::string directory =
+      std::string(testing::TempDir()) + "/nw-collect-end-" + std::to_string(getpid());
+  std::filesystem::remove_all(directory);
+  std::ostringstream out;
+  Collector collector;
+  ncclwatch::collect::Options options;
+  options.secret = "ends-normally";
+  options.directory = directory;
+  std::string error;
+  ASSERT_TRUE(collector.start(options, out, &error)) << error;
+  std::vector<int> agents;
+  for (int rank = 0; rank < 3; ++rank) {
+    ncclwatch::trace::CallRecord call = allReduce(kComm, 1, 1024);
+    call.dtype = rank == 1 ? 2 : 7;  // int32 against float32: the same bytes
+    call.fingerprint = ncclwatch::trace::fingerprint({call.op, 1024, call.dtype, 0, -1});
+    call.state = ncclwatch::trace::RecordState::kCompleted;
+    call.completeNs = call.startNs + 1000;
+    int fd = joinAgent(collector.port(), "ends-normally", rank, 3, "fake-job", kComm, {call});
+    std::vector<std::byte> bye;
+    wire::encodeBye(bye);
+    sendAll(fd, bye);
+    agents.push_back(fd);
+  }
+  for (int fd : agents) close(fd);
+  collector.stop();  // at once: the frames may still be unread
+  std::ifstream jsonl(directory + "/verdicts.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(jsonl, line)) << out.str();
+  EXPECT_NE(line.find("\"kind\":\"mismatch\""), std::string::npos) << line;
+  EXPECT_NE(line.find("\"effect\":\"silent_data_corruption\""), std::string::npos) << line;
+  EXPECT_NE(line.find("\"culprits\":[1]"), std::string::npos) << line;
+  EXPECT_NE(out.str().find("MISMATCH (silent data corruption)"), std::string::npos) << out.str();
+  std::filesystem::remove_all(directory);
+}
+
+// A rank that crashed before it ever reached the collector is no blind spot: its trace file in
+// the collector's folder says where it stopped, and with the others waiting it is a dead rank.
+TEST(CollectorEnd, ARankThatNeverConnectedIsReadFromItsTraceFile) {
+  constexpr uint64_t kComm = 0xdeadull;
+  std::string directory =
+      std::string(testing::TempDir()) + "/nw-collect-adopt-" + std::to_string(getpid());
+  std::filesystem::remove_all(directory);
+  std::filesystem::create_directories(directory);
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  {
+    // Rank 3's trace: the communicator and its first call, then nothing (it crashed).
+    ncclwatch::trace::RingWriter writer;
+    ncclwatch::trace::ProcessInfo info{3, 4, 3, host, "fake-job"};
+    std::string error;
+    // Named as the library names it: <host>-<pid>.ncclwatch.
+    ASSERT_TRUE(writer.open(directory + "/" + host + "-" + std::to_string(getpid()) + ".ncclwatch",
+                            1024, info, &error))
+        << error;
+    ncclwatch::trace::CommInfo comm{};
+    comm.commHash = kComm;
+    comm.nranks = 4;
+    comm.rank = 3;
+    comm.color = -1;
+    writer.addComm(comm);
+    ncclwatch::trace::CallRecord call = allReduce(kComm, 1, 1024);
+    call.state = ncclwatch::trace::RecordState::kCompleted;
+    call.completeNs = call.startNs + 1000;
+    writer.append(call);
+  }  // closed: no process maps it any more
+  std::ostringstream out;
+  Collector collector;
+  ncclwatch::collect::Options options;
+  options.secret = "adopts";
+  options.directory = directory;
+  std::string error;
+  ASSERT_TRUE(collector.start(options, out, &error)) << error;
+  std::vector<int> agents;
+  for (int rank = 0; rank < 3; ++rank) {
+    ncclwatch::trace::CallRecord done = allReduce(kComm, 1, 1024);
+    done.state = ncclwatch::trace::RecordState::kCompleted;
+    done.completeNs = done.startNs + 1000;
+    agents.push_back(joinAgent(collector.port(), "adopts", rank, 4, "fake-job", kComm,
+                               {done, allReduce(kComm, 2, 1024)}));
+  }
+  ASSERT_TRUE(eventually([&] { return collector.counters().verdicts.load() >= 1; }, 8000ms))
+      << out.str();
+  collector.stop();
+  EXPECT_NE(out.str().find("DEAD_RANK"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("culprit 3"), std::string::npos) << out.str();
+  for (int fd : agents) close(fd);
+  std::filesystem::remove_all(directory);
 }
 
 }  // namespace

@@ -1,0 +1,434 @@
+// The verdict classes of issue 14 on synthetic traces: errors as findings, a rank that ends
+// normally while others wait, the smallest culprit set of unmatched sends and receives, silent
+// data corruption, substitution against insertion, ties in 2-rank communicators, confidence and
+// evidence gaps, and ncclCommShrink's excluded ranks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "analysis/analyze.h"
+#include "analysis/describe.h"
+#include "synthetic.h"
+
+namespace {
+
+using namespace ncclwatch::analysis;
+using synthetic::kF32;
+using synthetic::kMax;
+using synthetic::kSum;
+using synthetic::OpKind;
+using synthetic::Rank;
+using synthetic::RecordState;
+using synthetic::TraceFile;
+
+constexpr uint64_t kWorld = 0x1111, kB = 0x3333, kShrunk = 0x4444;
+constexpr int64_t kMs = 1'000'000;
+constexpr int kI32 = 2;
+
+// Every process ended (killed, unless marked clean): the state `ncclwatch inspect` sees after
+// a hung job was stopped.
+Options ended() {
+  Options options;
+  options.probeProcesses = false;
+  options.nowNs = synthetic::kAnchorWall + 3600'000 * kMs;
+  return options;
+}
+
+// A running job `sinceLastMs` after its last activity, with `alive` ranks still running.
+Options running(std::vector<int> alive, int64_t sinceLastMs, int64_t lastMs) {
+  Options options = ended();
+  options.aliveRanks = std::move(alive);
+  options.quietNs = 3000 * kMs;
+  options.nowNs = synthetic::kAnchorWall + (lastMs + sinceLastMs) * kMs;
+  return options;
+}
+
+std::vector<Rank> world(int n) {
+  std::vector<Rank> ranks;
+  for (int r = 0; r < n; ++r) {
+    ranks.emplace_back(r, n);
+    ranks.back().comm(kWorld, n, r);
+  }
+  return ranks;
+}
+
+std::vector<TraceFile> files(std::vector<Rank>& ranks) {
+  std::vector<TraceFile> out;
+  for (Rank& r : ranks) out.push_back(r.take());
+  return out;
+}
+
+void history(std::vector<Rank>& ranks, int steps) {
+  for (int s = 0; s < steps; ++s) {
+    for (Rank& r : ranks)
+      r.call(kWorld, OpKind::kAllReduce, 1024, RecordState::kCompleted, (s + 1) * kMs);
+  }
+}
+
+std::string text(const Report& report) {
+  std::ostringstream out;
+  printText(report, out);
+  return out.str();
+}
+
+const JobReport& job(const Report& report) {
+  EXPECT_EQ(report.jobs.size(), 1u);
+  return report.jobs.at(0);
+}
+
+std::vector<const Verdict*> primaries(const Report& report) {
+  std::vector<const Verdict*> out;
+  for (const Verdict& v : job(report).verdicts) {
+    if (v.primary && v.kind != VerdictKind::kStraggler) out.push_back(&v);
+  }
+  return out;
+}
+
+// The only primary verdict, when it is of `kind` and blames `culprits`.
+const Verdict* onlyPrimary(const Report& report, VerdictKind kind, std::vector<int> culprits) {
+  std::vector<const Verdict*> found = primaries(report);
+  if (found.size() != 1) {
+    ADD_FAILURE() << found.size() << " primary verdicts\n" << text(report);
+    return nullptr;
+  }
+  EXPECT_EQ(found[0]->kind, kind) << text(report);
+  EXPECT_EQ(found[0]->culprits, culprits) << text(report);
+  return found[0]->kind == kind && found[0]->culprits == culprits ? found[0] : nullptr;
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// ----- errors -----
+
+TEST(Error, AFailedCallWithOthersWaitingNamesTheRankTheCallAndTheError) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (int r = 0; r < 4; ++r) {
+    auto& call = ranks[r].call(kWorld, OpKind::kBroadcast, 1024, RecordState::kStarted, 10 * kMs,
+                               kF32, kSum, r == 2 ? 7 : 0);
+    if (r == 2) {
+      call.state = RecordState::kFailed;
+      call.result = 4;  // ncclInvalidArgument
+    }
+  }
+  ranks[2].clean();  // it printed the error and exited
+  auto traces = files(ranks);
+  Report report = analyze(traces, running({0, 1, 3}, 100, 10));
+  const Verdict* v = onlyPrimary(report, VerdictKind::kError, {2});
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->effect, Effect::kError);
+  EXPECT_EQ(v->seq, 4u);
+  EXPECT_EQ(v->classes[0].call.note, "returned ncclInvalidArgument (invalid argument)");
+  EXPECT_TRUE(contains(v->explanation,
+                       "rank 2's Broadcast 1024 x f32 root=7 #4 returned "
+                       "ncclInvalidArgument (invalid argument), and it then exited"))
+      << v->explanation;
+  EXPECT_TRUE(contains(v->explanation, "ranks 0-1,3 wait for its part there")) << v->explanation;
+  // The root mismatch the failed call leaves behind is its consequence.
+  bool mismatchIsConsequence = false;
+  for (const Verdict& other : job(report).verdicts) {
+    mismatchIsConsequence |= other.kind == VerdictKind::kMismatch && !other.primary;
+  }
+  EXPECT_TRUE(mismatchIsConsequence) << text(report);
+  EXPECT_TRUE(contains(job(report).summary, "An NCCL call failed and the others hang"))
+      << job(report).summary;
+}
+
+TEST(Error, AFailedInitOfACommunicatorNobodyCreatedIsAnErrorTooAndAStaleIdSaysSo) {
+  for (bool stale : {false, true}) {
+    auto ranks = world(4);
+    history(ranks, 3);
+    uint64_t hash = stale ? kWorld : kB;
+    auto& init = ranks[3].call(hash, OpKind::kInit, 4, RecordState::kFailed, 20 * kMs);
+    init.seq = 0;
+    init.result = 5;  // ncclInvalidUsage
+    ranks[3].clean();
+    auto traces = files(ranks);
+    Report report = analyze(traces, running({0, 1, 2}, 100, 20));
+    const Verdict* v = onlyPrimary(report, VerdictKind::kError, {3});
+    ASSERT_NE(v, nullptr);
+    EXPECT_EQ(v->comm.hash, hash);
+    EXPECT_EQ(v->classes.back().ranks, (std::vector<int>{0, 1, 2})) << text(report);
+    EXPECT_TRUE(contains(v->classes.back().call.note, "never finished creating")) << text(report);
+    EXPECT_EQ(contains(v->explanation, "a stale id"), stale) << v->explanation;
+  }
+}
+
+TEST(Error, ACallThatFailedAndWasRetriedIsNoFinding) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  auto& failed = ranks[1].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kFailed, 10 * kMs);
+  failed.result = 4;
+  for (Rank& r : ranks) r.call(kWorld, OpKind::kAllReduce, 1024, RecordState::kCompleted, 20 * kMs);
+  for (Rank& r : ranks) r.clean();
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  for (const Verdict& v : job(report).verdicts)
+    EXPECT_NE(v.kind, VerdictKind::kError) << text(report);
+}
+
+// ----- a rank that ends normally while the others wait -----
+
+TEST(EarlyExit, ARankThatReturnedFromMainWhileOthersWaitIsDeadAtOnce) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (int r : {0, 1, 3}) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+  }
+  ranks[2].clean();  // exit code 0, its communicator never destroyed
+  auto traces = files(ranks);
+  // 100 ms after the last activity: long before the quiet time.
+  Report report = analyze(traces, running({0, 1, 3}, 100, 10));
+  const Verdict* v = onlyPrimary(report, VerdictKind::kDeadRank, {2});
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->seq, 4u);
+  EXPECT_TRUE(contains(v->explanation, "ended normally")) << v->explanation;
+  EXPECT_DOUBLE_EQ(v->confidence, 1.0) << "a process that ended is no timing guess";
+}
+
+TEST(EarlyExit, DestroyAndAbortWhileOthersWaitAreMissingWithTheirOwnWords) {
+  for (OpKind teardown : {OpKind::kDestroy, OpKind::kAbort}) {
+    auto ranks = world(4);
+    history(ranks, 3);
+    for (int r : {0, 1, 3}) {
+      ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+    }
+    ranks[2].call(kWorld, teardown, 0, RecordState::kCompleted, 10 * kMs);
+    auto traces = files(ranks);
+    Report report = analyze(traces, running({0, 1, 2, 3}, 100, 10));
+    const Verdict* v = onlyPrimary(report, VerdictKind::kMissing, {2});
+    ASSERT_NE(v, nullptr);
+    EXPECT_TRUE(contains(v->explanation, teardown == OpKind::kAbort ? "aborted the communicator"
+                                                                    : "reached teardown (Destroy)"))
+        << v->explanation;
+  }
+}
+
+// ----- point-to-point -----
+
+// A ring exchange in a group (sends to rank+1, receives from rank-1) where `wrong` sends to
+// rank+2, or `noRecv` posts no receive.
+std::vector<TraceFile> ring(int n, int wrong, int noRecv, int smallRecv = -1) {
+  auto ranks = world(n);
+  history(ranks, 2);
+  auto next = [&](int r) { return (r + (r == wrong ? 2 : 1)) % n; };
+  auto previous = [&](int r) { return (r + n - 1) % n; };
+  for (int r = 0; r < n; ++r) {
+    int to = next(r);
+    bool received = to != noRecv && previous(to) == r && to != smallRecv;
+    ranks[r].call(kWorld, OpKind::kSend, 512,
+                  received ? RecordState::kCompleted : RecordState::kStarted, 10 * kMs, kF32, kSum,
+                  to);
+    if (r == noRecv) continue;
+    bool sent = next(previous(r)) == r && r != smallRecv;
+    ranks[r].call(kWorld, OpKind::kRecv, r == smallRecv ? 256 : 512,
+                  sent ? RecordState::kCompleted : RecordState::kStarted, 10 * kMs, kF32, kSum,
+                  previous(r));
+  }
+  return files(ranks);
+}
+
+TEST(P2p, AWrongPeerNamesTheSenderAloneNotItsInnocentNeighbour) {
+  auto traces = ring(4, 1, -1);
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kUnmatchedP2p, {1});
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->classes.size(), 2u) << text(report);  // rank 1's send, rank 2's receive
+  EXPECT_TRUE(contains(v->explanation, "involves rank 1")) << v->explanation;
+}
+
+TEST(P2p, AMissingReceiveNamesTheRankThatNeverPostedIt) {
+  auto traces = ring(4, -1, 3);
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kUnmatchedP2p, {3});
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(contains(v->explanation, "rank 3 never posts its side")) << v->explanation;
+}
+
+TEST(P2p, ASizeMismatchNamesTheSideWhoseSizeNoOtherTransferUses) {
+  auto traces = ring(4, -1, -1, 2);
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kUnmatchedP2p, {2});
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->fields, std::vector<std::string>{"count"});
+}
+
+// ----- silent data corruption; substitution against insertion -----
+
+// Every rank makes `calls` AllReduces (sum, completed); rank 0 uses `redop`/`dtype` at call 6,
+// or inserts an extra one there.
+std::vector<TraceFile> reductions(bool inserted, int redop, int dtype) {
+  auto ranks = world(4);
+  for (int r = 0; r < 4; ++r) {
+    int made = 0;
+    for (int k = 1; k <= 10; ++k) {
+      bool odd = r == 0 && k == 6;
+      if (odd && inserted) {
+        ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kCompleted, k * kMs, dtype,
+                      redop);
+        ++made;
+      }
+      bool last = inserted && r == 0 && k == 10;  // its extra call leaves its last one alone
+      ranks[r].call(kWorld, OpKind::kAllReduce, 1024,
+                    last ? RecordState::kStarted : RecordState::kCompleted, k * kMs,
+                    odd && !inserted ? dtype : kF32, odd && !inserted ? redop : kSum);
+      ++made;
+    }
+    ranks[r].clean();
+  }
+  return files(ranks);
+}
+
+TEST(Corruption, ARedopSubstitutedWhereEverythingElseAlignsIsASubstitutionNotAnInsertion) {
+  auto traces = reductions(false, kMax, kF32);
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {0});
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->seq, 6u);
+  EXPECT_EQ(v->fields, std::vector<std::string>{"redop"});
+  EXPECT_EQ(v->effect, Effect::kSilentDataCorruption);
+  EXPECT_FALSE(contains(v->explanation, "extra")) << v->explanation;
+  EXPECT_TRUE(contains(v->explanation, "called AllReduce 1024 x f32 max where")) << v->explanation;
+  EXPECT_TRUE(contains(v->explanation, "silent data corruption")) << v->explanation;
+  EXPECT_TRUE(contains(job(report).summary, "Nothing hung, but results are wrong"))
+      << job(report).summary;
+  EXPECT_FALSE(contains(job(report).summary, "It hung")) << job(report).summary;
+}
+
+TEST(Corruption, ADtypeOfEqualBytesIsSilentCorruptionAndOfOtherBytesAHang) {
+  auto equal = reductions(false, kSum, kI32);
+  Report report = analyze(equal, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {0});
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->effect, Effect::kSilentDataCorruption);
+  auto wider = reductions(false, kSum, 8);  // f64: twice the bytes
+  Report hang = analyze(wider, ended());
+  const Verdict* w = onlyPrimary(hang, VerdictKind::kMismatch, {0});
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->effect, Effect::kHang);
+}
+
+TEST(Corruption, AnExtraCallThatShiftsEverythingAfterIsAnInsertion) {
+  auto traces = reductions(true, kMax, kF32);
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {0});
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(contains(v->explanation, "issued an extra AllReduce 1024 x f32 max"))
+      << v->explanation;
+}
+
+// ----- 2-rank communicators -----
+
+TEST(TwoRanks, TheShiftNamesTheRankThatSkipped) {
+  auto ranks = world(2);
+  const OpKind cycle[3] = {OpKind::kAllReduce, OpKind::kBroadcast, OpKind::kAllGather};
+  for (int r = 0; r < 2; ++r) {
+    int k = 0;
+    for (int round = 0; round < 3; ++round) {
+      for (int c = 0; c < 3; ++c) {
+        if (round == 1 && c == 1 && r == 1) continue;  // rank 1 skips a Broadcast
+        bool done = round == 0 || (round == 1 && c == 0);
+        auto& call = ranks[r].call(kWorld, cycle[c], 256,
+                                   done ? RecordState::kCompleted : RecordState::kIssued, ++k * kMs,
+                                   kF32, kSum, cycle[c] == OpKind::kBroadcast ? 0 : -1);
+        call.callSite = 0x1000 * (r + 1) + 0x10 * c;  // one line per collective, per process base
+      }
+    }
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {1});
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(contains(v->explanation, "rank 1 skipped Broadcast")) << v->explanation;
+}
+
+TEST(TwoRanks, WithoutAShiftItSaysItCannotDecide) {
+  auto ranks = world(2);
+  history(ranks, 3);
+  for (int r = 0; r < 2; ++r) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, r == 1 ? 2048 : 1024, RecordState::kStarted,
+                  10 * kMs);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {0, 1});
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(contains(v->explanation, "cannot be decided")) << v->explanation;
+  EXPECT_TRUE(contains(v->explanation, "neither skipped a call")) << v->explanation;
+}
+
+// ----- confidence and evidence gaps -----
+
+TEST(Confidence, AVerdictOnTimingAloneIsMediumAndSaysWhy) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (int r : {0, 1, 2}) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, running({0, 1, 2, 3}, 4000, 10));  // rank 3 alive, silent
+  const Verdict* v = primaries(report).empty() ? nullptr : primaries(report)[0];
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_LT(v->confidence, 0.9);
+  EXPECT_STREQ(confidenceLevel(v->confidence), "medium");
+  ASSERT_FALSE(v->doubts.empty());
+  EXPECT_TRUE(contains(v->doubts[0], "timing alone")) << v->doubts[0];
+  EXPECT_TRUE(contains(text(report), "confidence medium")) << text(report);
+  EXPECT_TRUE(contains(verdictJson(*v, "j", 0), "\"confidence_level\":\"medium\""));
+}
+
+TEST(Confidence, LostRecordsUntracedRanksAndUntrackedCallsLowerItAndTheSummarySaysWhere) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (int r : {0, 1, 2}) {
+    auto& call = ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kIssued, 10 * kMs,
+                               kF32, r == 1 ? kMax : kSum);
+    call.flags |= ncclwatch::trace::kRecordCaptured;
+  }
+  ranks[0].file().lostRecords = 7;
+  auto traces = files(ranks);
+  traces.pop_back();  // rank 3 left no trace
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {1});
+  ASSERT_NE(v, nullptr);
+  EXPECT_STREQ(confidenceLevel(v->confidence), "low") << v->confidence;
+  std::string doubts;
+  for (const std::string& d : v->doubts) doubts += d + "\n";
+  EXPECT_TRUE(contains(doubts, "have no trace")) << doubts;
+  EXPECT_TRUE(contains(doubts, "7 records of ranks 0 were lost")) << doubts;
+  EXPECT_TRUE(contains(doubts, "completion was not tracked")) << doubts;
+  const std::string& summary = job(report).summary;
+  EXPECT_TRUE(contains(summary, "Evidence is incomplete: rank 3 left no trace; rank 0 lost 7"))
+      << summary;
+}
+
+// ----- ncclCommShrink -----
+
+TEST(Shrink, TheExcludedRankDestroyingTheParentIsNoDivergence) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (int r = 0; r < 3; ++r) {
+    ncclwatch::trace::CommInfo info{};
+    info.commHash = kShrunk;
+    info.parentHash = kWorld;
+    info.nranks = 3;
+    info.rank = r;
+    info.kind = static_cast<uint8_t>(OpKind::kShrink);
+    ranks[r].file().comms.push_back(info);
+    ranks[r].call(kWorld, OpKind::kShrink, 0, RecordState::kCompleted, 10 * kMs);
+    for (int k = 0; k < 3; ++k) {
+      ranks[r].call(kShrunk, OpKind::kAllReduce, 1024, RecordState::kCompleted, (11 + k) * kMs);
+    }
+    ranks[r].call(kWorld, OpKind::kDestroy, 0, RecordState::kCompleted, 20 * kMs);
+  }
+  ranks[3].call(kWorld, OpKind::kDestroy, 0, RecordState::kCompleted, 10 * kMs);
+  for (Rank& r : ranks) r.clean();
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  EXPECT_TRUE(primaries(report).empty()) << text(report);
+}
+
+}  // namespace
