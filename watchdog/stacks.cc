@@ -313,14 +313,62 @@ __attribute__((noinline)) int unwindSelf(uintptr_t* out, int max, uintptr_t star
   return count;
 }
 
-// Unwinds another thread of this process, frozen in its signal handler, from its registers.
+// LLVM libunwind 14 applies a CFI row only to pcs past its first address, which is right for a
+// return address (the call is at pc-1) and wrong for an interrupted pc: a thread stopped right
+// after `leave` or `add rsp` would be unwound with the row before it, reading its return address
+// through a stale frame pointer (a SIGSEGV in the unwinder, seen in the vDSO's clock_gettime).
+// So the interrupted frame is looked up at pc+1, which selects exactly the row in force at pc,
+// unless pc is its function's last byte: there (a `ret`) the return address is at rsp.
+// `registers` is in the unw_context_t layout of registersFromSignal.
+bool startAtInterruptedPc(unw_context_t& registers, unw_cursor_t* cursor) {
+#if defined(__x86_64__)
+  auto* words = reinterpret_cast<uint64_t*>(&registers);
+  constexpr int kRsp = 7;
+  constexpr int kRip = 16;
+  const uint64_t pc = words[kRip];
+  unw_proc_info_t at{};
+  unw_proc_info_t after{};
+  if (pc != 0 && unw_init_local(cursor, &registers) == 0 && unw_get_proc_info(cursor, &at) == 0) {
+    words[kRip] = pc + 1;
+    const bool sameFunction = unw_init_local(cursor, &registers) == 0 &&
+                              unw_get_proc_info(cursor, &after) == 0 &&
+                              after.start_ip == at.start_ip && pc + 1 < at.end_ip;
+    words[kRip] = pc;
+    if (sameFunction) {
+      words[kRip] = pc + 1;
+      const bool ok = unw_init_local(cursor, &registers) == 0;
+      words[kRip] = pc;
+      return ok;
+    }
+    if (*reinterpret_cast<const uint8_t*>(pc) == 0xc3) {  // ret: its return address is at rsp
+      unw_context_t caller = registers;
+      auto* callerWords = reinterpret_cast<uint64_t*>(&caller);
+      callerWords[kRip] = *reinterpret_cast<const uint64_t*>(words[kRsp]);
+      callerWords[kRsp] = words[kRsp] + 8;
+      return unw_init_local(cursor, &caller) == 0;
+    }
+  }
+#endif
+  return unw_init_local(cursor, &registers) == 0;
+}
+
+// Unwinds a thread from the registers its signal interrupted: its own, in its handler, or
+// another thread's, frozen in its handler while the watchdog unwinds it.
 int unwindFrom(unw_context_t& registers, uintptr_t* out, int max, bool* truncated) {
   unw_cursor_t cursor;
   int n = 0;
   *truncated = false;
-  if (unw_init_local(&cursor, &registers) != 0) return 0;
+  const uintptr_t pc = reinterpret_cast<const uint64_t*>(&registers)[16];
+  if (max <= 0 || pc == 0) return 0;
+  out[n++] = pc;
+  if (!startAtInterruptedPc(registers, &cursor)) return n;
+  unw_word_t ip = 0;
+  // After the pc+1 start, the cursor still sits in the interrupted frame: step out of it once.
+  if (unw_get_reg(&cursor, UNW_REG_IP, &ip) == 0 && (ip == pc || ip == pc + 1) &&
+      unw_step(&cursor) <= 0) {
+    return n;
+  }
   for (;;) {
-    unw_word_t ip = 0;
     if (unw_get_reg(&cursor, UNW_REG_IP, &ip) != 0 || ip == 0) break;
     if (n == max) {
       *truncated = true;
@@ -413,8 +461,18 @@ void serveRequest(int self, void* context) {
     buffer.pcs[0] = pc;
     buffer.truncated = true;
   } else {
+    // From the interrupted registers, not through the signal trampoline: libunwind looks up
+    // the frame after a trampoline at pc-1 as if it were a return address, and an interrupted
+    // pc right after an epilogue's `add rsp` then reads its CFA from the wrong row (garbage
+    // return addresses, a SIGSEGV inside the unwinder). Starting at the registers looks the
+    // first frame up at its exact pc.
     bool truncated = false;
-    buffer.count = unwindSelf(buffer.pcs, kMaxFrames, pc, 1, &truncated);
+    unw_context_t registers;
+    if (registersFromSignal(context, &registers)) {
+      buffer.count = unwindFrom(registers, buffer.pcs, kMaxFrames, &truncated);
+    } else {
+      buffer.count = unwindSelf(buffer.pcs, kMaxFrames, pc, 1, &truncated);
+    }
     buffer.truncated = truncated;
   }
   expected = (word & ~kStateMask) | kRunning;

@@ -111,7 +111,9 @@ class DumpFile : public testing::TestWithParam<TraceMode> {
       record.seq = static_cast<uint64_t>(i + 1);
       record.state = RecordState::kCompleted;
       writer.append(record);
-      if (i == 10) ASSERT_TRUE(writer.appendDump(formatDump(sampleDump())));
+      if (i == 10) {
+        ASSERT_TRUE(writer.appendDump(formatDump(sampleDump())));
+      }
       if (i % 8 == 7) writer.persistSegments();
     }
     Dump second = sampleDump();
@@ -136,7 +138,9 @@ TEST_P(DumpFile, DumpsAreReadAfterTheRing) {
   EXPECT_EQ(file.dumps[0].trigger, "hang");
   EXPECT_EQ(file.dumps[1].trigger, "sigterm");
   EXPECT_EQ(file.dumps[0].threads[0].frames[0].function, "runStep(int)");
-  if (GetParam() == TraceMode::kFull) EXPECT_EQ(file.records.size(), 40u);
+  if (GetParam() == TraceMode::kFull) {
+    EXPECT_EQ(file.records.size(), 40u);
+  }
 }
 
 TEST_P(DumpFile, CorruptAndTruncatedDumpsAreNamedAndTheRestKept) {
