@@ -98,21 +98,21 @@ TEST(PythonSites, OffByTheSettingAndOutsidePython) {
   std::filesystem::remove_all(logs);
 }
 
-// Rank 1 skips the second allreduce of a step: the mismatch names rank 1, and each class says
-// which Python line issued its call.
+// Rank 1 of 3 skips the second allreduce of a step: the mismatch names rank 1 (the other two
+// agree), and each class says which Python line issued its call.
 TEST(PythonSites, AVerdictSaysWhereEachClassIssuedItsCall) {
   std::string logs = testsupport::freshDirectory("py-sites-verdict");
   std::string idFile = logs + ".id";
   std::filesystem::remove(idFile);
   testsupport::Output out = testsupport::command(
       "LD_LIBRARY_PATH=" + testsupport::simLibDir() + " timeout 120 " + NCCLWATCH_BINARY +
-      " run --abort --dir " + logs + " -- " + NCCLWATCH_BINARY + " launch -n 2 -- python3 " +
+      " run --abort --dir " + logs + " -- " + NCCLWATCH_BINARY + " launch -n 3 -- python3 " +
       kScript + " --id-file " + idFile + " --skip-on 1");
   std::string verdicts = testsupport::readFile(logs + "/verdicts.jsonl");
   std::string first = verdicts.substr(0, verdicts.find('\n'));
   ASSERT_FALSE(first.empty()) << out.text;
   EXPECT_NE(first.find("\"culprits\":[1]"), std::string::npos) << first;
-  // Rank 0 issued the step's second allreduce, rank 1 (which skipped it) the next step's first.
+  // Ranks 0 and 2 issued the step's second allreduce, rank 1 (which skipped it) the next step's first.
   EXPECT_NE(first.find("\"issued_at\":\"" + frameAt("all_reduce", "all_reduce") + " \u2190 " +
                        frameAt("step-second", "step")),
             std::string::npos)
