@@ -144,6 +144,11 @@ class JobAnalysis {
   // when their sites cannot tell).
   bool sameSite(const Comm& comm, int a, uint64_t ka, int b, uint64_t kb, uint64_t before) const;
   void finishVerdicts();
+  void breakMissingCycles();
+  bool heldBehindAnEarlierCall(int proc, uint32_t index) const;
+  bool cycleThroughAHeldHost(const Comm& comm, const RankClass& waiting,
+                             const std::vector<int>& missing);
+  bool brokeItsOwnOrder(int proc) const;
   void addStackTops();
   void summarize(JobReport& report);
 
@@ -1284,6 +1289,7 @@ void JobAnalysis::checkDeadAndMissing() {
     bool allDead = true;
     for (int p : missing) allDead &= deadRanks_.count(p) > 0;
     if (allDead) continue;  // the dead_rank verdict says it
+    if (cycleThroughAHeldHost(comm, waiting, missing)) continue;
     bool lifecycle = trace::isLifecycle(waiting.call.op);
     Verdict v =
         make(lifecycle ? VerdictKind::kInitHang : VerdictKind::kMissing, &comm, waiting.call.seq);
@@ -1330,6 +1336,126 @@ void JobAnalysis::checkDeadAndMissing() {
     restsOnTiming(v);
     verdicts_.push_back(std::move(v));
   }
+}
+
+// A call issued and never started while the same process has an earlier pending call: on its
+// stream, or on another that PyTorch (or any program ordering its streams with events) made it
+// wait for. It is not there for its peers yet.
+bool JobAnalysis::heldBehindAnEarlierCall(int p, uint32_t index) const {
+  const CallRecord& r = procs_[p].rec(index);
+  if (r.state != RecordState::kIssued || !isPending(r)) return false;
+  const auto& records = procs_[p].file->records;
+  for (uint32_t i = 0; i < records.size(); ++i) {
+    const CallRecord& o = records[i];
+    if (i == index || o.issueNs >= r.issueNs) continue;
+    if ((trace::isCollective(o.op) || trace::isPointToPoint(o.op)) && isPending(o) &&
+        !impliedDone(p, i)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The ranks `missing` never issued the call the others wait in on `comm` because their hosts
+// are blocked in a call on another comm, whose peers there have it queued behind the very call
+// that waits for the missing ranks (rank 0 in a subgroup barrier; rank 1, which skipped that
+// barrier, already in the world's next collective with its own next barrier queued behind it).
+// A cycle through a blocked host: said as a deadlock, its culprit the side that broke the order
+// of calls it kept until then. False (nothing said) when the missing ranks are not held so.
+bool JobAnalysis::cycleThroughAHeldHost(const Comm& comm, const RankClass& waiting,
+                                        const std::vector<int>& missing) {
+  if (missing.size() != 1) return false;
+  const int x = missing[0];
+  const uint32_t w = waitPoint(x);
+  if (w == kNone) return false;
+  const CallRecord& held = procs_[x].rec(w);
+  auto found = commIndex_.find(held.commHash);
+  const uint64_t k = ordinalOf(x, w);
+  if (found == commIndex_.end() || held.commHash == comm.hash || k == 0 ||
+      !trace::isCollective(held.op)) {
+    return false;
+  }
+  const Comm& other = comms_[found->second];
+  std::vector<int> queued;  // procs whose call at k is queued behind their call on `comm`
+  uint32_t queuedIndex = kNone;
+  for (const Member& m : other.members) {
+    if (m.proc == x) continue;
+    const uint32_t i = m.at(k);
+    if (i == kNone || !isPending(procs_[m.proc].rec(i))) continue;
+    if (!heldBehindAnEarlierCall(m.proc, i)) return false;
+    if (std::find(waiting.ranks.begin(), waiting.ranks.end(), procs_[m.proc].rank) ==
+        waiting.ranks.end()) {
+      return false;
+    }
+    queued.push_back(m.proc);
+    queuedIndex = i;
+  }
+  if (queued.empty()) return false;
+  std::vector<int> queuedRanks;
+  for (int q : queued) queuedRanks.push_back(procs_[q].rank);
+  std::sort(queuedRanks.begin(), queuedRanks.end());
+  const bool queuedBroke = std::any_of(queued.begin(), queued.end(),
+                                       [&](int q) { return brokeItsOwnOrder(q); });
+  const bool heldBroke = brokeItsOwnOrder(x);
+  std::vector<int> culprits;
+  if (queuedBroke && !heldBroke) {
+    culprits = queuedRanks;
+  } else if (heldBroke && !queuedBroke) {
+    culprits = {procs_[x].rank};
+  } else {
+    culprits = queuedRanks;
+    culprits.push_back(procs_[x].rank);
+    std::sort(culprits.begin(), culprits.end());
+  }
+  CallDesc heldCall = describe(procs_[x], w);
+  Verdict v = make(VerdictKind::kDeadlock, &other, heldCall.seq);
+  RankClass heldClass;
+  heldClass.ranks = {procs_[x].rank};
+  heldClass.call = heldCall;
+  heldClass.call.note = "waits here; never issued #" + std::to_string(waiting.call.seq) +
+                        " on comm " + hashText(comm.hash);
+  RankClass queuedClass;
+  queuedClass.ranks = queuedRanks;
+  queuedClass.call = describe(procs_[queued[0]], queuedIndex);
+  queuedClass.call.note = "issued, never started: queued behind its #" +
+                          std::to_string(waiting.call.seq) + " on comm " + hashText(comm.hash);
+  RankClass waitingClass = waiting;
+  waitingClass.call.note = "waits here for rank " + std::to_string(procs_[x].rank);
+  v.classes = {std::move(heldClass), std::move(queuedClass), std::move(waitingClass)};
+  std::sort(v.classes.begin(), v.classes.end(),
+            [](const RankClass& a, const RankClass& b) { return a.ranks < b.ranks; });
+  v.culprits = culprits;
+  v.divergenceNs = procs_[x].wall(held.issueNs);
+  const std::string xText = "rank " + std::to_string(procs_[x].rank);
+  const std::string qText =
+      (queuedRanks.size() == 1 ? "rank " : "ranks ") + formatRanks(queuedRanks);
+  v.explanation = xText + " waits in " + callText(heldCall) + " #" +
+                  std::to_string(heldCall.seq) + " on " + shortHash(other.hash) + " for " +
+                  qText + ", whose #" + std::to_string(heldCall.seq) +
+                  " there is queued behind its " + callText(waiting.call) + " #" +
+                  std::to_string(waiting.call.seq) + " on " + shortHash(comm.hash) +
+                  ", which waits for " + xText + ": a cycle across communicators. ";
+  auto capitalized = [](std::string text) {
+    if (!text.empty()) text[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(text[0])));
+    return text;
+  };
+  if (culprits == queuedRanks) {
+    v.explanation += capitalized(qText) + " broke the order of calls it kept until here: it went on to #" +
+                     std::to_string(waiting.call.seq) + " on " + shortHash(comm.hash) +
+                     " where it always made its call on " + shortHash(other.hash) +
+                     " first, so it skipped (or moved) that call; " + xText +
+                     " waits in it";
+  } else if (culprits.size() == 1) {
+    v.explanation += capitalized(xText) + " broke the order of calls it kept until here: it made its call on " +
+                     shortHash(other.hash) + " where it always went on to " +
+                     shortHash(comm.hash) + " first";
+  } else {
+    v.explanation += "The two sides issue their calls on the two communicators in different "
+                     "orders: issue them in the same order on every rank";
+  }
+  restsOnTiming(v);
+  verdicts_.push_back(std::move(v));
+  return true;
 }
 
 // ----- wait-for graph: deadlocks and stuck calls -----
@@ -1997,7 +2123,93 @@ int priority(const Verdict& v) {
   return 8;
 }
 
+// True when `proc`'s pending call is one it never made at this point before: after the call
+// that precedes it (same comm, op and call site), the process always went on to another call
+// (a Python line, a native call site). Sites tell calls of one op apart; without them, or
+// without history, nothing is novel.
+bool JobAnalysis::brokeItsOwnOrder(int p) const {
+  const uint32_t current = waitPoint(p);
+  if (current == kNone) return false;
+  const Proc& proc = procs_[p];
+  std::vector<uint32_t> order;
+  for (uint32_t i = 0; i < proc.file->records.size(); ++i) {
+    if (!trace::isLifecycle(proc.rec(i).op)) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    return proc.rec(a).issueNs < proc.rec(b).issueNs;
+  });
+  auto position = std::find(order.begin(), order.end(), current);
+  if (position == order.end() || position == order.begin()) return false;
+  auto sameCall = [&](uint32_t a, uint32_t b) {
+    const CallRecord& x = proc.rec(a);
+    const CallRecord& y = proc.rec(b);
+    return x.commHash == y.commHash && x.op == y.op && x.callSite == y.callSite;
+  };
+  const uint32_t previous = *(position - 1);
+  bool seenBefore = false;
+  for (auto it = order.begin(); it + 1 < position; ++it) {  // pairs before (previous, current)
+    if (!sameCall(*it, previous)) continue;
+    if (sameCall(*(it + 1), current)) return false;  // it went this way before
+    seenBefore = true;
+  }
+  return seenBefore;
+}
+
+// Missing verdicts that hold each other: the absent ranks of each wait in the other's call
+// (rank 0 in a subgroup barrier that rank 1 skipped, rank 1 already in the next collective of
+// the world, waiting for rank 0). Each comm alone blames the other side. The cause is the side
+// whose absent rank broke the order of calls it kept until then; the other is a consequence.
+void JobAnalysis::breakMissingCycles() {
+  auto procOf = [&](int rank) {
+    for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
+      if (procs_[p].rank == rank) return p;
+    }
+    return -1;
+  };
+  auto holds = [](const Verdict& absent, const Verdict& waiting) {
+    if (absent.culprits.empty() || waiting.classes.empty()) return false;
+    const std::vector<int>& waiters = waiting.classes[0].ranks;
+    return std::all_of(absent.culprits.begin(), absent.culprits.end(), [&](int rank) {
+      return std::find(waiters.begin(), waiters.end(), rank) != waiters.end();
+    });
+  };
+  auto novel = [&](const Verdict& v) {
+    return std::any_of(v.culprits.begin(), v.culprits.end(), [&](int rank) {
+      const int p = procOf(rank);
+      return p >= 0 && brokeItsOwnOrder(p);
+    });
+  };
+  for (size_t i = 0; i < verdicts_.size(); ++i) {
+    for (size_t j = i + 1; j < verdicts_.size(); ++j) {
+      Verdict& a = verdicts_[i];
+      Verdict& b = verdicts_[j];
+      if (a.kind != VerdictKind::kMissing || b.kind != VerdictKind::kMissing ||
+          a.comm.hash == b.comm.hash || !a.primary || !b.primary || !holds(a, b) ||
+          !holds(b, a)) {
+        continue;
+      }
+      const bool aNovel = novel(a);
+      const bool bNovel = novel(b);
+      if (aNovel == bNovel) continue;
+      Verdict& cause = aNovel ? a : b;
+      Verdict& consequence = aNovel ? b : a;
+      const std::string who = (cause.culprits.size() == 1 ? "rank " : "ranks ") +
+                              formatRanks(cause.culprits);
+      cause.explanation += "; " + who +
+                           " broke the order of calls it kept until here (it went on to a call "
+                           "it never made at this point before), so it is the side that skipped";
+      consequence.primary = false;
+      consequence.explanation += " (a consequence: " +
+                                 std::string(consequence.culprits.size() == 1 ? "rank " : "ranks ") +
+                                 formatRanks(consequence.culprits) + " wait in #" +
+                                 std::to_string(cause.seq) + " on comm " +
+                                 hashText(cause.comm.hash) + ", which " + who + " skipped)";
+    }
+  }
+}
+
 void JobAnalysis::finishVerdicts() {
+  breakMissingCycles();
   // Consequences: a missing verdict whose absent ranks are all held by another verdict; p2p
   // and later verdicts after a wrong split colour.
   auto involves = [](const Verdict& v, int rank) {

@@ -540,3 +540,129 @@ TEST(Json, EveryVerdictIsOneParsableLine) {
 }
 
 }  // namespace
+
+// A subgroup barrier between steps, as PyTorch issues it: ranks 0 and 1 make two world
+// all-reduces (sites 33 and 42) and then a barrier on the pair (site 46), step after step; the
+// pair's next call waits (by stream events) for the world's. `skipper` skips the barrier at the
+// last step and goes on to the next step's world calls, its own next barrier queued behind
+// them; `extra`, instead, makes a barrier none of the steps had before.
+namespace subgroup {
+constexpr uint64_t kSite33 = (1ull << 63) | 33, kSite42 = (1ull << 63) | 42,
+                   kSite46 = (1ull << 63) | 46;
+constexpr uint64_t kWorldStream = 1, kPairStream = 2;
+
+std::vector<Rank> job(int steps, bool barriers) {
+  auto ranks = world(4);
+  ranks[0].comm(kA, 2, 0, kWorld, 0);
+  ranks[1].comm(kA, 2, 1, kWorld, 0);
+  int64_t t = kMs;
+  for (int s = 0; s < steps; ++s) {
+    for (Rank& r : ranks) {
+      r.call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, t).callSite = kSite33;
+      r.call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, t + 10).callSite = kSite42;
+    }
+    for (int r = 0; barriers && r < 2; ++r) {
+      ranks[r]
+          .call(kA, OpKind::kAllReduce, 1, RecordState::kCompleted, t + 20, kF32, kSum, -1,
+                kPairStream)
+          .callSite = kSite46;
+    }
+    t += kMs;
+  }
+  return ranks;
+}
+
+// The step where it hangs: `barrierFirst` (a rank) starts its barrier right after the world's
+// second call; the others go on to the next step's first world call, which waits for it, and
+// `queued` (the other pair member) has its own barrier queued behind that.
+void hang(std::vector<Rank>& ranks, int barrierFirst, int queued, int64_t t) {
+  for (Rank& r : ranks) {
+    r.call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, t).callSite = kSite33;
+    r.call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, t + 10).callSite = kSite42;
+  }
+  ranks[barrierFirst]
+      .call(kA, OpKind::kAllReduce, 1, RecordState::kStarted, t + 20, kF32, kSum, -1,
+            kPairStream)
+      .callSite = kSite46;
+  for (int r = 0; r < 4; ++r) {
+    if (r == barrierFirst) continue;
+    ranks[r].call(kWorld, OpKind::kAllReduce, 8, RecordState::kStarted, t + 30).callSite =
+        kSite33;
+  }
+  ranks[queued]
+      .call(kA, OpKind::kAllReduce, 1, RecordState::kIssued, t + 40, kF32, kSum, -1, kPairStream)
+      .callSite = kSite46;
+}
+}  // namespace subgroup
+
+TEST(CrossComm, ASkippedSubgroupBarrierIsACycleBlamingTheRankThatSkippedIt) {
+  auto ranks = subgroup::job(3, true);
+  subgroup::hang(ranks, /*barrierFirst=*/0, /*queued=*/1, 10 * kMs);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = firstIs(report, VerdictKind::kDeadlock, {1});
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->comm.hash, kA);
+  EXPECT_EQ(v->seq, 4u);  // the barrier rank 0 waits in
+  EXPECT_NE(v->explanation.find("Rank 1 broke the order of calls it kept until here"),
+            std::string::npos)
+      << v->explanation;
+  // No verdict blames rank 0 for the world call it never issued.
+  for (const Verdict& other : onlyJob(report).verdicts) {
+    EXPECT_FALSE(other.primary && other.kind == VerdictKind::kMissing) << text(report);
+  }
+}
+
+TEST(CrossComm, ABarrierNoStepHadBeforeBlamesTheRankThatAddedIt) {
+  auto ranks = subgroup::job(3, false);
+  subgroup::hang(ranks, /*barrierFirst=*/0, /*queued=*/1, 10 * kMs);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = firstIs(report, VerdictKind::kDeadlock, {0});
+  ASSERT_NE(v, nullptr);
+  EXPECT_NE(v->explanation.find("Rank 0 broke the order"), std::string::npos) << v->explanation;
+}
+
+// Without call sites (or history) neither side broke an order the records show: both named.
+TEST(CrossComm, WithoutCallSitesTheCycleNamesBothSides) {
+  auto ranks = subgroup::job(0, true);
+  subgroup::hang(ranks, 0, 1, 10 * kMs);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = firstIs(report, VerdictKind::kDeadlock, {0, 1});
+  ASSERT_NE(v, nullptr);
+  EXPECT_NE(v->explanation.find("different orders"), std::string::npos) << v->explanation;
+}
+
+// The same skip in a program whose host waits for each collective (cudaStreamSynchronize): rank
+// 1 never issues its next barrier at all. Each comm then misses one rank; the one that broke its
+// order is the cause and the other verdict its consequence.
+TEST(CrossComm, TwoMissingCallsThatHoldEachOtherBlameTheRankThatBrokeItsOrder) {
+  auto ranks = subgroup::job(3, true);
+  const int64_t t = 10 * kMs;
+  for (Rank& r : ranks) {
+    r.call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, t).callSite = subgroup::kSite33;
+    r.call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, t + 10).callSite =
+        subgroup::kSite42;
+  }
+  ranks[0]
+      .call(kA, OpKind::kAllReduce, 1, RecordState::kStarted, t + 20, kF32, kSum, -1,
+            subgroup::kPairStream)
+      .callSite = subgroup::kSite46;
+  for (int r = 1; r < 4; ++r) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 8, RecordState::kStarted, t + 30).callSite =
+        subgroup::kSite33;
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = firstIs(report, VerdictKind::kMissing, {1});
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->comm.hash, kA);
+  const Verdict* world = nullptr;
+  for (const Verdict& other : onlyJob(report).verdicts) {
+    if (other.comm.hash == kWorld) world = &other;
+  }
+  ASSERT_NE(world, nullptr) << text(report);
+  EXPECT_FALSE(world->primary) << text(report);
+  EXPECT_NE(world->explanation.find("a consequence"), std::string::npos) << world->explanation;
+}
