@@ -1394,8 +1394,8 @@ bool JobAnalysis::cycleThroughAHeldHost(const Comm& comm, const RankClass& waiti
   std::vector<int> queuedRanks;
   for (int q : queued) queuedRanks.push_back(procs_[q].rank);
   std::sort(queuedRanks.begin(), queuedRanks.end());
-  const bool queuedBroke = std::any_of(queued.begin(), queued.end(),
-                                       [&](int q) { return brokeItsOwnOrder(q); });
+  const bool queuedBroke =
+      std::any_of(queued.begin(), queued.end(), [&](int q) { return brokeItsOwnOrder(q); });
   const bool heldBroke = brokeItsOwnOrder(x);
   std::vector<int> culprits;
   if (queuedBroke && !heldBroke) {
@@ -1429,29 +1429,31 @@ bool JobAnalysis::cycleThroughAHeldHost(const Comm& comm, const RankClass& waiti
   const std::string xText = "rank " + std::to_string(procs_[x].rank);
   const std::string qText =
       (queuedRanks.size() == 1 ? "rank " : "ranks ") + formatRanks(queuedRanks);
-  v.explanation = xText + " waits in " + callText(heldCall) + " #" +
-                  std::to_string(heldCall.seq) + " on " + shortHash(other.hash) + " for " +
-                  qText + ", whose #" + std::to_string(heldCall.seq) +
-                  " there is queued behind its " + callText(waiting.call) + " #" +
-                  std::to_string(waiting.call.seq) + " on " + shortHash(comm.hash) +
-                  ", which waits for " + xText + ": a cycle across communicators. ";
+  v.explanation = xText + " waits in " + callText(heldCall) + " #" + std::to_string(heldCall.seq) +
+                  " on " + shortHash(other.hash) + " for " + qText + ", whose #" +
+                  std::to_string(heldCall.seq) + " there is queued behind its " +
+                  callText(waiting.call) + " #" + std::to_string(waiting.call.seq) + " on " +
+                  shortHash(comm.hash) + ", which waits for " + xText +
+                  ": a cycle across communicators. ";
   auto capitalized = [](std::string text) {
-    if (!text.empty()) text[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(text[0])));
+    if (!text.empty())
+      text[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(text[0])));
     return text;
   };
   if (culprits == queuedRanks) {
-    v.explanation += capitalized(qText) + " broke the order of calls it kept until here: it went on to #" +
+    v.explanation += capitalized(qText) +
+                     " broke the order of calls it kept until here: it went on to #" +
                      std::to_string(waiting.call.seq) + " on " + shortHash(comm.hash) +
                      " where it always made its call on " + shortHash(other.hash) +
-                     " first, so it skipped (or moved) that call; " + xText +
-                     " waits in it";
+                     " first, so it skipped (or moved) that call; " + xText + " waits in it";
   } else if (culprits.size() == 1) {
-    v.explanation += capitalized(xText) + " broke the order of calls it kept until here: it made its call on " +
-                     shortHash(other.hash) + " where it always went on to " +
-                     shortHash(comm.hash) + " first";
+    v.explanation +=
+        capitalized(xText) + " broke the order of calls it kept until here: it made its call on " +
+        shortHash(other.hash) + " where it always went on to " + shortHash(comm.hash) + " first";
   } else {
-    v.explanation += "The two sides issue their calls on the two communicators in different "
-                     "orders: issue them in the same order on every rank";
+    v.explanation +=
+        "The two sides issue their calls on the two communicators in different "
+        "orders: issue them in the same order on every rank";
   }
   restsOnTiming(v);
   verdicts_.push_back(std::move(v));
@@ -2184,8 +2186,7 @@ void JobAnalysis::breakMissingCycles() {
       Verdict& a = verdicts_[i];
       Verdict& b = verdicts_[j];
       if (a.kind != VerdictKind::kMissing || b.kind != VerdictKind::kMissing ||
-          a.comm.hash == b.comm.hash || !a.primary || !b.primary || !holds(a, b) ||
-          !holds(b, a)) {
+          a.comm.hash == b.comm.hash || !a.primary || !b.primary || !holds(a, b) || !holds(b, a)) {
         continue;
       }
       const bool aNovel = novel(a);
@@ -2193,17 +2194,16 @@ void JobAnalysis::breakMissingCycles() {
       if (aNovel == bNovel) continue;
       Verdict& cause = aNovel ? a : b;
       Verdict& consequence = aNovel ? b : a;
-      const std::string who = (cause.culprits.size() == 1 ? "rank " : "ranks ") +
-                              formatRanks(cause.culprits);
+      const std::string who =
+          (cause.culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(cause.culprits);
       cause.explanation += "; " + who +
                            " broke the order of calls it kept until here (it went on to a call "
                            "it never made at this point before), so it is the side that skipped";
       consequence.primary = false;
-      consequence.explanation += " (a consequence: " +
-                                 std::string(consequence.culprits.size() == 1 ? "rank " : "ranks ") +
-                                 formatRanks(consequence.culprits) + " wait in #" +
-                                 std::to_string(cause.seq) + " on comm " +
-                                 hashText(cause.comm.hash) + ", which " + who + " skipped)";
+      consequence.explanation +=
+          " (a consequence: " + std::string(consequence.culprits.size() == 1 ? "rank " : "ranks ") +
+          formatRanks(consequence.culprits) + " wait in #" + std::to_string(cause.seq) +
+          " on comm " + hashText(cause.comm.hash) + ", which " + who + " skipped)";
     }
   }
 }

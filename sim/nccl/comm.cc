@@ -120,6 +120,7 @@ ncclResult_t rendezvousInit(ncclComm* comm) {
                   std::to_string(comm->nranks) + " ranks attached");
       });
   if (!complete) return fail(ncclInvalidUsage, "init: communicator aborted while initializing");
+  comm->segment.markUsedUp();
   profilerAttach(comm);
   return ncclSuccess;
 }

@@ -39,11 +39,12 @@ constexpr size_t alignUp(size_t value, size_t alignment) {
 }
 constexpr size_t kSlotsOffset = alignUp(sizeof(SegmentHeader), 64);
 
-// Segment names this process has attached. A unique id makes one communicator: once all its
-// ranks joined, its segment's name is gone (the last rank unlinks it), as NCCL's root closes its
-// bootstrap socket. A process that creates that name again is using a stale id.
-std::mutex gAttachedMutex;
-std::set<std::string>& attachedNames() {
+// Segment names whose communicator completed its init in this process. A unique id makes one
+// communicator: once all its ranks joined, its segment's name is gone (the last rank unlinks it),
+// as NCCL's root closes its bootstrap socket. A process that creates that name again is using a
+// stale id.
+std::mutex gUsedUpMutex;
+std::set<std::string>& usedUpNames() {
   static auto* names = new std::set<std::string>();  // lives for the process
   static pid_t owner = getpid();
   if (owner != getpid()) {  // a fork child attaches on its own account
@@ -79,15 +80,17 @@ std::string Segment::attach(const std::string& name, int nranks) {
   size_ = sizeFor(nranks);
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   const bool creator = fd >= 0;
-  {
-    std::lock_guard<std::mutex> lock(gAttachedMutex);
-    if (creator && attachedNames().count(name)) {
+  if (creator) {
+    // Only a name whose communicator completed counts: ranks of one communicator initialising
+    // concurrently in this process (ncclCommInitAll, a group of inits) race for O_EXCL, and the
+    // loser must find the winner's segment, not a stale-id error that unlinks it.
+    std::lock_guard<std::mutex> lock(gUsedUpMutex);
+    if (usedUpNames().count(name)) {
       close(fd);
       shm_unlink(name.c_str());
       return "the unique id was already used up by a communicator of this process (a stale id): "
              "its root no longer accepts ranks";
     }
-    attachedNames().insert(name);
   }
   if (!creator) {
     if (errno != EEXIST) return "shm_open " + name + ": " + std::strerror(errno);
@@ -137,6 +140,11 @@ std::string Segment::attach(const std::string& name, int nranks) {
            std::to_string(nranks) + ")";
   }
   return {};
+}
+
+void Segment::markUsedUp() const {
+  std::lock_guard<std::mutex> lock(gUsedUpMutex);
+  usedUpNames().insert(name_);
 }
 
 void Segment::unlinkName() {

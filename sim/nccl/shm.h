@@ -112,6 +112,8 @@ class Segment {
   // it). Returns an empty string on success, else a message.
   std::string attach(const std::string& name, int nranks);
   void unlinkName();
+  // Once the communicator's init completed: a later init from the same id in this process fails.
+  void markUsedUp() const;
   const std::string& name() const { return name_; }
 
   // Event count: posters bump and wake; waiters sleep on the word with a timeout.

@@ -216,7 +216,8 @@ TEST(IdenticalCalls, SkippedCallShowsAsALaterCountMismatch) {
   EXPECT_NE(v->explanation.find("skipped AllReduce 4096"), std::string::npos) << text(report);
 }
 
-// Ranks 0-2 wait in #5 on the world; rank 3 never issued it: it waits in comm A for rank 2.
+// Ranks 0-2 wait in #5 on the world; rank 3 never issued it: it waits in comm A for rank 2,
+// which never issued that call either (its host waits for the world's #5).
 TEST(Missing, NamesTheRanksAndWhereTheyAre) {
   auto ranks = world(4);
   ranks[2].comm(kA, 2, 0, kWorld, 1);
@@ -224,7 +225,6 @@ TEST(Missing, NamesTheRanksAndWhereTheyAre) {
   history(ranks, 4);
   for (int r = 0; r < 3; ++r)
     ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
-  ranks[2].call(kA, OpKind::kAllReduce, 64, RecordState::kIssued, 11 * kMs);
   ranks[3].call(kA, OpKind::kAllReduce, 64, RecordState::kStarted, 10 * kMs);
   ranks[3].call(kA, OpKind::kAllReduce, 64, RecordState::kIssued, 10 * kMs);
   auto traces = files(ranks);
@@ -238,6 +238,26 @@ TEST(Missing, NamesTheRanksAndWhereTheyAre) {
   EXPECT_EQ(formatRanks(v->classes[0].ranks), "0-2");
   EXPECT_EQ(v->classes[1].call.commHash, kA);
   EXPECT_EQ(find(onlyJob(report), VerdictKind::kDeadRank), nullptr) << text(report);
+}
+
+// As above, but rank 2 did issue its call on A, queued on its stream behind the world's #5:
+// a cycle through rank 3's blocked host. Rank 3, which left the order of calls it kept until
+// then (world after world), is named.
+TEST(Missing, AHeldRankWhosePeerQueuedTheCallIsADeadlock) {
+  auto ranks = world(4);
+  ranks[2].comm(kA, 2, 0, kWorld, 1);
+  ranks[3].comm(kA, 2, 1, kWorld, 1);
+  history(ranks, 4);
+  for (int r = 0; r < 3; ++r)
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+  ranks[2].call(kA, OpKind::kAllReduce, 64, RecordState::kIssued, 11 * kMs);
+  ranks[3].call(kA, OpKind::kAllReduce, 64, RecordState::kStarted, 10 * kMs);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = firstIs(report, VerdictKind::kDeadlock, {3});
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->comm.hash, kA);
+  EXPECT_EQ(find(onlyJob(report), VerdictKind::kMissing), nullptr) << text(report);
 }
 
 // Asynchronous ranks: a running job with calls in flight and ranks a few calls apart is fine.
@@ -581,13 +601,11 @@ void hang(std::vector<Rank>& ranks, int barrierFirst, int queued, int64_t t) {
     r.call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, t + 10).callSite = kSite42;
   }
   ranks[barrierFirst]
-      .call(kA, OpKind::kAllReduce, 1, RecordState::kStarted, t + 20, kF32, kSum, -1,
-            kPairStream)
+      .call(kA, OpKind::kAllReduce, 1, RecordState::kStarted, t + 20, kF32, kSum, -1, kPairStream)
       .callSite = kSite46;
   for (int r = 0; r < 4; ++r) {
     if (r == barrierFirst) continue;
-    ranks[r].call(kWorld, OpKind::kAllReduce, 8, RecordState::kStarted, t + 30).callSite =
-        kSite33;
+    ranks[r].call(kWorld, OpKind::kAllReduce, 8, RecordState::kStarted, t + 30).callSite = kSite33;
   }
   ranks[queued]
       .call(kA, OpKind::kAllReduce, 1, RecordState::kIssued, t + 40, kF32, kSum, -1, kPairStream)

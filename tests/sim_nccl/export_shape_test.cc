@@ -24,17 +24,11 @@ std::map<std::string, char> definedSymbols(const std::string& library) {
 }
 
 // The functions after 2.28.9 that the sim implements (sim/nccl/newer_api.cc), by their NCCL names.
-const char* const kNewerApi[] = {"ncclCommGetUniqueId",
-                                 "ncclCommGrow",
-                                 "ncclCommMemStats",
-                                 "ncclCommResume",
-                                 "ncclCommSuspend",
-                                 "ncclGetLsaMultimemDevicePointer",
-                                 "ncclGetPeerDevicePointer",
-                                 "ncclPutSignal",
-                                 "ncclSignal",
-                                 "ncclWaitSignal",
-                                 "ncclWinGetUserPtr"};
+const char* const kNewerApi[] = {
+    "ncclCommGetUniqueId",      "ncclCommGrow",     "ncclCommMemStats",
+    "ncclCommResume",           "ncclCommSuspend",  "ncclGetLsaMultimemDevicePointer",
+    "ncclGetPeerDevicePointer", "ncclPutSignal",    "ncclSignal",
+    "ncclWaitSignal",           "ncclWinGetUserPtr"};
 
 TEST(ExportShape, MatchesRealLibncclPlusTheNewerApi) {
   const auto real = definedSymbols(REAL_NCCL_PATH);

@@ -112,7 +112,8 @@ TEST(PythonSites, AVerdictSaysWhereEachClassIssuedItsCall) {
   std::string first = verdicts.substr(0, verdicts.find('\n'));
   ASSERT_FALSE(first.empty()) << out.text;
   EXPECT_NE(first.find("\"culprits\":[1]"), std::string::npos) << first;
-  // Ranks 0 and 2 issued the step's second allreduce, rank 1 (which skipped it) the next step's first.
+  // Ranks 0 and 2 issued the step's second allreduce, rank 1 (which skipped it) the next step's
+  // first.
   EXPECT_NE(first.find("\"issued_at\":\"" + frameAt("all_reduce", "all_reduce") + " \u2190 " +
                        frameAt("step-second", "step")),
             std::string::npos)
