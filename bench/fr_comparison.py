@@ -121,7 +121,7 @@ def run_flight_recorder(build, bug, timeout_s):
     text = "\n".join(l for l in (result.stdout + result.stderr).splitlines()
                      if "Warning" not in l and "_conversion_method" not in l and
                      "tabulate" not in l)
-    culprits = set()
+    culprits = {int(n) for n in re.findall(r"Culprit rank (\d+)", text)}
     for match in re.finditer(r"(?:missing|culprit)[^\n]*?ranks?\s*[\[{(]?([0-9][0-9, ]*)", text,
                              re.IGNORECASE):
         culprits.update(int(n) for n in re.findall(r"\d+", match.group(1)))
