@@ -2401,12 +2401,21 @@ void JobAnalysis::noteEvidenceGaps(JobReport& report) const {
                                     std::to_string(lost) + " records");
     }
     bool anyTracked = false, anyCall = false;
+    uint64_t shed = 0, calls = 0;
     for (const CallRecord& r : file.records) {
       if (!trace::isCollective(r.op) && !trace::isPointToPoint(r.op)) continue;
       anyCall = true;
+      ++calls;
       anyTracked |= isTracked(r) || (r.flags & trace::kRecordKernelTracked) != 0;
+      shed += (r.flags & trace::kRecordShed) != 0;
     }
     if (anyCall && !anyTracked) noEvents.push_back(proc.rank);
+    if (shed > 0 && anyTracked) {
+      report.evidenceGaps.push_back(
+          "rank " + std::to_string(proc.rank) + " left " + std::to_string(shed) + " of " +
+          std::to_string(calls) +
+          " calls untracked (no free CUDA event: its calls outran the watchdog)");
+    }
     if (!file.continuous && file.header.nextIndex > file.header.capacity) {
       wrapped.push_back(proc.rank);
     }

@@ -48,6 +48,7 @@ struct BatchCall {
 struct StreamTicket {
   uint64_t stream;
   watchdog::Ticket ticket;
+  bool shed;  // no ticket because the event pool was empty
 };
 struct Batch {
   BatchCall calls[kMaxBatchCalls];
@@ -486,16 +487,23 @@ bool addToBatch(Batch& batch, const IssuedCall& issued) {
   bool knownStream = false;
   for (int i = 0; i < batch.streamCount; ++i)
     knownStream |= batch.streams[i].stream == issued.stream;
-  if (!knownStream) batch.streams[batch.streamCount++] = {issued.stream, watchdog::kNoTicket};
+  if (!knownStream) {
+    batch.streams[batch.streamCount++] = {issued.stream, watchdog::kNoTicket, false};
+  }
   batch.calls[batch.callCount++] = {issued.index, issued.stream, issued.commHash, false};
   return true;
 }
 
 // Records the "after" event of each stream of the batch and hands its calls to the poller.
-void submitBatch(watchdog::CompletionTracker& completion, Batch& batch) {
+// A call that was to be tracked but got no events after all: its record says so, or it would
+// stay "issued" for ever and read as pending.
+void markUntracked(trace::RingWriter& writer, uint64_t index, bool shed) {
+  writer.updateFlags(index, trace::kRecordNoEvents | (shed ? trace::kRecordShed : 0), 0);
+}
+
+void submitBatch(watchdog::CompletionTracker& completion, trace::RingWriter& writer, Batch& batch) {
   for (int s = 0; s < batch.streamCount; ++s) {
     StreamTicket& stream = batch.streams[s];
-    if (stream.ticket == watchdog::kNoTicket) continue;
     uint64_t indices[kMaxBatchCalls];
     size_t count = 0;
     uint64_t commHash = 0;
@@ -505,11 +513,17 @@ void submitBatch(watchdog::CompletionTracker& completion, Batch& batch) {
       indices[count++] = call.index;
       commHash = call.commHash;
     }
-    if (count == 0 || !completion.recordAfter(stream.ticket, stream.stream)) {
-      if (count == 0) completion.abandon(stream.ticket);
+    if (stream.ticket == watchdog::kNoTicket) {
+      for (size_t i = 0; i < count; ++i) markUntracked(writer, indices[i], stream.shed);
       continue;
     }
-    completion.submit(stream.ticket, std::span<const uint64_t>(indices, count), commHash, true);
+    if (count == 0 || !completion.recordAfter(stream.ticket, stream.stream)) {
+      if (count == 0) completion.abandon(stream.ticket);
+      for (size_t i = 0; i < count; ++i) markUntracked(writer, indices[i], false);
+      continue;
+    }
+    completion.submit(stream.ticket, std::span<const uint64_t>(indices, count), commHash,
+                      stream.stream, true);
   }
   batch.callCount = 0;
   batch.streamCount = 0;
@@ -517,20 +531,23 @@ void submitBatch(watchdog::CompletionTracker& completion, Batch& batch) {
 }
 
 // Single calls are deferred as a batch of one, with the ticket already taken.
-void deferCall(watchdog::CompletionTracker& completion, const IssuedCall& issued, ncclComm_t comm) {
+void deferCall(watchdog::CompletionTracker& completion, trace::RingWriter& writer,
+               const IssuedCall& issued, ncclComm_t comm) {
   ThreadBatches* batches = threadBatches();
   if (batches == nullptr) {
     completion.abandon(issued.ticket);
+    markUntracked(writer, issued.index, false);
     return;
   }
   if (batches->haveDeferred && batches->deferred.comm != comm) {
-    submitBatch(completion, batches->deferred);  // best effort: one deferral at a time
+    submitBatch(completion, writer, batches->deferred);  // best effort: one deferral at a time
   }
   Batch& batch = batches->deferred;
   batches->haveDeferred = true;
   batch.comm = comm;
   if (!addToBatch(batch, issued)) {
     completion.abandon(issued.ticket);
+    markUntracked(writer, issued.index, false);
     return;
   }
   for (int s = 0; s < batch.streamCount; ++s) {
@@ -616,8 +633,10 @@ IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
         tracked = issued.inGroupBatch =
             batches != nullptr && batchHasRoom(batches->group, call.stream);
       } else {
-        issued.ticket = completion->recordBefore(call.stream);
+        bool shed = false;
+        issued.ticket = completion->recordBefore(call.stream, &shed);
         tracked = issued.ticket != watchdog::kNoTicket;
+        if (shed) record.flags |= trace::kRecordShed;
       }
     }
   }
@@ -641,10 +660,12 @@ void Recorder::finish(const IssuedCall& issued, ncclComm_t comm, ncclResult_t re
     if (failed) {
       completion->abandon(issued.ticket);
     } else if (result == ncclInProgress) {
-      deferCall(*completion, issued, comm);
+      deferCall(*completion, state->writer, issued, comm);
     } else if (completion->recordAfter(issued.ticket, issued.stream)) {
       completion->submit(issued.ticket, std::span<const uint64_t>(&issued.index, 1),
-                         issued.commHash, true);
+                         issued.commHash, issued.stream, true);
+    } else {
+      markUntracked(state->writer, issued.index, false);
     }
   } else if (issued.inGroupBatch && failed) {
     Batch& batch = t_batches->group;
@@ -675,7 +696,8 @@ void Recorder::beforeGroupEnd() {
   if (completion == nullptr || t_batches == nullptr) return;
   Batch& batch = t_batches->group;
   for (int s = 0; s < batch.streamCount; ++s) {
-    batch.streams[s].ticket = completion->recordBefore(batch.streams[s].stream);
+    batch.streams[s].ticket =
+        completion->recordBefore(batch.streams[s].stream, &batch.streams[s].shed);
   }
 }
 
@@ -686,7 +708,7 @@ void Recorder::afterGroupEnd(ncclResult_t result) {
   Batch& batch = t_batches->group;
   if (result == ncclInProgress) {
     // A non-blocking group enqueues later: its after events wait for ncclCommGetAsyncError.
-    if (t_batches->haveDeferred) submitBatch(*completion, t_batches->deferred);
+    if (t_batches->haveDeferred) submitBatch(*completion, state->writer, t_batches->deferred);
     std::swap(t_batches->group, t_batches->deferred);
     t_batches->haveDeferred = true;
     t_batches->group.callCount = t_batches->group.streamCount = 0;
@@ -703,7 +725,7 @@ void Recorder::afterGroupEnd(ncclResult_t result) {
     batch.callCount = batch.streamCount = 0;
     return;
   }
-  submitBatch(*completion, batch);
+  submitBatch(*completion, state->writer, batch);
 }
 
 void Recorder::asyncErrorPolled(ncclComm_t comm, ncclResult_t asyncError) {
@@ -718,7 +740,7 @@ void Recorder::asyncErrorPolled(ncclComm_t comm, ncclResult_t asyncError) {
       markFailed(state->writer, batch.calls[c].index, asyncError);
     }
   }
-  if (completion != nullptr) submitBatch(*completion, batch);
+  if (completion != nullptr) submitBatch(*completion, state->writer, batch);
   t_batches->haveDeferred = false;
 }
 

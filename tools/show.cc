@@ -62,7 +62,9 @@ std::string flagNotes(const CallRecord& record) {
   bool communication = trace::isCollective(record.op) || trace::isPointToPoint(record.op);
   if (record.flags & trace::kRecordInGroup) notes += " group";
   if (record.flags & trace::kRecordCaptured) notes += " captured";
-  if (communication && (record.flags & trace::kRecordNoEvents)) notes += " untracked";
+  if (communication && (record.flags & trace::kRecordNoEvents)) {
+    notes += (record.flags & trace::kRecordShed) ? " untracked(shed)" : " untracked";
+  }
   if (record.flags & trace::kRecordFromPlugin) notes += " plugin";
   if (record.flags & trace::kRecordKernelTracked) notes += " kernel-tracked";
   if (trace::isPythonSite(record.callSite)) {

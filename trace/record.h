@@ -54,6 +54,9 @@ enum RecordFlags : uint8_t {
   kRecordFromPlugin = 1 << 3,
   // The plugin's KernelCh events tell this record's GPU start and completion.
   kRecordKernelTracked = 1 << 4,
+  // With kRecordNoEvents: tracking was on but this call found no free event pair (calls outran
+  // the watchdog's recycling), so it was shed; the analysis names it as untracked.
+  kRecordShed = 1 << 5,
 };
 
 // CallRecord::redop when the call's reduction is not known (profiler events do not carry it).

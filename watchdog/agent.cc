@@ -36,7 +36,20 @@ void forgetAfterFork() {
 }
 
 void stopAtExit() {
-  if (Agent* agent = g_agent.load()) agent->stop(2000);
+  Agent* agent = g_agent.load();
+  if (agent == nullptr) return;
+  agent->stop(2000);
+  if (const CompletionTracker* completion = agent->completion()) {
+    const CompletionCounters& counters = completion->counters();
+    uint64_t shed = counters.noPair.load() + counters.queueFull.load();
+    if (shed > 0) {
+      std::fprintf(stderr,
+                   "[ncclwatch] %" PRIu64 " of %" PRIu64
+                   " calls were not tracked to GPU completion: no free CUDA event (calls "
+                   "outran the watchdog); their records say so (untracked)\n",
+                   shed, shed + counters.tracked.load());
+    }
+  }
 }
 
 std::string hex(uint64_t value) {
@@ -163,7 +176,11 @@ void Agent::run() {
     // Continuous mode polls and persists at least every 10 ms, so that a burst of calls rarely
     // laps the ring before its records reach the file with their settled states.
     bool eager = !trace::FastClock::calibrated() || writer_.continuous();
-    waitForWork(eager ? std::min(options_.pollMs, 10) : options_.pollMs);
+    int waitMs = eager ? std::min(options_.pollMs, 10) : options_.pollMs;
+    // Calls faster than the pool recycles at this interval: come back within a millisecond, so
+    // that back-to-back collectives stay tracked instead of being shed.
+    if (completion_ && completion_->underPressure()) waitMs = std::min(waitMs, 1);
+    waitForWork(waitMs);
   }
   if (options_.dumpAtExit)
     dump("exit", "the process is exiting (NCCLWATCH_DUMP_AT_EXIT)", {}, true);

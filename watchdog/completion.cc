@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "trace/clock.h"
+#include "watchdog/triggers.h"
 
 namespace ncclwatch::watchdog {
 namespace {
@@ -22,6 +23,7 @@ std::mutex g_poolCreation;
 CompletionTracker::CompletionTracker(const DriverApi& driver, trace::RingWriter& writer)
     : driver_(driver), writer_(writer) {
   inflight_.reserve(1024);
+  blockedStreams_.reserve(kMaxBlocked);
 }
 
 CompletionTracker::~CompletionTracker() {
@@ -89,17 +91,26 @@ StreamCheck CompletionTracker::checkStream(uint64_t stream) const {
   return status == CU_STREAM_CAPTURE_STATUS_NONE ? StreamCheck::kTrackable : StreamCheck::kCaptured;
 }
 
-Ticket CompletionTracker::recordBefore(uint64_t stream) {
+Ticket CompletionTracker::recordBefore(uint64_t stream, bool* shed) {
+  if (shed != nullptr) *shed = false;
   int slot = slotForCurrentContext(false);
-  if (slot < 0) {
+  if (slot < 0) return kNoTicket;
+  uint32_t index = 0;
+  ContextPool& pool = *pools_[slot];
+  if (!pool.free.pop(&index)) {
+    pool.misses.fetch_add(1, std::memory_order_relaxed);
     counters_.noPair.fetch_add(1, std::memory_order_relaxed);
+    if (shed != nullptr) *shed = true;
+    // The first miss since the last poll wakes the poller to recycle and grow now rather than
+    // at its next interval: one write per poll at most, on a path that is already the slow one.
+    if (!pool.wokePoller.exchange(true, std::memory_order_relaxed)) Triggers::wake();
     return kNoTicket;
   }
-  uint32_t index = 0;
-  if (!pools_[slot]->free.pop(&index)) {
-    pools_[slot]->misses.fetch_add(1, std::memory_order_relaxed);
-    counters_.noPair.fetch_add(1, std::memory_order_relaxed);
-    return kNoTicket;
+  // Running low: wake the poller now to recycle finished pairs and grow the pool, before calls
+  // find it empty (once per poll at most).
+  if (pool.free.size() < pool.created.load(std::memory_order_relaxed) / 4 &&
+      !pool.wokePoller.exchange(true, std::memory_order_relaxed)) {
+    Triggers::wake();
   }
   Ticket ticket = (static_cast<uint32_t>(slot) << 16) | index;
   pairOf(ticket).generation.fetch_add(1, std::memory_order_relaxed);
@@ -124,7 +135,7 @@ void CompletionTracker::abandon(Ticket ticket) {
 }
 
 void CompletionTracker::submit(Ticket ticket, std::span<const uint64_t> ringIndices,
-                               uint64_t commHash, bool updatesState) {
+                               uint64_t commHash, uint64_t stream, bool updatesState) {
   EventPair& pair = pairOf(ticket);
   // Every sharer is counted before the first is queued, so the poller cannot free the pair
   // while the others are still being handed over.
@@ -132,10 +143,15 @@ void CompletionTracker::submit(Ticket ticket, std::span<const uint64_t> ringIndi
   uint32_t lost = 0;
   for (uint64_t ringIndex : ringIndices) {
     uint32_t generation = pair.generation.load(std::memory_order_relaxed);
-    if (queue_.push(Pending{ringIndex, commHash, ticket, generation, updatesState, false})) {
+    if (queue_.push(
+            Pending{ringIndex, commHash, stream, ticket, generation, updatesState, false})) {
       counters_.tracked.fetch_add(1, std::memory_order_relaxed);
     } else {
       ++lost;
+      // The poller will never hear of it: its record says it is untracked, not pending.
+      if (updatesState) {
+        writer_.updateFlags(ringIndex, trace::kRecordNoEvents | trace::kRecordShed, 0);
+      }
     }
   }
   if (lost == 0) return;
@@ -209,6 +225,11 @@ size_t CompletionTracker::poll() {
 
   int64_t now = trace::FastClock::nowNs();
   size_t kept = 0;
+  // A stream runs its work in order: once a call on it is not finished, the calls issued after
+  // it on that stream (larger ring indices) are not either, and need no query this pass.
+  // Back-to-back calls can keep thousands in flight; this keeps a pass to the finished ones
+  // plus about one per stream.
+  blockedStreams_.clear();
   for (Pending& pending : inflight_) {
     EventPair& pair = pairOf(pending.ticket);
     bool abortedComm = false;
@@ -220,7 +241,17 @@ size_t CompletionTracker::poll() {
       release(pending.ticket);
       continue;
     }
+    const bool blocked = std::any_of(
+        blockedStreams_.begin(), blockedStreams_.end(),
+        [&](const auto& b) { return b.first == pending.stream && b.second < pending.ringIndex; });
+    if (blocked && pair.queriedPass != pass_) {
+      inflight_[kept++] = pending;
+      continue;
+    }
     queryPair(pair);
+    if (!pair.afterDone && !pair.failed && !blocked && blockedStreams_.size() < kMaxBlocked) {
+      blockedStreams_.emplace_back(pending.stream, pending.ringIndex);
+    }
     if (pair.afterDone || pair.failed) {
       if (pending.updatesState && !pair.failed) noteCompleted(pending, now);
       if (pending.updatesState) {
@@ -267,21 +298,38 @@ size_t CompletionTracker::poll() {
   }
   // A pool grows by what the calls since the last poll lacked (at least a step) when calls
   // found it empty, or when it runs low now.
+  // A pool under pressure doubles (at least): a burst of calls finds room at the next pass.
   uint32_t count = poolCount_.load(std::memory_order_acquire);
   for (uint32_t slot = 0; slot < count; ++slot) {
     ContextPool& pool = *pools_[slot];
     uint64_t misses = pool.misses.load(std::memory_order_relaxed);
     uint64_t recentMisses = misses - pool.missesSeen;
     pool.missesSeen = misses;
+    pool.wokePoller.store(false, std::memory_order_relaxed);
     uint32_t created = pool.created.load(std::memory_order_relaxed);
     bool low = pool.free.size() < created / 4 + 8;
     if ((recentMisses > 0 || low) && created < kPairsPerContext &&
         driver_.ctxSetCurrent(pool.context.load()) == CUDA_SUCCESS) {
-      grow(pool, static_cast<uint32_t>(std::max<uint64_t>(kGrowPairs, recentMisses)));
+      grow(pool, static_cast<uint32_t>(
+                     std::max<uint64_t>({kGrowPairs, recentMisses, uint64_t{created}})));
     }
   }
   driver_.ctxSetCurrent(previous);
   return inflight_.size();
+}
+
+bool CompletionTracker::underPressure() const {
+  uint32_t count = poolCount_.load(std::memory_order_acquire);
+  uint32_t created = 0;
+  for (uint32_t slot = 0; slot < count; ++slot) created += pools_[slot]->created.load();
+  // Calls keep many pairs in flight: the next pass should come soon to recycle them.
+  if (inflight_.size() * 4 > created) return true;
+  for (uint32_t slot = 0; slot < count; ++slot) {
+    const ContextPool& pool = *pools_[slot];
+    if (pool.misses.load(std::memory_order_relaxed) != pool.missesSeen) return true;
+    if (pool.free.size() < pool.created.load(std::memory_order_relaxed) / 2) return true;
+  }
+  return false;
 }
 
 }  // namespace ncclwatch::watchdog

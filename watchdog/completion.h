@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "trace/ring_writer.h"
@@ -43,7 +44,7 @@ struct CommProgress {
 
 struct CompletionCounters {
   std::atomic<uint64_t> tracked{0};       // records handed to the poller
-  std::atomic<uint64_t> noPair{0};        // calls that found no free event pair
+  std::atomic<uint64_t> noPair{0};        // calls that found no free event pair (shed)
   std::atomic<uint64_t> queueFull{0};     // records the poller never heard of (queue full)
   std::atomic<uint64_t> recordErrors{0};  // cuEventRecord failures
   std::atomic<uint64_t> queryErrors{0};   // cuEventQuery errors other than not-ready
@@ -52,7 +53,10 @@ struct CompletionCounters {
 class CompletionTracker {
  public:
   static constexpr uint32_t kMaxContexts = 8;
-  static constexpr uint32_t kPairsPerContext = 4096;
+  // Back-to-back small collectives (FSDP, tensor parallelism) issue hundreds of thousands of
+  // calls a second; the poller recycles pairs every pass (1 ms while the pool is under
+  // pressure), so this many covers ~16 M calls a second before any call is shed.
+  static constexpr uint32_t kPairsPerContext = 16384;
   static constexpr uint32_t kInitialPairs = 256;  // created at communicator init
   static constexpr uint32_t kGrowPairs = 256;     // the least the poller adds to a low pool
   static constexpr size_t kQueueCapacity = 32768;
@@ -67,14 +71,16 @@ class CompletionTracker {
 
   // ---- application threads (hot path: no allocation, no lock, no I/O) ----
   StreamCheck checkStream(uint64_t stream) const;
-  // Takes a pair for the current context and records its "before" event on `stream`.
-  Ticket recordBefore(uint64_t stream);
+  // Takes a pair for the current context and records its "before" event on `stream`. kNoTicket
+  // when none: `*shed` then says whether it was for want of a free pair (the call outran the
+  // poller), as opposed to an unknown context or a driver error.
+  Ticket recordBefore(uint64_t stream, bool* shed = nullptr);
   // Records the "after" event behind the call's work; false (pair given back) on failure.
   bool recordAfter(Ticket ticket, uint64_t stream);
   // Hands the records that share `ticket` to the poller; `updatesState` is false for calls
   // that failed (their record keeps its failed state; the pair only returns when done).
   void submit(Ticket ticket, std::span<const uint64_t> ringIndices, uint64_t commHash,
-              bool updatesState);
+              uint64_t stream, bool updatesState);
   // Gives back a pair whose before event was recorded but that will not be submitted.
   void abandon(Ticket ticket);
   // The communicator was aborted: its pending records end as aborted.
@@ -83,6 +89,10 @@ class CompletionTracker {
   // ---- the watchdog thread ----
   // Queries pending events, updates record states, grows pools. Returns the pending count.
   size_t poll();
+  // True when a pool ran dry since the last poll, is less than half free, or a quarter of the
+  // pairs are in flight: the poller should come back within a millisecond instead of its usual
+  // interval (watchdog thread).
+  bool underPressure() const;
   // Switches the calling thread to the thread-local capture mode, so that its event queries
   // never invalidate another thread's global-mode stream capture.
   void enterPollingThread() const;
@@ -108,14 +118,16 @@ class CompletionTracker {
   struct ContextPool {
     std::atomic<CUcontext> context{nullptr};
     std::atomic<uint32_t> created{0};
-    std::atomic<uint64_t> misses{0};  // calls that found the pool empty
-    uint64_t missesSeen = 0;          // poller-only: misses already answered by growth
+    std::atomic<uint64_t> misses{0};      // calls that found the pool empty
+    std::atomic<bool> wokePoller{false};  // a call since the last poll already woke the poller
+    uint64_t missesSeen = 0;              // poller-only: misses already answered by growth
     BoundedQueue<uint32_t, kPairsPerContext> free;
     EventPair pairs[kPairsPerContext];
   };
   struct Pending {
     uint64_t ringIndex;
     uint64_t commHash;
+    uint64_t stream;
     Ticket ticket;
     uint32_t generation;
     bool updatesState;
@@ -140,6 +152,9 @@ class CompletionTracker {
   CompletionCounters counters_;
   // Poller-only.
   std::vector<Pending> inflight_;
+  // Within one pass: (stream, ring index) of each stream's first unfinished call.
+  static constexpr size_t kMaxBlocked = 64;
+  std::vector<std::pair<uint64_t, uint64_t>> blockedStreams_;
   std::vector<CommProgress> progress_;
   uint64_t pass_ = 0;
   CommProgress& progressOf(uint64_t commHash);

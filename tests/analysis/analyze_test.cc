@@ -684,3 +684,25 @@ TEST(CrossComm, TwoMissingCallsThatHoldEachOtherBlameTheRankThatBrokeItsOrder) {
   EXPECT_FALSE(world->primary) << text(report);
   EXPECT_NE(world->explanation.find("a consequence"), std::string::npos) << world->explanation;
 }
+
+// Calls shed for want of a free event pair are an evidence gap the report names, with the
+// rank and how many; calls untracked by choice (events off) are not "shed".
+TEST(EvidenceGaps, ShedCallsAreNamedWithTheirRankAndCount) {
+  auto ranks = world(2);
+  history(ranks, 4);
+  for (int i = 0; i < 3; ++i) {
+    ranks[1].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kIssued, (10 + i) * kMs).flags |=
+        ncclwatch::trace::kRecordNoEvents | ncclwatch::trace::kRecordShed;
+    ranks[0].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kCompleted, (10 + i) * kMs);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const JobReport& job = onlyJob(report);
+  bool named = false;
+  for (const std::string& gap : job.evidenceGaps) {
+    named |= gap ==
+             "rank 1 left 3 of 7 calls untracked (no free CUDA event: its calls outran "
+             "the watchdog)";
+  }
+  EXPECT_TRUE(named) << text(report);
+}

@@ -146,7 +146,7 @@ class CompletionTest : public testing::Test {
     Ticket ticket = tracker_->recordBefore(stream);
     EXPECT_NE(ticket, kNoTicket);
     EXPECT_TRUE(tracker_->recordAfter(ticket, stream));
-    tracker_->submit(ticket, std::span<const uint64_t>(&index, 1), 42, true);
+    tracker_->submit(ticket, std::span<const uint64_t>(&index, 1), 42, stream, true);
     return index;
   }
 
@@ -179,7 +179,7 @@ TEST_F(CompletionTest, GroupRecordsSharingOnePairCompleteTogether) {
   uint64_t indices[3] = {appendIssued(), appendIssued(), appendIssued()};
   Ticket ticket = tracker_->recordBefore(9);
   ASSERT_TRUE(tracker_->recordAfter(ticket, 9));
-  tracker_->submit(ticket, indices, 42, true);
+  tracker_->submit(ticket, indices, 42, 9, true);
   EXPECT_EQ(tracker_->poll(), 3u);
   drain(9);
   EXPECT_EQ(tracker_->poll(), 0u);
@@ -224,12 +224,47 @@ TEST_F(CompletionTest, AnEmptyPoolIsCountedAndGrownByThePoller) {
   EXPECT_EQ(tracker_->counters().noPair.load(), 1u);
 }
 
+// Back-to-back calls: more in flight than the whole first pool. The calls that found it empty
+// are counted and said to be shed (the poller was woken for them), the pool doubles at the next
+// poll, and the poller asks to come back within a millisecond while the pressure lasts.
+TEST_F(CompletionTest, ACallThatFindsThePoolEmptyIsShedCountedAndThePoolDoubles) {
+  std::vector<uint64_t> indices;
+  for (uint32_t i = 0; i < CompletionTracker::kInitialPairs; ++i) indices.push_back(trackedCall(6));
+  bool shed = false;
+  EXPECT_EQ(tracker_->recordBefore(6, &shed), kNoTicket);
+  EXPECT_TRUE(shed);
+  EXPECT_TRUE(tracker_->underPressure());
+  tracker_->poll();  // nothing finished yet: the pool grows by at least its size
+  for (uint32_t i = 0; i < CompletionTracker::kInitialPairs; ++i) {
+    EXPECT_NE(tracker_->recordBefore(6), kNoTicket) << i;
+  }
+  drain(6);
+  tracker_->poll();
+  for (uint64_t index : indices) EXPECT_EQ(read(index).state, RecordState::kCompleted);
+}
+
+// A stream's calls finish in order: a pass that finds one unfinished leaves the later ones on
+// that stream unqueried, and still completes another stream's.
+TEST_F(CompletionTest, ALaterCallOnABlockedStreamWaitsAndAnotherStreamCompletes) {
+  uint64_t first = trackedCall(11);
+  uint64_t second = trackedCall(11);
+  uint64_t other = trackedCall(12);
+  drain(12);
+  EXPECT_EQ(tracker_->poll(), 2u);
+  EXPECT_EQ(read(other).state, RecordState::kCompleted);
+  EXPECT_EQ(read(first).state, RecordState::kIssued);
+  EXPECT_EQ(read(second).state, RecordState::kIssued);
+  drain(11);
+  EXPECT_EQ(tracker_->poll(), 0u);
+  EXPECT_EQ(read(second).state, RecordState::kCompleted);
+}
+
 TEST_F(CompletionTest, FailedCallKeepsItsStateAndAbortedCommEndsAborted) {
   uint64_t failed = appendIssued();
   writer_.updateState(failed, RecordState::kFailed, 0, 0);
   Ticket ticket = tracker_->recordBefore(4);
   ASSERT_TRUE(tracker_->recordAfter(ticket, 4));
-  tracker_->submit(ticket, std::span<const uint64_t>(&failed, 1), 42, false);
+  tracker_->submit(ticket, std::span<const uint64_t>(&failed, 1), 42, 4, false);
   uint64_t hung = trackedCall(4);
   tracker_->markAborted(42);
   EXPECT_EQ(tracker_->poll(), 0u);
