@@ -1,10 +1,12 @@
 #include "inspect.h"
 
+#include <simdjson.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "analysis/analyze.h"
@@ -13,6 +15,59 @@
 #include "trace/ring_reader.h"
 
 namespace ncclwatch::inspect {
+namespace {
+
+// One line per verdict the collector said while the job ran (verdicts.jsonl in the folder, as
+// `ncclwatch run` and the sidecar write it). After `run --abort` the trace files hold the
+// aborted state, so these are the record of the hang itself.
+void printLiveVerdicts(const std::string& directory, std::ostream& out) {
+  std::ifstream in(std::filesystem::path(directory) / "verdicts.jsonl");
+  if (!in) return;
+  std::vector<std::string> lines;
+  int unreadable = 0;
+  simdjson::dom::parser parser;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    simdjson::dom::element verdict;
+    if (parser.parse(line).get(verdict) != simdjson::SUCCESS) {
+      ++unreadable;
+      continue;
+    }
+    std::string_view kind, hash, explanation;
+    int64_t seq = 0, size = 0;
+    if (verdict["kind"].get(kind) || verdict["comm"]["hash"].get(hash) || verdict["seq"].get(seq) ||
+        verdict["explanation"].get(explanation)) {
+      ++unreadable;
+      continue;
+    }
+    if (verdict["comm"]["size"].get(size)) size = 0;
+    std::string culprits;
+    simdjson::dom::array list;
+    if (!verdict["culprits"].get(list)) {
+      for (simdjson::dom::element rank : list) {
+        int64_t value = 0;
+        if (rank.get(value)) continue;
+        culprits += (culprits.empty() ? "" : ",") + std::to_string(value);
+      }
+    }
+    std::string upper(kind);
+    std::transform(upper.begin(), upper.end(), upper.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+    lines.push_back("  " + upper + " on comm " + std::string(hash.substr(0, 4)) + "\u2026(" +
+                    std::to_string(size) + " ranks) at call #" + std::to_string(seq) +
+                    (culprits.empty() ? "" : ", culprit " + culprits) + ": " +
+                    std::string(explanation));
+  }
+  if (lines.empty() && unreadable == 0) return;
+  out << "Live verdicts, said while the job ran ("
+      << (std::filesystem::path(directory) / "verdicts.jsonl").string()
+      << "): the traces below may show what came after them (an abort, a teardown).\n";
+  for (const std::string& line : lines) out << line << "\n";
+  if (unreadable > 0) out << "  (" << unreadable << " unreadable lines skipped)\n";
+  out << "\n";
+}
+
+}  // namespace
 
 int run(const Options& options, std::ostream& out, std::ostream& err) {
   cli::Loaded loaded;
@@ -32,6 +87,7 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
   } else {
     analysis::TextStyle style;
     style.colour = cli::useColour(options.colour, STDOUT_FILENO);
+    printLiveVerdicts(options.directory, out);
     analysis::printText(report, out, style);
   }
   return report.hasFindings() ? 1 : 0;

@@ -1,0 +1,60 @@
+// ncclwatch inspect beside verdicts.jsonl: the verdicts the collector said while the job ran come
+// first, one line each, since after `run --abort` the traces hold what came after the hang; an
+// unreadable line is counted, never fatal; a folder without the file prints no such section.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "inspect.h"
+#include "trace/ring_writer.h"
+
+namespace {
+
+using namespace ncclwatch;
+
+class InspectLive : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = "/tmp/inspect-live-" + std::to_string(getpid());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    trace::RingWriter writer;
+    ASSERT_TRUE(writer.open(dir_ + "/h-1.ncclwatch", 16, {0, 1, 0, "h", "job-live"}, nullptr));
+    writer.close();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string inspect() {
+    inspect::Options options;
+    options.directory = dir_;
+    options.colour = 0;
+    std::ostringstream out, err;
+    inspect::run(options, out, err);
+    return out.str();
+  }
+  std::string dir_;
+};
+
+TEST_F(InspectLive, TheLiveVerdictsComeFirstAndABadLineIsCounted) {
+  std::ofstream(dir_ + "/verdicts.jsonl")
+      << R"({"kind":"deadlock","comm":{"hash":"acabede88d19cccc","size":2},"seq":3,)"
+      << R"("culprits":[1],"explanation":"rank 0 waits for rank 1"})"
+      << "\n"
+      << "{not json\n";
+  std::string text = inspect();
+  EXPECT_EQ(text.rfind("Live verdicts, said while the job ran (", 0), 0u) << text;
+  EXPECT_NE(text.find("\n  DEADLOCK on comm acab\u2026(2 ranks) at call #3, culprit 1: rank 0 "
+                      "waits for rank 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  (1 unreadable lines skipped)\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("Job job-live"), std::string::npos) << text;  // the offline part follows
+}
+
+TEST_F(InspectLive, WithoutTheFileThereIsNoSuchSection) {
+  EXPECT_EQ(inspect().find("Live verdicts"), std::string::npos);
+}
+
+}  // namespace
