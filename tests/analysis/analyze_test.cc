@@ -216,9 +216,9 @@ TEST(IdenticalCalls, SkippedCallShowsAsALaterCountMismatch) {
   EXPECT_NE(v->explanation.find("skipped AllReduce 4096"), std::string::npos) << text(report);
 }
 
-// Ranks 0-2 wait in #5 on the world; rank 3 never issued it: it waits in comm A for rank 2,
-// which never issued that call either (its host waits for the world's #5).
-TEST(Missing, NamesTheRanksAndWhereTheyAre) {
+// Ranks 0-2 wait in #5 on the world; rank 3 never issued it, and waits in comm A (shared with
+// rank 2) instead.
+std::vector<Rank> rank3HeldInA() {
   auto ranks = world(4);
   ranks[2].comm(kA, 2, 0, kWorld, 1);
   ranks[3].comm(kA, 2, 1, kWorld, 1);
@@ -226,6 +226,12 @@ TEST(Missing, NamesTheRanksAndWhereTheyAre) {
   for (int r = 0; r < 3; ++r)
     ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
   ranks[3].call(kA, OpKind::kAllReduce, 64, RecordState::kStarted, 10 * kMs);
+  return ranks;
+}
+
+// Rank 2 never issued the call on A either (its host waits for the world's #5).
+TEST(Missing, NamesTheRanksAndWhereTheyAre) {
+  auto ranks = rank3HeldInA();
   ranks[3].call(kA, OpKind::kAllReduce, 64, RecordState::kIssued, 10 * kMs);
   auto traces = files(ranks);
   Report report = analyze(traces, ended());
@@ -240,18 +246,12 @@ TEST(Missing, NamesTheRanksAndWhereTheyAre) {
   EXPECT_EQ(find(onlyJob(report), VerdictKind::kDeadRank), nullptr) << text(report);
 }
 
-// As above, but rank 2 did issue its call on A, queued on its stream behind the world's #5:
+// Rank 2 did issue its call on A, queued on its stream behind the world's #5:
 // a cycle through rank 3's blocked host. Rank 3, which left the order of calls it kept until
 // then (world after world), is named.
 TEST(Missing, AHeldRankWhosePeerQueuedTheCallIsADeadlock) {
-  auto ranks = world(4);
-  ranks[2].comm(kA, 2, 0, kWorld, 1);
-  ranks[3].comm(kA, 2, 1, kWorld, 1);
-  history(ranks, 4);
-  for (int r = 0; r < 3; ++r)
-    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+  auto ranks = rank3HeldInA();
   ranks[2].call(kA, OpKind::kAllReduce, 64, RecordState::kIssued, 11 * kMs);
-  ranks[3].call(kA, OpKind::kAllReduce, 64, RecordState::kStarted, 10 * kMs);
   auto traces = files(ranks);
   Report report = analyze(traces, ended());
   const Verdict* v = firstIs(report, VerdictKind::kDeadlock, {3});
