@@ -216,6 +216,46 @@ bool isRuntimeModule(const std::string& module) {
   }
   return false;
 }
+
+// A framework between the user's code and NCCL: PyTorch's libraries (ATen/c10 dispatch, c10d)
+// and the Python interpreter. Their frames fold into one item that names the innermost.
+const char* frameworkOf(const std::string& module) {
+  std::string base = module.substr(module.find_last_of('/') + 1);
+  for (const char* prefix : {"libtorch", "libc10", "libshm"}) {
+    if (base.rfind(prefix, 0) == 0) return "PyTorch";
+  }
+  if (base.rfind("libpython", 0) == 0 || base.rfind("python3", 0) == 0) return "Python";
+  return nullptr;
+}
+
+// Python code of the interpreter, the standard library or an installed package (PyTorch's
+// distributed_c10d.py): not where the user's program is.
+bool isLibraryPython(const std::string& file) {
+  return file.find("/site-packages/") != std::string::npos ||
+         file.find("/dist-packages/") != std::string::npos ||
+         file.find("/lib/python3") != std::string::npos || file.rfind("<frozen", 0) == 0;
+}
+
+// Up to `frames` native frames of `thread`, innermost first, without the runtime's; framework
+// frames before the first user frame fold into "[PyTorch: its innermost function]".
+std::string nativeTop(const trace::DumpThread& thread, size_t frames) {
+  std::string text;
+  size_t taken = 0;
+  bool folded = false;
+  for (const trace::DumpFrame& frame : thread.frames) {  // innermost first
+    if (taken == frames) break;
+    if (isRuntimeModule(frame.module) || frame.function.rfind("ncclwatch::", 0) == 0) continue;
+    if (const char* framework = frameworkOf(frame.module)) {
+      if (folded) continue;
+      folded = true;
+      text += (taken++ ? " \u2190 " : "") + std::string("[") + framework + ": " +
+              frameLabel(frame, FrameKey::kFunction) + "]";
+      continue;
+    }
+    text += (taken++ ? " \u2190 " : "") + frameLabel(frame, FrameKey::kFunction);
+  }
+  return text;
+}
 }  // namespace
 
 std::string stackTop(const trace::Dump& dump, int threadId, int pid, size_t frames) {
@@ -227,23 +267,30 @@ std::string stackTop(const trace::Dump& dump, int threadId, int pid, size_t fram
   for (const trace::DumpThread& candidate : dump.threads) {
     if (thread == nullptr && candidate.tid == key) thread = &candidate;
   }
-  std::string text;
-  size_t taken = 0;
-  if (thread != nullptr) {
-    for (const trace::DumpFrame& frame : thread->frames) {  // innermost first
-      if (taken == frames) break;
-      if (isRuntimeModule(frame.module) || frame.function.rfind("ncclwatch::", 0) == 0) continue;
-      text += (taken++ ? " \u2190 " : "") + frameLabel(frame, FrameKey::kFunction);
-    }
-  }
+  std::string native = thread != nullptr ? nativeTop(*thread, frames) : std::string();
   const trace::DumpPythonThread* python = nullptr;
   for (const trace::DumpPythonThread& candidate : dump.pythonThreads) {
     if (python == nullptr || candidate.current) python = &candidate;
   }
-  if (python != nullptr && !python->frames.empty()) {
-    text += (text.empty() ? "py: " : " | py: ") + pythonFrameLabel(python->frames.front());
+  if (python == nullptr || python->frames.empty()) return native;
+  // The user's own Python line leads: the innermost frame outside installed packages (the
+  // training loop's line, not distributed_c10d.py's), with the library frame it called.
+  const trace::DumpPythonFrame* user = nullptr;
+  for (const trace::DumpPythonFrame& frame : python->frames) {  // innermost first
+    if (!isLibraryPython(frame.file)) {
+      user = &frame;
+      break;
+    }
   }
-  return text;
+  const trace::DumpPythonFrame& innermost = python->frames.front();
+  if (user == nullptr)
+    return (native.empty() ? "py: " : native + " | py: ") + pythonFrameLabel(innermost);
+  std::string text = "py: " + pythonFrameLabel(*user);
+  if (user != &innermost) {
+    std::string file = innermost.file.substr(innermost.file.find_last_of('/') + 1);
+    text += " (in " + file + ":" + std::to_string(innermost.line) + " " + innermost.function + ")";
+  }
+  return native.empty() ? text : text + " | " + native;
 }
 
 StackReport mergeStacks(std::span<const RankDump> input, const StackOptions& options) {

@@ -219,4 +219,39 @@ TEST(Report, EscapesEverythingItShows) {
   EXPECT_NE(page.str().find("&lt;script&gt;alert(1)&lt;/script&gt;"), std::string::npos);
 }
 
+// A PyTorch rank blocked in a barrier: the stack top leads with the user's own Python line (not
+// distributed_c10d.py's), and PyTorch's native frames fold into one item naming the innermost;
+// the CUDA runtime's, libc's and the interpreter's frames are left out.
+TEST(StackTop, LeadsWithTheUsersPythonLineAndFoldsPyTorchFrames) {
+  Dump dump;
+  dump.threads.push_back(thread(
+      100, "python",
+      {frame("main", 0x10, "/usr/bin/python3.11"),
+       frame("c10d::ProcessGroupNCCL::barrier()", 0x20, "/venv/torch/lib/libtorch_cuda.so"),
+       frame("c10d::WorkNCCL::synchronizeInternal()", 0x30, "/venv/torch/lib/libtorch_cuda.so"),
+       frame("cudaStreamSynchronize", 0x40, "/usr/lib/libcudart.so.13"),
+       frame("__futex_wait", 0x50, "/lib/x86_64-linux-gnu/libc.so.6")}));
+  ncclwatch::trace::DumpPythonThread python;
+  python.current = true;
+  python.frames = {
+      {"/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 6614, "barrier"},
+      {"/home/me/train.py", 46, "train"},
+      {"/home/me/train.py", 59, "main"}};
+  dump.pythonThreads.push_back(python);
+  EXPECT_EQ(ncclwatch::analysis::stackTop(dump, 100, 100),
+            "py: /home/me/train.py:46 train (in distributed_c10d.py:6614 barrier) | "
+            "[PyTorch: c10d::WorkNCCL::synchronizeInternal()]");
+}
+
+// A native program: its own frames, as before; a Python stack of library code only is shown
+// after them.
+TEST(StackTop, ANativeProgramShowsItsOwnFrames) {
+  Dump dump;
+  dump.threads.push_back(
+      thread(7, "main",
+             {frame("main", 0x10, "/app/train"), frame("Trainer::step", 0x20, "/app/train"),
+              frame("ncclAllReduce", 0x30, "/usr/lib/libnccl.so.2")}));
+  EXPECT_EQ(ncclwatch::analysis::stackTop(dump, 7, 7), "Trainer::step \u2190 main");
+}
+
 }  // namespace
