@@ -1,5 +1,7 @@
 #include "corpus.h"
 
+#include "traces.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -33,10 +35,7 @@ constexpr auto kLinger = 3800ms;
 constexpr auto kVerdictBound = 25s;
 constexpr auto kEndBound = 60s;
 
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using testsupport::readFile;  // a process's /proc files may vanish while they are read
 
 std::vector<std::string> split(const std::string& text, char separator) {
   std::vector<std::string> parts;
