@@ -151,8 +151,7 @@ void printDumpsJson(const TraceFile& file, std::ostream& out) {
     out << (d ? "," : "") << "{\"trigger\":" << text(dump.trigger)
         << ",\"reason\":" << text(dump.reason) << ",\"time_ns\":" << dump.timeNs
         << ",\"took_ns\":" << dump.tookNs << ",\"partial\":" << (dump.partial ? "true" : "false")
-        << ",\"stack_route\":" << text(dump.stackRoute)
-        << ",\"findings\":[";
+        << ",\"stack_route\":" << text(dump.stackRoute) << ",\"findings\":[";
     for (size_t i = 0; i < dump.findings.size(); ++i) {
       const trace::DumpFinding& f = dump.findings[i];
       out << (i ? "," : "") << "{\"comm\":\"" << hex(f.commHash) << "\",\"seq\":" << f.seq

@@ -139,7 +139,8 @@ uint64_t readTextBlock(TraceFile& file, std::span<const std::byte> bytes, uint64
   uint64_t textAt = pos + sizeof header;
   uint64_t padded = paddedDumpBytes(header.textBytes);
   if (size - textAt < padded) {
-    std::string_view written = writtenPart(bytes, textAt, std::min(size - textAt, header.textBytes));
+    std::string_view written =
+        writtenPart(bytes, textAt, std::min(size - textAt, header.textBytes));
     if (partial != nullptr && !written.empty()) {
       *partial = true;
       *text = written;

@@ -143,8 +143,9 @@ void CollectorLink::lose(int64_t nowNs, const char* why) {
   if (nowNs - establishedNs_ < kUpNs) {
     // Closed at once: the collector there did not take us (another job's on that port, or a
     // wrong secret). Only the unreachable line says it, if it lasts.
-    lastError_ = "it closes every connection at once: another job's collector on that port, or "
-                 "a wrong secret";
+    lastError_ =
+        "it closes every connection at once: another job's collector on that port, or "
+        "a wrong secret";
     disconnect(nowNs);
     return;
   }
@@ -432,14 +433,16 @@ void CollectorLink::finish(int boundMs) {
   ::close(fd_);
   fd_ = -1;
   counters_.bytesDropped += unsent;
+  counters_.recordsDropped += writer_.nextIndex() - sentUpTo_;  // a stalled collector's backlog
   // What the live verdicts did not see, from every rank that lost some: the trace file has them.
   if (counters_.recordsDropped > 0 || counters_.bytesDropped > 0) {
-    std::fprintf(stderr,
-                 "[ncclwatch] rank %d: the collector did not read all of this rank's calls (%" PRIu64
-                 " records overwritten before it read them, %" PRIu64
-                 " bytes unsent at exit); live verdicts may miss them, the trace file keeps the "
-                 "newest\n",
-                 hello_.rank, counters_.recordsDropped, counters_.bytesDropped);
+    std::fprintf(
+        stderr,
+        "[ncclwatch] rank %d: the collector did not read all of this rank's calls (%" PRIu64
+        " records never sent, %" PRIu64
+        " bytes queued but unsent at exit); live verdicts may miss them, the trace file "
+        "keeps the newest\n",
+        hello_.rank, counters_.recordsDropped, counters_.bytesDropped);
   }
 }
 

@@ -104,12 +104,12 @@ class CollectorLink {
   int64_t lastFrameNs_ = INT64_MIN / 2;  // when the last RECORDS frame was queued
   // What the user is told (docs/reliability.md, "The collector"): one line per fault.
   int64_t firstAttemptNs_ = -1;
-  std::string lastError_;       // why the last attempt or connection failed
+  std::string lastError_;  // why the last attempt or connection failed
   bool saidUnreachable_ = false;
   bool saidStalled_ = false;
-  bool lostOnce_ = false;       // a connection that was up ended: the next one says so
-  bool reached_ = false;        // a connection stayed up for a second: the collector took us
-  int64_t establishedNs_ = 0;   // when the current connection was established
+  bool lostOnce_ = false;      // a connection that was up ended: the next one says so
+  bool reached_ = false;       // a connection stayed up for a second: the collector took us
+  int64_t establishedNs_ = 0;  // when the current connection was established
   ExchangeCounters counters_;
 };
 

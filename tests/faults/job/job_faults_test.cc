@@ -187,8 +187,8 @@ TEST(JobFaults, TenThousandCommunicatorsStayBounded) {
     EXPECT_EQ(record.seq, last[0].seq + static_cast<uint64_t>(&record - last.data()));
   }
   // What was left out is said where a user looks.
-  testsupport::Output shown = testsupport::command(std::string(NCCLWATCH_BINARY) + " show " +
-                                                   file.path);
+  testsupport::Output shown =
+      testsupport::command(std::string(NCCLWATCH_BINARY) + " show " + file.path);
   EXPECT_NE(shown.text.find(std::to_string(file.header.droppedComms)), std::string::npos)
       << shown.text;
 }
@@ -302,8 +302,7 @@ TEST(JobFaults, APartialDumpIsNamedPartial) {
     EXPECT_EQ(read.dumps.back().trigger, "request") << file;
     EXPECT_EQ(read.records.size(), files[0].records.size()) << file;
     ASSERT_EQ(read.problems.size(), 1u) << file;
-    EXPECT_NE(read.problems[0].what.find("is partial"), std::string::npos)
-        << read.problems[0].what;
+    EXPECT_NE(read.problems[0].what.find("is partial"), std::string::npos) << read.problems[0].what;
     testsupport::Output shown =
         testsupport::command(std::string(NCCLWATCH_BINARY) + " show " + file);
     EXPECT_NE(shown.text.find("PARTIAL: the process ended while writing this dump"),

@@ -212,15 +212,14 @@ int calls(int count) {
   std::fflush(stdout);
   auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < count; ++i) {
-    if (ncclAllReduce(rank.buffer, rank.buffer, 1024, ncclFloat, ncclSum, rank.comm,
-                      rank.stream) != ncclSuccess) {
+    if (ncclAllReduce(rank.buffer, rank.buffer, 1024, ncclFloat, ncclSum, rank.comm, rank.stream) !=
+        ncclSuccess) {
       return fail("allreduce");
     }
     if (i % 64 == 63 && cudaStreamSynchronize(rank.stream) != cudaSuccess) return fail("sync");
   }
   cudaStreamSynchronize(rank.stream);
-  double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ncclCommDestroy(rank.comm);
   std::printf("calls: %d in %.2f s\n", count, seconds);
   return 0;
