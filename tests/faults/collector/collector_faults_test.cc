@@ -189,14 +189,14 @@ TEST(CollectorFaults, NotReachableAtStart) {
 
 // (b) Killed mid-run: training goes on untouched, one line says the collector was lost.
 TEST(CollectorFaults, KilledMidRun) {
-  std::vector<std::string> args = {"--steps", "70", "--step-ms", "25"};
+  std::vector<std::string> args = {"--steps", "100", "--step-ms", "25"};
   int expected = baselineAllReduces("killed-base", 4, args);
   std::string logs = testsupport::freshDirectory("killed");
   CollectorProcess collector(logs, "collector", 0);
   int port = collector.port();
   ASSERT_GT(port, 0) << collector.output();
   Job job(trainLoop(4, args, watched(logs + "/job", "127.0.0.1:" + std::to_string(port))));
-  std::this_thread::sleep_for(1300ms);  // a connection up for a second: the collector had it
+  std::this_thread::sleep_for(1800ms);  // a connection up for a second: the collector had it
   collector.signal(SIGKILL);
   ASSERT_TRUE(job.waitExit(60s)) << job.output(0);
   expectCleanAndComplete(job, logs + "/job", expected);
@@ -215,9 +215,9 @@ TEST(CollectorFaults, RestartedCollectorGetsTheWindowAndTheVerdict) {
   auto first = std::make_unique<CollectorProcess>(logs, "first", 0);
   int port = first->port();
   ASSERT_GT(port, 0) << first->output();
-  Job job(trainLoop(4, {"--steps", "120", "--step-ms", "25", "--bug", "skip:rank=3,step=100"},
+  Job job(trainLoop(4, {"--steps", "160", "--step-ms", "25", "--bug", "skip:rank=3,step=140"},
                     watched(logs + "/job", "127.0.0.1:" + std::to_string(port))));
-  std::this_thread::sleep_for(1200ms);
+  std::this_thread::sleep_for(1800ms);  // a connection up for a second: the collector had it
   first->signal(SIGKILL);
   ASSERT_TRUE(first->waitExit(5s));
   CollectorProcess second(logs, "second", port, {"--listen-wait-ms", "5000"});
