@@ -18,6 +18,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "interpose/forward.h"
 #include "plugin/plugin.h"
@@ -472,7 +473,22 @@ CommEntry* Recorder::add(const CommCreation& creation) {
     state->writer.addComm(info);
     return &entry;
   }
-  return nullptr;  // table full: calls on it are recorded without a communicator
+  // Table full of live communicators: calls on this one are recorded without its sequence
+  // numbers. The trace's header table lists or counts it (droppedComms); said once.
+  trace::CommInfo info{};
+  info.commHash = creation.hash;
+  info.parentHash = creation.parentHash;
+  info.nranks = creation.nranks;
+  info.rank = creation.rank;
+  state->writer.addComm(info);
+  static bool said = false;
+  if (!std::exchange(said, true)) {
+    std::fprintf(stderr,
+                 "[ncclwatch] more than %zu communicators alive at once: calls on the newer ones "
+                 "are recorded without their sequence numbers\n",
+                 kCommTableSize);
+  }
+  return nullptr;
 }
 
 CommEntry* Recorder::findByHash(uint64_t hash) {
