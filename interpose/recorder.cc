@@ -18,6 +18,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "interpose/forward.h"
 #include "plugin/plugin.h"
@@ -404,10 +405,38 @@ CommEntry* Recorder::find(ncclComm_t comm) {
     CommEntry& entry = state->comms[(start + probe) & (kCommTableSize - 1)];
     ncclComm_t key = entry.key.load(std::memory_order_acquire);
     if (key == comm) return &entry;
-    if (key == nullptr && entry.hash == 0) return nullptr;  // never used: end of the chain
+    // Never used: the end of the chain. (add() may be turning a tombstone into an entry.)
+    if (key == nullptr && std::atomic_ref(entry.hash).load(std::memory_order_relaxed) == 0) {
+      return nullptr;
+    }
   }
   return nullptr;
 }
+
+namespace {
+
+// A destroyed communicator's slot, made ready for a new one: a process that creates and
+// destroys communicators all its life (10,000 in issue 13's test) never fills the table. Its
+// per-peer counters are kept for a communicator they fit (zeroed), never freed: a thread still
+// inside a call on the destroyed one may hold them.
+void resetTombstone(CommEntry& entry, int nranks) {
+  if (nranks > entry.peerCapacity) {
+    entry.sendSeq = nullptr;
+    entry.recvSeq = nullptr;
+    entry.peerCapacity = 0;
+  }
+  for (int peer = 0; peer < entry.peerCapacity; ++peer) {
+    entry.sendSeq[peer].store(0);
+    entry.recvSeq[peer].store(0);
+  }
+  entry.seq.store(0);
+  entry.collectives.store(0);
+  entry.pointToPoint.store(0);
+  entry.splitCount.store(0);
+  entry.shrinkCount.store(0);
+}
+
+}  // namespace
 
 CommEntry* Recorder::add(const CommCreation& creation) {
   auto* state = static_cast<State*>(this);
@@ -416,16 +445,18 @@ CommEntry* Recorder::add(const CommCreation& creation) {
   size_t start = slotFor(creation.comm);
   for (size_t probe = 0; probe < kCommTableSize; ++probe) {
     CommEntry& entry = state->comms[(start + probe) & (kCommTableSize - 1)];
-    if (entry.key.load() != nullptr || entry.hash != 0) continue;  // used, or a tombstone
-    entry.hash = creation.hash;
+    if (entry.key.load() != nullptr) continue;  // used; a tombstone is taken again
+    if (entry.hash != 0) resetTombstone(entry, creation.nranks);
+    std::atomic_ref(entry.hash).store(creation.hash, std::memory_order_relaxed);
     entry.abortable = creation.abortable;
     entry.parentHash = creation.parentHash;
     entry.nranks = creation.nranks;
     entry.rank = creation.rank;
     entry.rollingHash.store(trace::kRollingSeed);
-    if (creation.nranks > 0) {
+    if (creation.nranks > entry.peerCapacity) {
       entry.sendSeq = new std::atomic<uint64_t>[creation.nranks]();
       entry.recvSeq = new std::atomic<uint64_t>[creation.nranks]();
+      entry.peerCapacity = creation.nranks;
     }
     entry.key.store(creation.comm, std::memory_order_release);
     trace::CommInfo info{};
@@ -443,20 +474,38 @@ CommEntry* Recorder::add(const CommCreation& creation) {
     state->writer.addComm(info);
     return &entry;
   }
-  return nullptr;  // table full: calls on it are recorded without a communicator
+  // Table full of live communicators: calls on this one are recorded without its sequence
+  // numbers. The trace's header table lists or counts it (droppedComms); said once.
+  trace::CommInfo info{};
+  info.commHash = creation.hash;
+  info.parentHash = creation.parentHash;
+  info.nranks = creation.nranks;
+  info.rank = creation.rank;
+  state->writer.addComm(info);
+  static bool said = false;
+  if (!std::exchange(said, true)) {
+    std::fprintf(stderr,
+                 "[ncclwatch] more than %zu communicators alive at once: calls on the newer ones "
+                 "are recorded without their sequence numbers\n",
+                 kCommTableSize);
+  }
+  return nullptr;
 }
 
 CommEntry* Recorder::findByHash(uint64_t hash) {
   auto* state = static_cast<State*>(this);
   for (CommEntry& entry : state->comms) {
-    if (entry.hash == hash && entry.key.load(std::memory_order_acquire) != nullptr) return &entry;
+    if (entry.key.load(std::memory_order_acquire) != nullptr &&
+        std::atomic_ref(entry.hash).load(std::memory_order_relaxed) == hash) {
+      return &entry;
+    }
   }
   return nullptr;
 }
 
 void Recorder::forget(ncclComm_t comm) {
   if (CommEntry* entry = find(comm)) {
-    // A tombstone: hash stays non-zero so that probe chains stay intact.
+    // A tombstone: hash stays non-zero so that probe chains stay intact; add() reuses it.
     entry->key.store(nullptr, std::memory_order_release);
   }
 }

@@ -14,7 +14,8 @@
 namespace ncclwatch::interpose {
 
 // One communicator as the recorder tracks it. Entries are never freed (a destroyed comm's slot
-// becomes a tombstone), so a pointer held across the real NCCL call stays valid.
+// becomes a tombstone, taken again by a later comm), so a pointer held across the real NCCL
+// call stays valid.
 struct CommEntry {
   std::atomic<ncclComm_t> key{nullptr};
   uint64_t hash = 0;
@@ -32,6 +33,7 @@ struct CommEntry {
   bool abortable = true;
   std::atomic<uint64_t>* sendSeq = nullptr;  // per peer, nranks entries
   std::atomic<uint64_t>* recvSeq = nullptr;
+  int peerCapacity = 0;  // entries of sendSeq and recvSeq
 };
 
 struct CommCreation {

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -139,6 +140,7 @@ struct Process {
 
 struct Collector::State {
   Options options;
+  int64_t startedRealtimeNs = 0;  // a HELLO from a process started later is a newer job's
   std::ostream* out = nullptr;
   int listenFd = -1;
   int epollFd = -1;
@@ -252,7 +254,12 @@ void Collector::State::drop(Connection& connection, bool rejected) {
 }
 
 bool Collector::State::hello(Connection& connection, const wire::Hello& hello) {
-  if (!wire::secretMatches(hello.secret, options.secret)) return false;
+  if (!wire::secretMatches(hello.secret, options.secret)) {
+    // An agent of ncclwatch with another secret, started after this collector: a newer job (an
+    // elastic restart's next attempt) expects its own collector on this port.
+    if (hello.anchorRealtimeNs > startedRealtimeNs) counters.newerJobKnocks++;
+    return false;
+  }
   auto key = std::make_tuple(std::string(hello.jobId, strnlen(hello.jobId, sizeof hello.jobId)),
                              hello.rank, hello.pid);
   auto [found, added] = processIndex.emplace(key, static_cast<int>(processes.size()));
@@ -836,6 +843,9 @@ bool Collector::start(const Options& options, std::ostream& out, std::string* er
   }
   state_->options = options;
   state_->out = &out;
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  state_->startedRealtimeNs = int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
   state_->listenFd = listenOn(options.listen, error);
   for (int waited = 0; state_->listenFd < 0 && errno == EADDRINUSE && waited < options.listenWaitMs;
        waited += 100) {
@@ -953,6 +963,13 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
     auto now = std::chrono::steady_clock::now();
     if (counters.connected.load() > 0) lastConnected = now;
     if (!options.untilIdle) continue;
+    if (counters.newerJobKnocks.load() > 0 && counters.connected.load() == 0) {
+      // A lingering sidecar of a failed attempt: the new attempt's sidecar waits for this port.
+      err << "[ncclwatch] collector on port " << collector.port()
+          << ": agents of a newer job knock with another secret and none of this job's is "
+             "connected; leaving the port to the newer job's collector\n";
+      break;
+    }
     bool came = counters.agents.load() > 0;
     if ((came && now - lastConnected >= std::chrono::seconds(1)) ||
         (!came && now - started >= std::chrono::seconds(60))) {

@@ -29,7 +29,8 @@ struct Options {
   // maxRecords / world of its calls, between 256 and 65536 (128 bytes each).
   size_t maxRecords = 1u << 20;
   // `collect --until-idle`: end once agents came and none has been connected for 1 s, or
-  // when none came within 60 s (the sidecar a rank starts must not outlive its job).
+  // when none came within 60 s (the sidecar a rank starts must not outlive its job), or at
+  // once when none is connected and agents of a newer job knock (an elastic restart's).
   bool untilIdle = false;
   // How long to keep trying a port that is in use: an elastic restart's sidecar finds the failed
   // attempt's one still there for a moment, ending (--until-idle) once its agents are gone.
@@ -37,9 +38,11 @@ struct Options {
 };
 
 struct Counters {
-  std::atomic<uint64_t> agents{0};       // authenticated connections so far
-  std::atomic<uint64_t> connected{0};    // authenticated connections open now
-  std::atomic<uint64_t> rejected{0};     // connections dropped: bad secret or malformed frames
+  std::atomic<uint64_t> agents{0};     // authenticated connections so far
+  std::atomic<uint64_t> connected{0};  // authenticated connections open now
+  std::atomic<uint64_t> rejected{0};   // connections dropped: bad secret or malformed frames
+  // HELLOs with another secret from processes started after this collector (a newer job's).
+  std::atomic<uint64_t> newerJobKnocks{0};
   std::atomic<uint64_t> frames{0};       // frames accepted
   std::atomic<uint64_t> records{0};      // records received
   std::atomic<uint64_t> recordsHeld{0};  // records kept for analysis now (bounded)

@@ -301,7 +301,8 @@ void addCollect(CLI::App& app, int& exitCode) {
                    "call records kept for analysis, shared by the ranks (128 bytes each)")
       ->check(CLI::Range(size_t{1024}, size_t{1} << 28));
   collect->add_flag("--until-idle", options.untilIdle,
-                    "exit once every agent has gone for 1 s (or none came within 60 s)");
+                    "exit once every agent has gone for 1 s (or none came within 60 s, or a newer "
+                    "job's agents knock while none of its own is connected)");
   collect
       ->add_option("--listen-wait-ms", options.listenWaitMs,
                    "keep trying a port in use this long (a previous collector ending)")

@@ -109,6 +109,7 @@ void printDumps(const TraceFile& file, std::ostream& out) {
     out << "  dump " << ++number << " (" << dump.trigger << ") at "
         << milliseconds(dump.timeNs, file.header.anchorMonotonicNs) << " ms: " << dump.reason
         << " (took " << dump.tookNs / 1000000 << " ms)\n";
+    if (dump.partial) out << "    PARTIAL: the process ended while writing this dump\n";
     if (!dump.stackRoute.empty()) out << "    native stacks: " << dump.stackRoute << "\n";
     for (const trace::DumpFinding& finding : dump.findings) {
       out << "    finding: comm " << hex(finding.commHash) << " seq " << finding.seq << " "
@@ -151,8 +152,8 @@ void printDumpsJson(const TraceFile& file, std::ostream& out) {
     auto text = [](const std::string& value) { return jsonString(value.c_str(), value.size()); };
     out << (d ? "," : "") << "{\"trigger\":" << text(dump.trigger)
         << ",\"reason\":" << text(dump.reason) << ",\"time_ns\":" << dump.timeNs
-        << ",\"took_ns\":" << dump.tookNs << ",\"stack_route\":" << text(dump.stackRoute)
-        << ",\"findings\":[";
+        << ",\"took_ns\":" << dump.tookNs << ",\"partial\":" << (dump.partial ? "true" : "false")
+        << ",\"stack_route\":" << text(dump.stackRoute) << ",\"findings\":[";
     for (size_t i = 0; i < dump.findings.size(); ++i) {
       const trace::DumpFinding& f = dump.findings[i];
       out << (i ? "," : "") << "{\"comm\":\"" << hex(f.commHash) << "\",\"seq\":" << f.seq

@@ -63,6 +63,9 @@ struct Dump {
   std::vector<DumpThread> threads;
   std::string pythonNote;  // which route gave the Python stacks, or why there are none
   std::vector<DumpPythonThread> pythonThreads;
+  // The reader found the block cut short (its process ended while writing it): what is here is
+  // its first whole lines.
+  bool partial = false;
 };
 
 // The block's text. Fields are sanitized: tabs and line breaks inside a value become spaces.

@@ -111,10 +111,21 @@ void takeSegmentRecords(TraceFile& file, std::span<const std::byte> bytes, uint6
   }
 }
 
+// What a process killed while writing a text block left of it: the text up to the first NUL
+// (the block's space is zero where nothing was written yet) or the file's end, in whole lines.
+std::string_view writtenPart(std::span<const std::byte> bytes, uint64_t textAt, uint64_t length) {
+  std::string_view text(reinterpret_cast<const char*>(bytes.data() + textAt), length);
+  text = text.substr(0, text.find('\0'));
+  size_t lastLine = text.rfind('\n');
+  return lastLine == std::string_view::npos ? std::string_view() : text.substr(0, lastLine + 1);
+}
+
 // The text block (a dump, or Python sites) at `pos`, checked: `text` is set when whole and
-// intact. Returns where the next block starts, or 0 when the file ends inside this one.
+// intact. Returns where the next block starts, or 0 when the file ends inside this one. A block
+// that ends early (its process was killed while writing it, or a NUL where its text should go
+// on) sets `partial` and gives its whole lines in `text`, when `partial` is not null.
 uint64_t readTextBlock(TraceFile& file, std::span<const std::byte> bytes, uint64_t pos,
-                       const char* what, std::string_view* text) {
+                       const char* what, std::string_view* text, bool* partial = nullptr) {
   uint64_t size = bytes.size();
   std::string where = std::string(what) + " at offset " + std::to_string(pos);
   DumpHeader header;
@@ -128,6 +139,17 @@ uint64_t readTextBlock(TraceFile& file, std::span<const std::byte> bytes, uint64
   uint64_t textAt = pos + sizeof header;
   uint64_t padded = paddedDumpBytes(header.textBytes);
   if (size - textAt < padded) {
+    std::string_view written =
+        writtenPart(bytes, textAt, std::min(size - textAt, header.textBytes));
+    if (partial != nullptr && !written.empty()) {
+      *partial = true;
+      *text = written;
+      problem(file, pos,
+              where + " is partial: " + std::to_string(written.size()) + " of " +
+                  std::to_string(header.textBytes) +
+                  " bytes written (the process ended while writing it)");
+      return 0;
+    }
     problem(file, pos,
             where + " truncated: " + std::to_string(size - textAt) + " of " +
                 std::to_string(padded) + " bytes present");
@@ -135,6 +157,20 @@ uint64_t readTextBlock(TraceFile& file, std::span<const std::byte> bytes, uint64
   }
   uint64_t next = textAt + padded;
   if (dumpChecksum(header.textBytes, bytes.data() + textAt) != header.checksum) {
+    // Zeros inside the text: its end was never written. Without them the block is damaged.
+    std::string_view whole(reinterpret_cast<const char*>(bytes.data() + textAt), header.textBytes);
+    std::string_view written = whole.find('\0') == std::string_view::npos
+                                   ? std::string_view()
+                                   : writtenPart(bytes, textAt, header.textBytes);
+    if (partial != nullptr && !written.empty()) {
+      *partial = true;
+      *text = written;
+      problem(file, pos,
+              where + " is partial: " + std::to_string(written.size()) + " of " +
+                  std::to_string(header.textBytes) +
+                  " bytes written (the process ended while writing it)");
+      return next;
+    }
     problem(file, pos, where + ": checksum mismatch, skipped");
     return next;
   }
@@ -142,16 +178,19 @@ uint64_t readTextBlock(TraceFile& file, std::span<const std::byte> bytes, uint64
   return next;
 }
 
-// The dump block at `pos`: parsed into file.dumps when whole and intact.
+// The dump block at `pos`: parsed into file.dumps when whole and intact, or when partial (named
+// so: Dump::partial).
 uint64_t readDump(TraceFile& file, std::span<const std::byte> bytes, uint64_t pos) {
   std::string_view text;
-  uint64_t next = readTextBlock(file, bytes, pos, "dump", &text);
+  bool partial = false;
+  uint64_t next = readTextBlock(file, bytes, pos, "dump", &text, &partial);
   if (text.empty()) return next;
   Dump dump;
   std::string why;
-  if (!parseDump(text, &dump, &why)) {
+  if (!parseDump(text, &dump, &why) && !partial) {
     problem(file, pos, "dump at offset " + std::to_string(pos) + ": " + why);
   }
+  dump.partial = partial;
   file.dumps.push_back(std::move(dump));  // what parsed before a bad line is still shown
   return next;
 }

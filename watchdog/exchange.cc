@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 
@@ -20,6 +22,8 @@ constexpr size_t kMaxOutgoing = 8u << 20;  // bytes queued for the collector at 
 constexpr size_t kMaxWatched = 65536;      // records watched for state changes at most
 constexpr int64_t kMaxBackoffNs = 5'000'000'000;
 constexpr int64_t kHeartbeatNs = 1'000'000'000;
+constexpr int64_t kUnreachableNs = 10'000'000'000;  // never reached for this long: say so
+constexpr int64_t kUpNs = 1'000'000'000;  // a connection this old was taken by the collector
 
 // NUL-padded, as the wire format wants, and always terminated.
 template <size_t N>
@@ -76,7 +80,9 @@ void CollectorLink::connectNow(int64_t nowNs) {
     hints.ai_family = AF_UNSPEC;
     lookup = getaddrinfo(address_.host.c_str(), port.c_str(), &hints, &found);
   }
+  if (firstAttemptNs_ < 0) firstAttemptNs_ = nowNs;
   if (lookup != 0 || found == nullptr) {
+    lastError_ = std::string("cannot resolve the host: ") + gai_strerror(lookup);
     disconnect(nowNs);
     return;
   }
@@ -87,7 +93,9 @@ void CollectorLink::connectNow(int64_t nowNs) {
     int result = ::connect(fd_, found->ai_addr, found->ai_addrlen);
     connecting_ = result != 0 && errno == EINPROGRESS;
     if (result == 0) ++counters_.established;
+    establishedNs_ = nowNs;
     if (result != 0 && !connecting_) {
+      lastError_ = std::strerror(errno);
       freeaddrinfo(found);
       disconnect(nowNs);
       return;
@@ -111,6 +119,44 @@ void CollectorLink::connectNow(int64_t nowNs) {
   uint64_t next = writer_.nextIndex();
   sentUpTo_ = next > writer_.capacity() ? next - writer_.capacity() : 0;
   watched_.clear();
+}
+
+std::string CollectorLink::where() const {
+  return address_.host + ":" + std::to_string(address_.port);
+}
+
+// Once per process, from the first rank of each host: a collector never reached.
+void CollectorLink::sayUnreachable(const char* when) {
+  if (saidUnreachable_ || reached_ || firstAttemptNs_ < 0) return;
+  saidUnreachable_ = true;
+  if (!speaks()) return;
+  std::fprintf(stderr,
+               "[ncclwatch] rank %d: the collector at %s is not reachable %s (%s); no live "
+               "verdicts, local detection and trace files go on\n",
+               hello_.rank, where().c_str(), when,
+               lastError_.empty() ? "no answer" : lastError_.c_str());
+}
+
+// An established connection ended: said once per loss, then reconnected with backoff (the
+// new connection resends the ring's window).
+void CollectorLink::lose(int64_t nowNs, const char* why) {
+  if (nowNs - establishedNs_ < kUpNs) {
+    // Closed at once: the collector there did not take us (another job's on that port, or a
+    // wrong secret). Only the unreachable line says it, if it lasts.
+    lastError_ =
+        "it closes every connection at once: another job's collector on that port, or "
+        "a wrong secret";
+    disconnect(nowNs);
+    return;
+  }
+  if (speaks()) {
+    std::fprintf(stderr,
+                 "[ncclwatch] rank %d: lost the collector at %s (%s); local detection goes on, "
+                 "reconnecting\n",
+                 hello_.rank, where().c_str(), why);
+  }
+  lostOnce_ = true;
+  disconnect(nowNs);
 }
 
 void CollectorLink::disconnect(int64_t nowNs) {
@@ -163,6 +209,19 @@ void CollectorLink::queueWaits(int64_t nowNs) {
 }
 
 void CollectorLink::collectRecords(int64_t nowNs) {
+  // A collector that stopped reading (SIGSTOP, a stalled host): take nothing new while half the
+  // queue waits. The records stay in the ring; those it overwrites meanwhile are counted.
+  if (outgoing_.size() - outgoingSent_ > kMaxOutgoing / 2) {
+    ++counters_.fullSteps;
+    if (!saidStalled_ && speaks()) {
+      std::fprintf(stderr,
+                   "[ncclwatch] rank %d: the collector at %s stopped reading; the job goes on, "
+                   "records wait in the ring (those it overwrites are counted)\n",
+                   hello_.rank, where().c_str());
+    }
+    saidStalled_ = true;
+    return;
+  }
   std::vector<trace::CommInfo> comms = writer_.comms();
   if (comms.size() != commsSent_) {
     std::vector<std::byte> frame;
@@ -184,12 +243,16 @@ void CollectorLink::collectRecords(int64_t nowNs) {
   }
   watched_.resize(kept);
   uint64_t next = writer_.nextIndex();
-  if (next - sentUpTo_ > writer_.capacity()) sentUpTo_ = next - writer_.capacity();
+  if (next - sentUpTo_ > writer_.capacity()) {
+    counters_.recordsDropped += next - writer_.capacity() - sentUpTo_;
+    sentUpTo_ = next - writer_.capacity();
+  }
   for (; sentUpTo_ < next; ++sentUpTo_) {
     trace::CallRecord record;
     if (!writer_.read(sentUpTo_, &record)) {
       if (next - sentUpTo_ < writer_.capacity()) break;  // still being written: next step
-      continue;                                          // overwritten before it was sent
+      ++counters_.recordsDropped;                        // overwritten before it was sent
+      continue;
     }
     records.push_back(record);
     if (!isFinal(record) && watched_.size() < kMaxWatched) {
@@ -233,12 +296,12 @@ void CollectorLink::receive(std::vector<CollectorRequest>* requests, int64_t now
     if (got < 0 && errno == EINTR) continue;
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     if (got <= 0) {
-      disconnect(nowNs);
+      lose(nowNs, got == 0 ? "it closed the connection" : std::strerror(errno));
       return;
     }
     incoming_.insert(incoming_.end(), buffer, buffer + got);
     if (incoming_.size() > 2 * trace::wire::kMaxPayload) {
-      disconnect(nowNs);
+      lose(nowNs, "it sent more than a frame's bound");
       return;
     }
   }
@@ -251,7 +314,7 @@ void CollectorLink::receive(std::vector<CollectorRequest>* requests, int64_t now
         trace::wire::decodeFrame(std::span(incoming_).subspan(offset), &frame, &consumed, &error);
     if (status == trace::wire::DecodeStatus::kNeedMore) break;
     if (status == trace::wire::DecodeStatus::kInvalid) {
-      disconnect(nowNs);
+      lose(nowNs, "it sent a frame that does not decode");
       return;
     }
     offset += consumed;
@@ -271,6 +334,9 @@ void CollectorLink::setSecret(const char* secret) {
 void CollectorLink::step(int64_t nowNs, std::vector<CollectorRequest>* requests) {
   // A HELLO without the secret would only be rejected: wait until the secret is known.
   if (hello_.secret[0] == '\0') return;
+  if (firstAttemptNs_ >= 0 && nowNs - firstAttemptNs_ >= kUnreachableNs) {
+    sayUnreachable("after 10 s");
+  }
   if (fd_ < 0) {
     if (nowNs < nextAttemptNs_) return;
     connectNow(nowNs);
@@ -283,17 +349,27 @@ void CollectorLink::step(int64_t nowNs, std::vector<CollectorRequest>* requests)
     socklen_t length = sizeof error;
     getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &length);
     if (error != 0) {
+      lastError_ = std::strerror(error);
       disconnect(nowNs);
       return;
     }
     connecting_ = false;
     ++counters_.established;
+    establishedNs_ = nowNs;
     backoffNs_ = 100'000'000;
+    if (lostOnce_ && speaks()) {
+      uint64_t next = writer_.nextIndex();
+      std::fprintf(stderr,
+                   "[ncclwatch] rank %d: reconnected to the collector at %s; resending the %" PRIu64
+                   " calls the ring holds\n",
+                   hello_.rank, where().c_str(), next - sentUpTo_);
+    }
   }
+  if (nowNs - establishedNs_ >= kUpNs) reached_ = true;
   collectRecords(nowNs);
   queueWaits(nowNs);
   if (!flush()) {
-    disconnect(nowNs);
+    lose(nowNs, std::strerror(errno));
     return;
   }
   receive(requests, nowNs);
@@ -339,6 +415,7 @@ void CollectorLink::finish(int boundMs) {
   if (!connectBeforeExit(boundMs)) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
+    sayUnreachable("at exit");
     return;
   }
   collectRecords(0);
@@ -352,8 +429,21 @@ void CollectorLink::finish(int boundMs) {
       poll(&ready, 1, 1);
     }
   }
+  uint64_t unsent = outgoing_.size() - outgoingSent_;
   ::close(fd_);
   fd_ = -1;
+  counters_.bytesDropped += unsent;
+  counters_.recordsDropped += writer_.nextIndex() - sentUpTo_;  // a stalled collector's backlog
+  // What the live verdicts did not see, from every rank that lost some: the trace file has them.
+  if (counters_.recordsDropped > 0 || counters_.bytesDropped > 0) {
+    std::fprintf(
+        stderr,
+        "[ncclwatch] rank %d: the collector did not read all of this rank's calls (%" PRIu64
+        " records never sent, %" PRIu64
+        " bytes queued but unsent at exit); live verdicts may miss them, the trace file "
+        "keeps the newest\n",
+        hello_.rank, counters_.recordsDropped, counters_.bytesDropped);
+  }
 }
 
 }  // namespace ncclwatch::watchdog

@@ -36,9 +36,11 @@ struct CollectorRequest {
 struct ExchangeCounters {
   uint64_t framesSent = 0;
   uint64_t recordsSent = 0;
-  uint64_t bytesDropped = 0;  // frames that did not fit the send buffer
-  uint64_t connects = 0;      // connection attempts
-  uint64_t established = 0;   // attempts that reached the collector
+  uint64_t bytesDropped = 0;    // frames that did not fit the send buffer
+  uint64_t recordsDropped = 0;  // overwritten in the ring before the collector read them
+  uint64_t fullSteps = 0;       // steps that found the send buffer full (the collector stalls)
+  uint64_t connects = 0;        // connection attempts
+  uint64_t established = 0;     // attempts that reached the collector
 };
 
 class CollectorLink {
@@ -73,6 +75,10 @@ class CollectorLink {
   void queueWaits(int64_t nowNs);
   bool flush();
   void receive(std::vector<CollectorRequest>* requests, int64_t nowNs);
+  void lose(int64_t nowNs, const char* why);
+  void sayUnreachable(const char* when);
+  bool speaks() const { return hello_.localRank <= 0; }
+  std::string where() const;
 
   CollectorAddress address_;
   trace::RingWriter& writer_;
@@ -96,6 +102,14 @@ class CollectorLink {
   size_t outgoingSent_ = 0;
   std::vector<std::byte> incoming_;
   int64_t lastFrameNs_ = INT64_MIN / 2;  // when the last RECORDS frame was queued
+  // What the user is told (docs/reliability.md, "The collector"): one line per fault.
+  int64_t firstAttemptNs_ = -1;
+  std::string lastError_;  // why the last attempt or connection failed
+  bool saidUnreachable_ = false;
+  bool saidStalled_ = false;
+  bool lostOnce_ = false;      // a connection that was up ended: the next one says so
+  bool reached_ = false;       // a connection stayed up for a second: the collector took us
+  int64_t establishedNs_ = 0;  // when the current connection was established
   ExchangeCounters counters_;
 };
 

@@ -25,6 +25,11 @@ std::atomic<int> g_signal{0};
 std::atomic<int> g_waitMs{3000};
 std::atomic<int> g_dumpSignal{0};
 std::atomic<int> g_watchdogTid{0};
+// The dump a SIGTERM or fatal signal asked for, per signal: only the first of each asks for one
+// (a launcher's repeated SIGTERM, a program that recovers from its own faults); later ones
+// wait for that dump's end at most (its deadline, CLOCK_MONOTONIC) and then go on at once.
+std::atomic<uint64_t> g_onceGeneration[65];
+std::atomic<int64_t> g_onceDeadlineNs[65];
 bool g_handlersInstalled = false;  // once per address space: a fork child keeps them
 struct sigaction g_previous[65];
 
@@ -51,6 +56,46 @@ bool waitFor(uint64_t generation, int waitMs) {
   return g_completed.load(std::memory_order_acquire) >= generation;
 }
 
+int64_t monotonicNs() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
+  return static_cast<int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
+
+// True when a program handler (not SIG_DFL or SIG_IGN) was there before ours.
+bool programHandles(int signal) {
+  const struct sigaction& previous = g_previous[signal];
+  return (previous.sa_flags & SA_SIGINFO)
+             ? previous.sa_sigaction != nullptr
+             : (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN);
+}
+
+// Asks for the dump of the first SIGTERM (or fatal signal) and waits for it; a later one only
+// waits for what is left of that first dump's time. The watchdog thread itself never waits.
+void dumpOnce(int signal, DumpTrigger trigger) {
+  constexpr uint64_t kClaimed = UINT64_MAX;  // the first one is still asking
+  int waitMs = g_waitMs.load(std::memory_order_relaxed);
+  bool watchdogThread = syscall(SYS_gettid) == g_watchdogTid.load(std::memory_order_relaxed);
+  uint64_t first = 0;
+  if (g_onceGeneration[signal].compare_exchange_strong(first, kClaimed,
+                                                       std::memory_order_acq_rel)) {
+    g_onceDeadlineNs[signal].store(monotonicNs() + int64_t{waitMs} * 1'000'000,
+                                   std::memory_order_release);
+    uint64_t generation = request(trigger, signal);
+    g_onceGeneration[signal].store(generation, std::memory_order_release);
+    if (!watchdogThread) waitFor(generation, waitMs);
+    return;
+  }
+  for (int spins = 0; first == kClaimed && spins < 100; ++spins) {
+    timespec step{0, 1000000};
+    nanosleep(&step, nullptr);
+    first = g_onceGeneration[signal].load(std::memory_order_acquire);
+  }
+  int64_t leftMs =
+      (g_onceDeadlineNs[signal].load(std::memory_order_acquire) - monotonicNs()) / 1'000'000;
+  if (!watchdogThread && first != kClaimed && leftMs > 0) waitFor(first, static_cast<int>(leftMs));
+}
+
 // Behaves as the process would have without us.
 void chain(int signal, siginfo_t* info, void* context) {
   struct sigaction& previous = g_previous[signal];
@@ -75,26 +120,23 @@ void onSignal(int signal, siginfo_t* info, void* context) {
     if (signal == g_dumpSignal.load(std::memory_order_relaxed)) {
       request(DumpTrigger::kSignal, signal);
       // The dump signal is ours to take; a previous handler still sees it.
-      struct sigaction& previous = g_previous[signal];
-      bool handled = (previous.sa_flags & SA_SIGINFO)
-                         ? previous.sa_sigaction != nullptr
-                         : (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN);
-      if (handled) chain(signal, info, context);
+      if (programHandles(signal)) chain(signal, info, context);
       errno = savedErrno;
       return;
     }
     bool fatal = signal != SIGTERM;
-    if (fatal) {
-      if (trace::RingWriter* writer = g_writer.load(std::memory_order_acquire)) {
-        writer->noteFatalSignal(signal, static_cast<int>(syscall(SYS_gettid)));
-      }
+    trace::RingWriter* writer = g_writer.load(std::memory_order_acquire);
+    if (fatal && writer != nullptr) {
+      writer->noteFatalSignal(signal, static_cast<int>(syscall(SYS_gettid)));
     }
-    uint64_t generation =
-        request(fatal ? DumpTrigger::kFatalSignal : DumpTrigger::kSigterm, signal);
-    // The watchdog thread itself never waits for its own dump.
-    if (syscall(SYS_gettid) != g_watchdogTid.load(std::memory_order_relaxed)) {
-      waitFor(generation, g_waitMs.load(std::memory_order_relaxed));
-    }
+    dumpOnce(signal, fatal ? DumpTrigger::kFatalSignal : DumpTrigger::kSigterm);
+    // A program handler that returns handled its own fault (a guard page it opened): the
+    // process lives on, and its trace must not say it died of the signal.
+    bool survives = fatal && programHandles(signal);
+    chain(signal, info, context);
+    if (survives && writer != nullptr) writer->noteFatalSignal(0, 0);
+    errno = savedErrno;
+    return;
   }
   chain(signal, info, context);
   errno = savedErrno;
@@ -196,6 +238,7 @@ void Triggers::forgetAfterFork() {
   // answers in this process until it starts its own.
   g_ownerPid.store(0, std::memory_order_release);
   g_watchdogTid.store(0, std::memory_order_relaxed);
+  for (auto& generation : g_onceGeneration) generation.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace ncclwatch::watchdog

@@ -6,6 +6,10 @@
 // through a pipe, and (for SIGTERM and fatal signals) wait a bounded time for its dump before
 // behaving exactly as the process would have without ncclwatch: chain to the previous handler,
 // or restore the previous action and re-raise, so that the exit status and core dump stay.
+// Only the first SIGTERM, and the first of each fatal signal, asks for a dump: a launcher that
+// repeats SIGTERM, or a program whose own handler recovers from its faults (a guard page),
+// pays for one dump at most. A program handler that returns from a fatal signal clears the
+// trace's note of it: the process lived on.
 #pragma once
 #include <cstdint>
 

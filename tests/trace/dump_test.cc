@@ -157,11 +157,16 @@ TEST_P(DumpFile, CorruptAndTruncatedDumpsAreNamedAndTheRestKept) {
     named |= problem.what.find("checksum mismatch") != std::string::npos;
   }
   EXPECT_TRUE(named);
-  // Cut inside the last dump: the first one and the records are still there.
+  // Cut inside the last dump (a process killed while writing it): the first one and the
+  // records are still there, and the last one's whole lines are read and named partial.
   content.resize(content.size() - 40);
   file = parse(content);
-  ASSERT_EQ(file.dumps.size(), 1u);
-  EXPECT_FALSE(file.problems.empty());
+  ASSERT_EQ(file.dumps.size(), 2u);
+  EXPECT_FALSE(file.dumps[0].partial);
+  EXPECT_TRUE(file.dumps[1].partial);
+  EXPECT_EQ(file.dumps[1].trigger, "sigterm");
+  ASSERT_EQ(file.problems.size(), 1u);
+  EXPECT_NE(file.problems[0].what.find("is partial"), std::string::npos) << file.problems[0].what;
   EXPECT_FALSE(file.records.empty());
 }
 
