@@ -123,8 +123,10 @@ SourceLines::Module* SourceLines::open(const std::string& path) {
   return slot.get();
 }
 
+// ccache's base_dir makes compilers record "../../src/x.cc" under the build folder: the
+// lexically normal path is what a user opens.
 std::string SourceLines::shown(const char* file) const {
-  std::string path = file;
+  std::string path = std::filesystem::path(file).lexically_normal().string();
   if (!relativeTo_.empty() && path.rfind(relativeTo_, 0) == 0) path.erase(0, relativeTo_.size());
   return path;
 }
@@ -183,8 +185,7 @@ SourceLookup SourceLines::lookup(const std::string& path, const std::string& bui
   return result;
 }
 
-bool SourceLines::contains(const std::string& path, const std::string& buildId,
-                           uint64_t offset) {
+bool SourceLines::contains(const std::string& path, const std::string& buildId, uint64_t offset) {
   Module* module = open(path);
   if (module == nullptr || (!buildId.empty() && buildId != module->buildId)) return false;
   Dwarf_Addr low = 0, high = 0;
@@ -199,12 +200,18 @@ struct SourceLines::Module {};
 
 SourceLines::SourceLines(std::string relativeTo) : relativeTo_(std::move(relativeTo)) {}
 SourceLines::~SourceLines() = default;
-SourceLines::Module* SourceLines::open(const std::string&) { return nullptr; }
-std::string SourceLines::shown(const char* file) const { return file; }
+SourceLines::Module* SourceLines::open(const std::string&) {
+  return nullptr;
+}
+std::string SourceLines::shown(const char* file) const {
+  return file;
+}
 SourceLookup SourceLines::lookup(const std::string&, const std::string&, uint64_t, bool) {
   return {SourceStatus::kUnavailable, {}};
 }
-bool SourceLines::contains(const std::string&, const std::string&, uint64_t) { return false; }
+bool SourceLines::contains(const std::string&, const std::string&, uint64_t) {
+  return false;
+}
 
 #endif
 

@@ -38,10 +38,10 @@ struct SourceLookup {
 };
 
 struct SourceStats {
-  uint64_t frames = 0;     // native frames looked at
-  uint64_t withLine = 0;   // of which got a line
-  uint64_t inlined = 0;    // inlined frames added
-  uint64_t callSites = 0;  // verdict call sites given a line
+  uint64_t frames = 0;                         // native frames looked at
+  uint64_t withLine = 0;                       // of which got a line
+  uint64_t inlined = 0;                        // inlined frames added
+  uint64_t callSites = 0;                      // verdict call sites given a line
   std::map<std::string, std::string> changed;  // module path -> the dump's build id
 };
 

@@ -9,8 +9,8 @@
 #include <tuple>
 
 #include "analysis/describe.h"
-#include "analysis/timing.h"
 #include "analysis/stack_tree.h"
+#include "analysis/timing.h"
 #include "load.h"
 #include "source_lines.h"
 
