@@ -72,6 +72,35 @@ std::string hexBuildId(Dwfl_Module* module) {
   return hex;
 }
 
+// "ns::Class::name" of a DIE without a linkage name (internal linkage): the names of the
+// namespaces and classes around its declaration.
+std::string qualifiedName(Dwarf_Die* die, const char* name) {
+  Dwarf_Die declaration = *die;
+  Dwarf_Attribute attribute;
+  for (int link : {DW_AT_abstract_origin, DW_AT_specification}) {
+    Dwarf_Die target;
+    if (dwarf_attr(&declaration, link, &attribute) != nullptr &&
+        dwarf_formref_die(&attribute, &target) != nullptr) {
+      declaration = target;
+    }
+  }
+  Dwarf_Die* scopes = nullptr;
+  int count = dwarf_getscopes_die(&declaration, &scopes);
+  std::string qualified = name;
+  for (int i = 1; i < count; ++i) {  // scopes[0] is the declaration itself
+    int tag = dwarf_tag(&scopes[i]);
+    if (tag != DW_TAG_namespace && tag != DW_TAG_class_type && tag != DW_TAG_structure_type &&
+        tag != DW_TAG_union_type) {
+      continue;
+    }
+    const char* scope = dwarf_diename(&scopes[i]);
+    qualified =
+        (scope != nullptr ? std::string(scope) : "(anonymous namespace)") + "::" + qualified;
+  }
+  std::free(scopes);
+  return qualified;
+}
+
 // The demangled name of an inlined or out-of-line function's DIE, following its abstract
 // origin and specification; the plain DWARF name when there is no linkage name.
 std::string dieFunction(Dwarf_Die* die) {
@@ -82,7 +111,7 @@ std::string dieFunction(Dwarf_Die* die) {
     }
   }
   if (dwarf_attr_integrate(die, DW_AT_name, &attribute) != nullptr) {
-    if (const char* plain = dwarf_formstring(&attribute)) return plain;
+    if (const char* plain = dwarf_formstring(&attribute)) return qualifiedName(die, plain);
   }
   return "";
 }
@@ -123,10 +152,12 @@ SourceLines::Module* SourceLines::open(const std::string& path) {
   return slot.get();
 }
 
-// ccache's base_dir makes compilers record "../../src/x.cc" under the build folder: the
-// lexically normal path is what a user opens.
-std::string SourceLines::shown(const char* file) const {
-  std::string path = std::filesystem::path(file).lexically_normal().string();
+// ccache's base_dir makes compilers record "../src/x.cc" relative to the compile unit's folder:
+// joined to it and made lexically normal, it is what a user opens.
+std::string SourceLines::shown(const char* file, const char* compileDir) const {
+  std::filesystem::path source(file);
+  if (source.is_relative() && compileDir != nullptr) source = compileDir / source;
+  std::string path = source.lexically_normal().string();
   if (!relativeTo_.empty() && path.rfind(relativeTo_, 0) == 0) path.erase(0, relativeTo_.size());
   return path;
 }
@@ -143,6 +174,8 @@ SourceLookup SourceLines::lookup(const std::string& path, const std::string& bui
     result.status = SourceStatus::kChanged;
     return result;
   }
+  // A damaged dump's offset, or 0: DWARF gives discarded functions address 0.
+  if (!contains(path, buildId, offset)) return result;
   const Dwarf_Addr address = offset + module->bias - (exact || offset == 0 ? 0 : 1);
   Dwarf_Addr cuBias = 0;
   Dwarf_Die* cu = dwfl_module_addrdie(module->module, address, &cuBias);
@@ -154,19 +187,38 @@ SourceLookup SourceLines::lookup(const std::string& path, const std::string& bui
     result.status = SourceStatus::kNoLine;
     return result;
   }
-  result.status = SourceStatus::kFound;
+  Dwarf_Attribute compileDirAttribute;
+  const char* compileDir = dwarf_formstring(dwarf_attr(cu, DW_AT_comp_dir, &compileDirAttribute));
+  // dwarf_getscopes continues an inlined instance with its abstract origin's scopes; the
+  // innermost DIE's own parents (dwarf_getscopes_die) are the concrete nesting: inlined calls
+  // up to the out-of-line function.
   Dwarf_Die* scopes = nullptr;
   int count = dwarf_getscopes(cu, address - cuBias, &scopes);
+  if (count > 0) {
+    Dwarf_Die innermost = scopes[0];
+    std::free(scopes);
+    scopes = nullptr;
+    count = dwarf_getscopes_die(&innermost, &scopes);
+  }
+  // A line without a function around it is the nearest row of some other code (the line table
+  // of a unit whose ranges cover startup code without DWARF, like _start): no line.
+  bool inFunction = false;
+  for (int i = 0; i < count; ++i) inFunction |= dwarf_tag(&scopes[i]) == DW_TAG_subprogram;
+  if (!inFunction) {
+    std::free(scopes);
+    return result;
+  }
+  result.status = SourceStatus::kFound;
   // Innermost scope first: each inlined call is a frame at the current line, and its call site
   // is the line of the scope around it.
   for (int i = 0; i < count; ++i) {
     int tag = dwarf_tag(&scopes[i]);
     if (tag == DW_TAG_subprogram) {
-      result.frames.push_back({dieFunction(&scopes[i]), shown(file), line, false});
+      result.frames.push_back({dieFunction(&scopes[i]), shown(file, compileDir), line, false});
       break;
     }
     if (tag != DW_TAG_inlined_subroutine) continue;
-    result.frames.push_back({dieFunction(&scopes[i]), shown(file), line, true});
+    result.frames.push_back({dieFunction(&scopes[i]), shown(file, compileDir), line, true});
     Dwarf_Attribute attribute;
     Dwarf_Word callFile = 0, callLine = 0;
     if (dwarf_formudata(dwarf_attr(&scopes[i], DW_AT_call_file, &attribute), &callFile) != 0 ||
@@ -179,8 +231,8 @@ SourceLookup SourceLines::lookup(const std::string& path, const std::string& bui
     if (file == nullptr) break;  // the call site is not recorded: no line for the caller
   }
   std::free(scopes);
-  if (result.frames.empty() || result.frames.back().inlined) {
-    if (file != nullptr) result.frames.push_back({"", shown(file), line, false});
+  if (result.frames.back().inlined) {  // the call site of the outermost inlined call is unknown
+    result.frames.push_back({"", "", 0, false});
   }
   return result;
 }
@@ -203,7 +255,7 @@ SourceLines::~SourceLines() = default;
 SourceLines::Module* SourceLines::open(const std::string&) {
   return nullptr;
 }
-std::string SourceLines::shown(const char* file) const {
+std::string SourceLines::shown(const char* file, const char*) const {
   return file;
 }
 SourceLookup SourceLines::lookup(const std::string&, const std::string&, uint64_t, bool) {

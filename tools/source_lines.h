@@ -27,7 +27,7 @@ struct SourceFrame {
 enum class SourceStatus {
   kFound,        // frames has at least the function's own line
   kNoLine,       // the binary is there but has no line for the address (stripped, no -g)
-  kMissing,      // no readable binary at the module's path
+  kMissing,      // no readable ELF file at the module's path
   kChanged,      // the binary at the path has another build id than the dump recorded
   kUnavailable,  // built without libdw
 };
@@ -77,7 +77,7 @@ class SourceLines {
  private:
   struct Module;
   Module* open(const std::string& path);
-  std::string shown(const char* file) const;
+  std::string shown(const char* file, const char* compileDir) const;
 
   std::string relativeTo_;
   std::map<std::string, std::unique_ptr<Module>> modules_;
