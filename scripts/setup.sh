@@ -9,7 +9,6 @@ shift || true
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev googletest libgtest-dev libgmock-dev
   libbenchmark-dev libunwind-14-dev libabsl-dev libsimdjson-dev libcli11-dev
   libdw-dev  # libdwfl: stacks-of (ptrace stacks), file:line of dump frames offline
-  libc6-dbg  # libc's DWARF: the same libc frames (lines, inlined calls) in every machine's goldens
   chromium  # chromium: headless rendering of `ncclwatch report` pages in tests
   openmpi-bin)  # mpirun, for the launcher tests
 missing=()

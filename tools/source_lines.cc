@@ -3,9 +3,11 @@
 #include <cxxabi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <string_view>
 #include <utility>
 
 #include "trace/python_sites.h"
@@ -32,6 +34,18 @@ std::string demangle(const char* symbol) {
 // (the frame after the signal trampoline).
 bool exactPc(const std::vector<trace::DumpFrame>& frames, size_t i) {
   return i == 0 || frames[i - 1].function == "__restore_rt";
+}
+
+// The C and C++ runtimes: their lines never answer "which line of mine", and whether a machine
+// has their DWARF (libc6-dbg) would change the output from one machine to the next.
+bool isRuntime(const std::string& module) {
+  std::string_view base(module);
+  base.remove_prefix(std::min(base.size(), base.find_last_of('/') + 1));
+  for (std::string_view prefix : {"libc.so", "libc-", "libpthread", "ld-linux", "libstdc++",
+                                  "libgcc_s", "libm.so", "libdl.so", "librt.so"}) {
+    if (base.substr(0, prefix.size()) == prefix) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -282,8 +296,11 @@ void SourceLines::annotateDumps(std::span<trace::TraceFile> files) {
         for (size_t i = 0; i < thread.frames.size(); ++i) {
           trace::DumpFrame frame = thread.frames[i];
           ++stats_.frames;
-          SourceLookup found =
-              lookup(frame.module, frame.buildId, frame.moduleOffset, exactPc(thread.frames, i));
+          SourceLookup found;
+          if (!isRuntime(frame.module)) {
+            found =
+                lookup(frame.module, frame.buildId, frame.moduleOffset, exactPc(thread.frames, i));
+          }
           if (found.status == SourceStatus::kChanged) {
             frame.sourceNote = "binary changed";
             stats_.changed[frame.module] = frame.buildId;
