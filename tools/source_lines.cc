@@ -363,11 +363,14 @@ void SourceLines::annotateCallSites(analysis::Report& report,
           if (call.callSite < bias || !contains(path, buildId, call.callSite - bias)) continue;
           SourceLookup found = lookup(path, buildId, call.callSite - bias, false);
           if (found.frames.empty()) break;
-          const SourceFrame& site = found.frames.front();
-          std::string function = site.function;
-          call.issuedAt = site.file + ":" + std::to_string(site.line) +
-                          (function.empty() ? "" : " " + function) +
-                          (site.inlined ? " (inlined)" : "");
+          // Like a Python site: the line, then its callers up to the function it is in.
+          for (const SourceFrame& site : found.frames) {
+            if (site.line <= 0) continue;
+            if (!call.issuedAt.empty()) call.issuedAt += " \u2190 ";
+            call.issuedAt += site.file + ":" + std::to_string(site.line) +
+                             (site.function.empty() ? "" : " " + site.function) +
+                             (site.inlined ? " (inlined)" : "");
+          }
           ++stats_.callSites;
           break;
         }

@@ -169,6 +169,46 @@ TEST_F(HungJob, AllThreadsAndModuleKeysShowMore) {
   EXPECT_EQ(bad.status, 2);
 }
 
+// Whether one of lines [line - 2, line] of `path` holds `text`: a call spread over several lines
+// is attributed to one of them.
+bool sourceNear(const std::string& path, int line, const std::string& text) {
+  std::ifstream source(path);
+  std::string current;
+  for (int n = 1; n <= line && std::getline(source, current); ++n) {
+    if (n >= line - 2 && current.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Every rank dumped, so each verdict class's native call site maps into train_loop's DWARF:
+// `inspect` names the line that issued the call, in text, JSON and the HTML page.
+TEST_F(HungJob, InspectNamesTheLineThatIssuedEachCall) {
+  Output text = command(std::string(NCCLWATCH_BINARY) + " inspect " + logs_);
+  std::smatch where;
+  ASSERT_TRUE(std::regex_search(
+      text.text, where,
+      std::regex("AllReduce [^\n]* issued at (/[^ :]+/examples/train_loop\\.cc):([0-9]+) "
+                 "\\(anonymous namespace\\)::TrainLoop::[^\n]* \u2190 [^\n]*train_loop\\.cc:[0-9]+ "
+                 "\\(anonymous namespace\\)::TrainLoop::runStep\\(int\\)\n")))
+      << text.text;
+  EXPECT_TRUE(sourceNear(where[1].str(), std::stoi(where[2].str()), "ncclAllReduce"))
+      << where[1] << ":" << where[2];
+  Output json = command(std::string(NCCLWATCH_BINARY) + " inspect --json " + logs_);
+  EXPECT_TRUE(std::regex_search(json.text, std::regex("\"issued_at\":\"/[^\"]+/train_loop\\.cc:")))
+      << json.text;
+  EXPECT_TRUE(std::regex_search(
+      json.text, std::regex("\"stack_top\":\"[^\"]*TrainLoop::runStep\\(int\\) at /[^\"]+/"
+                            "train_loop\\.cc:[0-9]+")))
+      << json.text;
+  std::string page = logs_ + "-lines.html";
+  ASSERT_EQ(command(std::string(NCCLWATCH_BINARY) + " report " + logs_ + " -o " + page).status, 0);
+  std::string html = readText(page);
+  EXPECT_TRUE(std::regex_search(html, std::regex("TrainLoop::runStep\\(int\\) at /[^ ]+/"
+                                                 "train_loop\\.cc:[0-9]+")))
+      << html;
+  std::filesystem::remove(page);
+}
+
 // Chromium from Debian's `chromium` package (scripts/setup.sh installs it).
 std::string chromium() {
   for (const char* path : {"/usr/bin/chromium", "/usr/bin/chromium-browser"}) {
