@@ -207,6 +207,15 @@ TEST_F(HungJob, InspectNamesTheLineThatIssuedEachCall) {
                                                  "train_loop\\.cc:[0-9]+")))
       << html;
   std::filesystem::remove(page);
+  // The Perfetto timeline's verdict and dump marks carry the same lines.
+  Output timeline = command(std::string(NCCLWATCH_BINARY) + " timeline " + logs_ + " -o -");
+  EXPECT_TRUE(std::regex_search(timeline.text,
+                                std::regex("\"issued_at\":\"/[^\"]+/train_loop\\.cc:[0-9]+")))
+      << timeline.text.substr(0, 2000);
+  EXPECT_TRUE(std::regex_search(timeline.text,
+                                std::regex("\"stack_top\":\"[^\"]*runStep\\(int\\) at /[^\"]+/"
+                                           "train_loop\\.cc:[0-9]+")))
+      << timeline.text.substr(0, 2000);
 }
 
 // Chromium from Debian's `chromium` package (scripts/setup.sh installs it).
