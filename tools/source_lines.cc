@@ -298,8 +298,16 @@ void SourceLines::annotateDumps(std::span<trace::TraceFile> files) {
           ++stats_.frames;
           SourceLookup found;
           if (!isRuntime(frame.module)) {
-            found =
-                lookup(frame.module, frame.buildId, frame.moduleOffset, exactPc(thread.frames, i));
+            const bool exact = exactPc(thread.frames, i);
+            auto key = std::make_tuple(frame.module, frame.buildId, frame.moduleOffset, exact);
+            auto cached = found_.find(key);
+            if (cached == found_.end()) {
+              cached =
+                  found_
+                      .emplace(key, lookup(frame.module, frame.buildId, frame.moduleOffset, exact))
+                      .first;
+            }
+            found = cached->second;
           }
           if (found.status == SourceStatus::kChanged) {
             frame.sourceNote = "binary changed";

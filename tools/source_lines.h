@@ -10,6 +10,7 @@
 #include <ostream>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "analysis/analyze.h"
@@ -81,6 +82,8 @@ class SourceLines {
 
   std::string relativeTo_;
   std::map<std::string, std::unique_ptr<Module>> modules_;
+  // Ranks run the same binaries: most frames repeat (module, build id, offset, exact).
+  std::map<std::tuple<std::string, std::string, uint64_t, bool>, SourceLookup> found_;
   SourceStats stats_;
 };
 
