@@ -22,14 +22,6 @@ namespace ncclwatch::cli {
 
 namespace {
 
-std::string demangle(const char* symbol) {
-  int status = -1;
-  char* text = abi::__cxa_demangle(symbol, nullptr, nullptr, &status);
-  std::string result = status == 0 && text != nullptr ? text : symbol;
-  std::free(text);
-  return result;
-}
-
 // Frames whose pc is not a return address: the innermost one, and the one a signal interrupted
 // (the frame after the signal trampoline).
 bool exactPc(const std::vector<trace::DumpFrame>& frames, size_t i) {
@@ -63,6 +55,14 @@ struct SourceLines::Module {
 };
 
 namespace {
+
+std::string demangle(const char* symbol) {
+  int status = -1;
+  char* text = abi::__cxa_demangle(symbol, nullptr, nullptr, &status);
+  std::string result = status == 0 && text != nullptr ? text : symbol;
+  std::free(text);
+  return result;
+}
 
 // Separate debug files are looked up by build id and .gnu_debuglink (/usr/lib/debug), as
 // eu-addr2line does; the module itself is the file at the dump's path.
