@@ -295,6 +295,10 @@ void SourceLines::annotateDumps(std::span<trace::TraceFile> files) {
         expanded.reserve(thread.frames.size());
         for (size_t i = 0; i < thread.frames.size(); ++i) {
           trace::DumpFrame frame = thread.frames[i];
+          if (frame.line > 0 || frame.inlined || !frame.sourceNote.empty()) {
+            expanded.push_back(std::move(frame));  // annotated already
+            continue;
+          }
           ++stats_.frames;
           SourceLookup found;
           if (!isRuntime(frame.module)) {

@@ -172,6 +172,9 @@ TEST(SourceLines, DumpFramesGetLinesAndInlinedFrames) {
   EXPECT_EQ(lines.stats().frames, 3u);
   EXPECT_EQ(lines.stats().withLine, 2u);
   EXPECT_EQ(lines.stats().inlined, 1u);
+  lines.annotateDumps(std::span(&file, 1));  // a second pass adds no frame
+  EXPECT_EQ(file.dumps[0].threads[0].frames.size(), 4u);
+  EXPECT_EQ(lines.stats().inlined, 1u);
   std::ostringstream notes;
   lines.printNotes("stacks", notes);
   EXPECT_EQ(notes.str(), "");
