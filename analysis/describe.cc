@@ -1,6 +1,7 @@
 #include "analysis/describe.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
@@ -158,6 +159,63 @@ std::string shortHash(uint64_t hash) {
   return hashText(hash).substr(0, 4) + "\u2026";
 }
 
+namespace {
+
+// Just past the bracket that closes the one at `open` ('<' or '('), counting both kinds; npos
+// when it is not closed.
+size_t pastClosing(std::string_view text, size_t open) {
+  int depth = 0;
+  for (size_t i = open; i < text.size(); ++i) {
+    if (text[i] == '<' || text[i] == '(') ++depth;
+    if ((text[i] == '>' || text[i] == ')') && --depth == 0) return i + 1;
+  }
+  return std::string_view::npos;
+}
+
+bool endsWith(const std::string& text, std::string_view tail) {
+  return text.size() >= tail.size() &&
+         text.compare(text.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Whether the qualified name just before the end of `out` is in namespace std.
+bool afterStdName(const std::string& out) {
+  size_t start = out.size();
+  while (start > 0 && (std::isalnum(static_cast<unsigned char>(out[start - 1])) ||
+                       out[start - 1] == '_' || out[start - 1] == ':')) {
+    --start;
+  }
+  return out.compare(start, 5, "std::") == 0;
+}
+
+}  // namespace
+
+std::string readableNames(std::string_view text) {
+  constexpr size_t kLongTemplate = 24, kLongParameters = 60;
+  std::string out;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (text.substr(i, 5) == "[abi:" && text.find(']', i) != std::string_view::npos) {
+      i = text.find(']', i) + 1;
+      continue;
+    }
+    const char c = text[i];
+    const bool opens =
+        (c == '<' && !endsWith(out, "operator") && !endsWith(out, "operator<")) || c == '(';
+    const size_t end = opens ? pastClosing(text, i) : std::string_view::npos;
+    if (end == std::string_view::npos) {
+      out += c;
+      ++i;
+      continue;
+    }
+    std::string inside = readableNames(text.substr(i + 1, end - i - 2));
+    if (c == '<' && afterStdName(out) && inside.size() > kLongTemplate) inside = "\u2026";
+    if (c == '(' && inside.size() > kLongParameters) inside = "\u2026";
+    out += c + inside + text[end - 1];
+    i = end;
+  }
+  return out;
+}
+
 std::string commText(const CommDesc& c) {
   std::string text = shortHash(c.hash) + "(";
   if (!c.name.empty()) {
@@ -273,7 +331,7 @@ void printVerdictText(const Verdict& v, std::ostream& out, const TextStyle& styl
         line += std::string(" (") + trace::stateName(rc.call.state) + ")";
       }
       if (!rc.call.issuedAt.empty()) {
-        line += " issued at " + rc.call.issuedAt;
+        line += " issued at " + readableNames(rc.call.issuedAt);
       } else if (rc.call.callSite != 0 && !trace::isPythonSite(rc.call.callSite)) {
         line += " at " + hex(rc.call.callSite);
       }
@@ -283,7 +341,7 @@ void printVerdictText(const Verdict& v, std::ostream& out, const TextStyle& styl
     }
     out << line << "\n";
     if (!rc.stackTop.empty()) {
-      out << "  " << std::string(width + 2, ' ') << "in " << rc.stackTop << "\n";
+      out << "  " << std::string(width + 2, ' ') << "in " << readableNames(rc.stackTop) << "\n";
     }
   }
   if (!v.culprits.empty()) {

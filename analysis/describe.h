@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <string_view>
 
 #include "analysis/analyze.h"
 
@@ -16,6 +17,11 @@ std::string callText(const CallDesc& call);
 std::string hashText(uint64_t hash);      // 16 hex digits
 std::string shortHash(uint64_t hash);     // "9f3a…"
 std::string commText(const CommDesc& c);  // "9f3a…(world, 8 ranks)"
+// C++ names as a verdict's text lines print them: ABI tags ("[abi:cxx11]") dropped, the
+// template arguments of a std:: template longer than 24 characters shown as "<…>"
+// ("std::chrono::duration<…>"), parameter lists longer than 60 characters as "(…)". JSON keeps
+// the full names.
+std::string readableNames(std::string_view text);
 
 // The paragraph that opens a report: who ran, how it ended, what went wrong first.
 std::string whatHappened(const JobReport& job, int64_t nowNs, int64_t lastActivityNs);

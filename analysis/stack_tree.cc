@@ -172,13 +172,17 @@ void printChain(const StackTree& tree, uint32_t index, const std::string& first,
 std::string frameLabel(const trace::DumpFrame& frame, FrameKey by) {
   std::string module(baseName(frame.module));
   if (module.empty()) module = "?";
+  std::string label;
   if (by == FrameKey::kModule) {
-    std::string label = module + "+" + hexText(frame.moduleOffset);
+    label = module + "+" + hexText(frame.moduleOffset);
     if (!frame.function.empty()) label += " " + frame.function;
-    return label;
+  } else {
+    label = frame.function.empty() ? module + "+" + hexText(frame.moduleOffset) : frame.function;
   }
-  if (!frame.function.empty()) return frame.function;
-  return module + "+" + hexText(frame.moduleOffset);
+  if (frame.line > 0) label += " at " + frame.file + ":" + std::to_string(frame.line);
+  if (frame.inlined) label += " (inlined)";
+  if (!frame.sourceNote.empty()) label += " (" + frame.sourceNote + ")";
+  return label;
 }
 
 std::string pythonFrameLabel(const trace::DumpPythonFrame& frame) {

@@ -90,7 +90,8 @@ struct StackReport {
   std::vector<RankNote> notes;  // one per rank, ascending
 };
 
-// The label a native frame merges under.
+// The label a native frame merges under, with " at file:line", " (inlined)" and a source note
+// when the CLI added them (tools/source_lines.h).
 std::string frameLabel(const trace::DumpFrame& frame, FrameKey by);
 // "train.py:88 step" for a Python frame.
 std::string pythonFrameLabel(const trace::DumpPythonFrame& frame);

@@ -8,7 +8,7 @@ shift || true
 
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev googletest libgtest-dev libgmock-dev
   libbenchmark-dev libunwind-14-dev libabsl-dev libsimdjson-dev libcli11-dev
-  libdw-dev  # ncclwatch stacks-of: other processes' stacks through ptrace (libdwfl)
+  libdw-dev  # libdwfl: stacks-of (ptrace stacks), file:line of dump frames offline
   chromium  # chromium: headless rendering of `ncclwatch report` pages in tests
   openmpi-bin)  # mpirun, for the launcher tests
 missing=()

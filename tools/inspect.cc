@@ -12,6 +12,7 @@
 #include "analysis/analyze.h"
 #include "analysis/describe.h"
 #include "load.h"
+#include "source_lines.h"
 #include "trace/ring_reader.h"
 
 namespace ncclwatch::inspect {
@@ -75,7 +76,11 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
   std::vector<trace::TraceFile>& files = loaded.files;
   analysis::Options analysisOptions;
   analysisOptions.quietNs = static_cast<int64_t>(options.quietSeconds * 1e9);
+  cli::SourceLines lines(cli::SourceLines::workingDirectory());
+  lines.annotateDumps(files);
   analysis::Report report = analysis::analyze(files, analysisOptions);
+  lines.annotateCallSites(report, files);
+  lines.printNotes("inspect", err);
   if (options.reportJson) {
     analysis::printJson(report, out);
   } else if (options.json) {

@@ -10,6 +10,7 @@
 
 #include "analysis/describe.h"
 #include "analysis/stack_tree.h"
+#include "source_lines.h"
 #include "stacks.h"
 
 namespace ncclwatch::report {
@@ -440,7 +441,11 @@ int run(const Options& options, std::ostream& err) {
   files = std::move(loaded.files);
   analysis::Options analysisOptions;
   analysisOptions.quietNs = static_cast<int64_t>(options.quietSeconds * 1e9);
+  cli::SourceLines lines(cli::SourceLines::workingDirectory());
+  lines.annotateDumps(files);
   analysis::Report report = analysis::analyze(files, analysisOptions);
+  lines.annotateCallSites(report, files);
+  lines.printNotes("report", err);
   analysis::StackReport stacks = analysis::stackReport(files, report, {});
   std::ostringstream page;
   writeHtml(files, report, stacks, page);

@@ -6,6 +6,7 @@
 #include "analysis/analyze.h"
 #include "analysis/stack_tree.h"
 #include "load.h"
+#include "source_lines.h"
 
 namespace ncclwatch::stacks {
 
@@ -20,7 +21,10 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
   stackOptions.allThreads = options.allThreads;
   cli::Loaded loaded;
   if (!cli::loadTraces(options.directory, "stacks", err, &loaded)) return 2;
-  const std::vector<trace::TraceFile>& files = loaded.files;
+  std::vector<trace::TraceFile>& files = loaded.files;
+  cli::SourceLines lines(cli::SourceLines::workingDirectory());
+  lines.annotateDumps(files);
+  lines.printNotes("stacks", err);
   analysis::Options analysisOptions;
   analysisOptions.quietNs = static_cast<int64_t>(options.quietSeconds * 1e9);
   analysis::Report report = analysis::analyze(files, analysisOptions);

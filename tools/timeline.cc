@@ -9,8 +9,10 @@
 #include <tuple>
 
 #include "analysis/describe.h"
+#include "analysis/stack_tree.h"
 #include "analysis/timing.h"
 #include "load.h"
+#include "source_lines.h"
 
 namespace ncclwatch::timeline {
 namespace {
@@ -306,6 +308,8 @@ class Writer {
                ",\"findings\":" + quoted(findings) +
                ",\"threads\":" + std::to_string(dump.threads.size()) +
                ",\"took_ms\":" + std::to_string(dump.tookNs / 1'000'000);
+      std::string top = analysis::stackTop(dump, 0, file.header.pid);
+      if (!top.empty()) e.args += ",\"stack_top\":" + quoted(top);
       emit(e);
       ++stats_.dumpMarks;
     }
@@ -353,6 +357,11 @@ class Writer {
                    ",\"primary\":" + (v.primary ? "true" : "false") +
                    ",\"culprits\":" + quoted(analysis::formatRanks(v.culprits)) +
                    ",\"explanation\":" + quoted(v.explanation);
+          for (const analysis::RankClass& c : v.classes) {
+            if (std::find(c.ranks.begin(), c.ranks.end(), rank) == c.ranks.end()) continue;
+            if (!c.call.issuedAt.empty()) e.args += ",\"issued_at\":" + quoted(c.call.issuedAt);
+            if (!c.stackTop.empty()) e.args += ",\"stack_top\":" + quoted(c.stackTop);
+          }
           emit(e);
           ++stats_.verdictMarks;
         }
@@ -382,7 +391,11 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
   if (!cli::loadTraces(options.directory, "timeline", err, &loaded)) return 2;
   analysis::Options analysisOptions;
   analysisOptions.quietNs = static_cast<int64_t>(options.quietSeconds * 1e9);
+  cli::SourceLines lines(cli::SourceLines::workingDirectory());
+  lines.annotateDumps(loaded.files);
   analysis::Report report = analysis::analyze(loaded.files, analysisOptions);
+  lines.annotateCallSites(report, loaded.files);
+  lines.printNotes("timeline", err);
   Stats stats;
   if (options.output == "-") {
     stats = write(loaded.files, &report, out);

@@ -28,6 +28,13 @@ struct DumpFrame {
   std::string module;
   uint64_t moduleOffset = 0;
   std::string buildId;
+  // Source lines, filled only by the offline CLI from the module's DWARF (tools/source_lines.h);
+  // never part of a dump's text. A frame with inlined calls at its pc is expanded into one frame
+  // per inlined function (inlined = true, innermost first), then the real function's frame.
+  std::string file;        // source file of `line`; empty when unknown
+  int line = 0;            // 0 when unknown
+  bool inlined = false;    // a function inlined into the next frame, at this frame's file:line
+  std::string sourceNote;  // why a line that could be known is not ("binary changed")
 };
 
 struct DumpThread {

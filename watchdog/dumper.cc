@@ -96,8 +96,13 @@ void captureWithSignal(trace::Dump& dump, const DumpBounds& bounds) {
     if (left < std::chrono::milliseconds(1)) left = std::chrono::milliseconds(1);
     for (const Frame& frame :
          symbolize(std::span<const uintptr_t>(stack.pcs, stack.frameCount), left)) {
-      thread.frames.push_back({frame.pc, frame.function, frame.functionOffset, frame.module,
-                               frame.moduleOffset, frame.buildId});
+      trace::DumpFrame& out = thread.frames.emplace_back();
+      out.pc = frame.pc;
+      out.function = frame.function;
+      out.functionOffset = frame.functionOffset;
+      out.module = frame.module;
+      out.moduleOffset = frame.moduleOffset;
+      out.buildId = frame.buildId;
     }
     dump.threads.push_back(std::move(thread));
   }

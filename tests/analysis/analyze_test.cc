@@ -447,6 +447,67 @@ TEST(DeadRank, AStaleSendOfTheDeadRankIsNotAWait) {
   EXPECT_NE(text(report).find("in Trainer::step \u2190 main"), std::string::npos) << text(report);
 }
 
+// Frames the CLI gave lines (tools/source_lines.h): the stack top names file:line and inlined
+// frames; the verdict's text shortens long C++ names, its JSON keeps them whole.
+TEST(DeadRank, StackTopShowsLinesAndReadableNames) {
+  auto ranks = world(2);
+  history(ranks, 3);
+  ranks[0].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+  const std::string sleepFor =
+      "void std::this_thread::sleep_for<long, std::ratio<1l, 1000l> >(std::chrono::duration<long, "
+      "std::ratio<1l, 1000l> > const&)";
+  ncclwatch::trace::Dump dump;
+  dump.trigger = "signal";
+  ncclwatch::trace::DumpThread thread;
+  thread.tid = ranks[1].file().header.pid;
+  ncclwatch::trace::DumpFrame inlined;
+  inlined.function = sleepFor;
+  inlined.module = "/app/train";
+  inlined.file = "/usr/include/c++/12/bits/this_thread_sleep.h";
+  inlined.line = 82;
+  inlined.inlined = true;
+  ncclwatch::trace::DumpFrame step = inlined;
+  step.function = "Trainer::step[abi:cxx11](int)";
+  step.file = "train.cc";
+  step.line = 142;
+  step.inlined = false;
+  thread.frames = {inlined, step};
+  dump.threads.push_back(thread);
+  ranks[1].file().dumps.push_back(dump);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = firstIs(report, VerdictKind::kDeadRank, {1});
+  ASSERT_NE(v, nullptr) << text(report);
+  ASSERT_EQ(v->classes.size(), 2u);
+  const std::string full = sleepFor + " at /usr/include/c++/12/bits/this_thread_sleep.h:82 " +
+                           "(inlined) \u2190 Trainer::step[abi:cxx11](int) at train.cc:142";
+  EXPECT_EQ(v->classes[1].stackTop, full);
+  EXPECT_NE(verdictJson(*v, "job", 0).find(full), std::string::npos);
+  EXPECT_NE(text(report).find("in void std::this_thread::sleep_for<\u2026>(std::chrono::"
+                              "duration<\u2026> const&) at "
+                              "/usr/include/c++/12/bits/this_thread_sleep.h:82 (inlined) "
+                              "\u2190 Trainer::step(int) at train.cc:142\n"),
+            std::string::npos)
+      << text(report);
+}
+
+TEST(ReadableNames, ShortensOnlyLongStdTemplatesAbiTagsAndLongParameterLists) {
+  EXPECT_EQ(readableNames("TrainLoop::runStep(int) at examples/train_loop.cc:142"),
+            "TrainLoop::runStep(int) at examples/train_loop.cc:142");
+  EXPECT_EQ(readableNames("f[abi:cxx11](std::shared_ptr<cudasim::Stream> const&)"),
+            "f(std::shared_ptr<cudasim::Stream> const&)");
+  EXPECT_EQ(readableNames("g(std::vector<int, std::allocator<int> > const&)"),
+            "g(std::vector<\u2026> const&)");
+  EXPECT_EQ(readableNames("Mine<int, std::ratio<1l, 1000000000l>, Something<long> >::h()"),
+            "Mine<int, std::ratio<1l, 1000000000l>, Something<long> >::h()");
+  EXPECT_EQ(readableNames("(anonymous namespace)::operator<<(std::ostream&, int)"),
+            "(anonymous namespace)::operator<<(std::ostream&, int)");
+  EXPECT_EQ(readableNames("k(" + std::string(70, 'x') + ")"), "k(\u2026)");
+  // Unbalanced text (a truncated name) is kept as it is.
+  EXPECT_EQ(readableNames("broken<std::pair<int"), "broken<std::pair<int");
+  EXPECT_EQ(readableNames("py: train.py:88 step"), "py: train.py:88 step");
+}
+
 TEST(InitHang, RankWithoutCommunicator) {
   auto ranks = world(3);
   ranks.emplace_back(3, 4);  // never finished ncclCommInitRank

@@ -120,7 +120,8 @@ int main(int argc, char** argv) {
   thread.tid = 77;
   thread.name = "seed";
   thread.answered = true;
-  thread.frames.push_back({0x401000, "runStep(int)", 0x20, "/bin/seed", 0x1000, "ab12"});
+  thread.frames.push_back(
+      {0x401000, "runStep(int)", 0x20, "/bin/seed", 0x1000, "ab12", "", 0, false, ""});
   dump.threads.push_back(thread);
   dump.pythonNote = "CPython's faulthandler";
   dump.pythonThreads.push_back({0x7f00, true, {{"train.py", 12, "step"}}});

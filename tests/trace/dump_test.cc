@@ -28,8 +28,9 @@ Dump sampleDump() {
   thread.tid = 4242;
   thread.name = "train_loop";
   thread.answered = true;
-  thread.frames.push_back({0x7f0000001000, "runStep(int)", 0x1f, "/bin/train", 0x6109, "be11"});
-  thread.frames.push_back({0x7f0000002000, "", 0, "", 0, ""});
+  thread.frames.push_back(
+      {0x7f0000001000, "runStep(int)", 0x1f, "/bin/train", 0x6109, "be11", "", 0, false, ""});
+  thread.frames.push_back({0x7f0000002000, "", 0, "", 0, "", "", 0, false, ""});
   dump.threads.push_back(thread);
   DumpThread silent;
   silent.tid = 4243;

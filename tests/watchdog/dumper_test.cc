@@ -83,7 +83,8 @@ TEST(Dumper, StderrBlockSaysWhereAndWhy) {
   thread.tid = 99;
   thread.name = "train";
   thread.answered = true;
-  thread.frames.push_back({0x1000, "runStep(int)", 0x10, "/bin/train", 0x1000, ""});
+  thread.frames.push_back(
+      {0x1000, "runStep(int)", 0x10, "/bin/train", 0x1000, "", "", 0, false, ""});
   dump.threads.push_back(thread);
   dump.pythonNote = "not a Python process";
   std::string block = ncclwatch::watchdog::describeDump(dump, ProcessLabel{3, 1234, "/t/x"}, true);
