@@ -66,10 +66,11 @@ __attribute__((visibility("default"))) int clock_gettime(clockid_t clock, timesp
 __attribute__((visibility("default"))) int gettimeofday(struct timeval* time, void*) {
   timespec now{};
   int result = clock_gettime(CLOCK_REALTIME, &now);
-  // glibc declares `time` nonnull, yet callers may pass null: compare it as an integer.
-  if (result == 0 && reinterpret_cast<uintptr_t>(time) != 0) {
-    time->tv_sec = now.tv_sec;
-    time->tv_usec = now.tv_nsec / 1000;
+  // glibc declares `time` nonnull, yet callers may pass null: a volatile copy is checked.
+  struct timeval* volatile out = time;
+  if (result == 0 && out != nullptr) {
+    out->tv_sec = now.tv_sec;
+    out->tv_usec = now.tv_nsec / 1000;
   }
   return result;
 }
