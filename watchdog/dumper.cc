@@ -228,8 +228,10 @@ std::string describeDump(const trace::Dump& dump, const ProcessLabel& label, boo
       dump.pythonThreads.empty()
           ? dump.pythonNote.c_str()
           : (std::to_string(dump.pythonThreads.size()) + " threads via " + dump.pythonNote).c_str(),
-      written ? "written to" : "COULD NOT be written to", label.tracePath.c_str(),
-      static_cast<double>(dump.tookNs) / 1e6);
+      written                   ? "written to"
+      : label.tracePath.empty() ? "kept on stderr only (no trace file)"
+                                : "COULD NOT be written to",
+      label.tracePath.c_str(), static_cast<double>(dump.tookNs) / 1e6);
   out += line;
   return out;
 }
