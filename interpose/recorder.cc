@@ -414,6 +414,11 @@ Recorder* Recorder::start() {
                  directory.c_str(), error.c_str());
   }
   state->agentOptions = agentOptionsFromEnvironment(info);
+  // Memory only: the sidecar collector still writes its verdicts to the folder asked for, never
+  // to the working directory (a trace-less writer has no path to take the folder from).
+  if (state->writer.path().empty() && state->agentOptions.sidecarOptions.directory.empty()) {
+    state->agentOptions.sidecarOptions.directory = directory;
+  }
   // NCCL's own pncclGetVersion: a statically linked NCCL (plugin-only mode) has none to find.
   int version = 0;
   if (auto* getVersion =
