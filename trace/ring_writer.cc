@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -158,6 +159,13 @@ void installBusGuard() {
   sigaction(SIGBUS, &action, &g_previousBus);
 }
 
+// Growing a file past RLIMIT_FSIZE sends SIGXFSZ, which kills by default: ask first.
+bool withinFileSizeLimit(uint64_t end) {
+  rlimit limit{};
+  return getrlimit(RLIMIT_FSIZE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY ||
+         end <= limit.rlim_cur;
+}
+
 std::string mebibytes(size_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
@@ -194,10 +202,12 @@ bool RingWriter::open(const std::string& path, const RingOptions& options, const
   // Every block reserved now (glibc writes one byte per block where the file system has no
   // fallocate, and reports what that write met): a sparse file would fault (SIGBUS) on the
   // first store into a page the disk cannot back.
-  int reserved;
-  do {
-    reserved = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  } while (reserved == EINTR);
+  int reserved = EFBIG;
+  if (withinFileSizeLimit(bytes)) {
+    do {
+      reserved = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    } while (reserved == EINTR);
+  }
   void* mapping = MAP_FAILED;
   if (reserved == 0) {
     mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -406,10 +416,12 @@ bool RingWriter::writeSegment(uint64_t firstIndex, uint32_t count) {
   std::memcpy(segment_.data(), &segment, sizeof segment);
   size_t bytes = sizeof segment + static_cast<size_t>(count) * sizeof(CallRecord);
   size_t done = 0;
+  bool allowed = withinFileSizeLimit(fileEnd_ + bytes);
   while (done < bytes) {
-    ssize_t wrote =
-        pwrite(fd_, segment_.data() + done, bytes - done, static_cast<off_t>(fileEnd_ + done));
-    if (wrote < 0 && errno == EINTR) continue;
+    ssize_t wrote = allowed ? pwrite(fd_, segment_.data() + done, bytes - done,
+                                     static_cast<off_t>(fileEnd_ + done))
+                            : -1;
+    if (wrote < 0 && allowed && errno == EINTR) continue;
     if (wrote <= 0) {
       failedSegmentWrites_.fetch_add(1, std::memory_order_relaxed);
       atomicField(header_->failedSegmentWrites).fetch_add(1, std::memory_order_relaxed);
@@ -475,10 +487,12 @@ bool RingWriter::appendTextBlock(const char (&magic)[8], std::string_view text) 
   dump.checksum = dumpChecksum(text.size(), block.data() + sizeof(DumpHeader));
   std::memcpy(block.data(), &dump, sizeof dump);
   size_t done = 0;
+  bool allowed = withinFileSizeLimit(fileEnd_ + block.size());
   while (done < block.size()) {
-    ssize_t wrote =
-        pwrite(fd_, block.data() + done, block.size() - done, static_cast<off_t>(fileEnd_ + done));
-    if (wrote < 0 && errno == EINTR) continue;
+    ssize_t wrote = allowed ? pwrite(fd_, block.data() + done, block.size() - done,
+                                     static_cast<off_t>(fileEnd_ + done))
+                            : -1;
+    if (wrote < 0 && allowed && errno == EINTR) continue;
     if (wrote <= 0) {
       // The next block goes where this one started: what a short write left is overwritten.
       noteUnwrittenBlock();

@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -298,6 +299,30 @@ TEST(RingStorage, OtherSigbusStillReachesTheProgramsHandler) {
       _exit(4);
     }
     _exit(writer.losses().mappingFaults == 0 ? 0 : 5);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(RingStorage, FileSizeLimitRefusesWithoutSigxfsz) {
+  std::string path = tempPath("fsize-limit");
+  pid_t child = fork();
+  if (child == 0) {
+    rlimit limit{64 << 10, 64 << 10};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(2);
+    RingWriter writer;
+    std::string error;
+    // 16 KiB of header and 1024 records of 128 bytes: past the limit.
+    if (writer.open(path, 1024, {0, 1, 0, "h", "j"}, &error)) _exit(3);
+    if (error.find("File too large") == std::string::npos) _exit(4);
+    if (access(path.c_str(), F_OK) == 0) _exit(5);  // nothing half-made left behind
+    // A ring that fits; a dump that would cross the limit is refused and counted.
+    if (!writer.open(path, 256, {0, 1, 0, "h", "j"}, &error)) _exit(6);
+    if (writer.appendDump(std::string(40 << 10, 'x'))) _exit(7);
+    if (writer.losses().unwrittenBlocks != 1) _exit(8);
+    _exit(0);
   }
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
