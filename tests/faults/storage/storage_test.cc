@@ -7,11 +7,14 @@
 //
 // Rows that mount a tmpfs run with --private-mounts: the test process enters a mount namespace
 // of its own (as root, or inside an unprivileged user namespace) before any thread starts.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -219,6 +222,21 @@ TEST(FullDisk, ContinuousModeCountsWhatItCouldNotWrite) {
   umount2(logs.c_str(), MNT_DETACH);
 }
 
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
 // `ncclwatch launch` in the background with rank 0's sidecar collector; every rank's output in
 // one file.
 class Launch {
@@ -240,6 +258,9 @@ class Launch {
              (testsupport::simLibDir() + (path ? std::string(":") + path : "")).c_str(), 1);
       setenv("LD_PRELOAD", (testsupport::buildDir() + "/lib/libncclwatch.so").c_str(), 1);
       setenv("NCCLWATCH_DIR", logs.c_str(), 1);
+      // A port free a moment ago: launch's MASTER_PORT + offset may be one that other jobs on
+      // this machine hold (that fault is a collector row, not this one).
+      setenv("NCCLWATCH_COLLECTOR_PORT", std::to_string(freePort()).c_str(), 1);
       setenv("NCCLWATCH_HANG_MS", "1500", 1);
       setenv("NCCLWATCH_POLL_MS", "50", 1);
       setenv("NCCLWATCH_ON_HANG", "dump", 1);
