@@ -211,6 +211,15 @@ TEST(FullDisk, ContinuousModeCountsWhatItCouldNotWrite) {
   for (const auto& file : testsupport::readTraceFiles(logs)) {
     EXPECT_TRUE(file.usable) << file.path;
     failedInFiles += file.header.failedSegmentWrites;
+    if (file.header.failedSegmentWrites == 0) continue;
+    // What a user reading the file is told.
+    std::string shown;
+    if (FILE* pipe = popen((std::string(NCCLWATCH_BINARY) + " show " + file.path).c_str(), "r")) {
+      char buffer[4096];
+      while (size_t got = fread(buffer, 1, sizeof buffer, pipe)) shown.append(buffer, got);
+      pclose(pipe);
+    }
+    EXPECT_NE(shown.find("segment writes failed"), std::string::npos) << shown;
   }
   EXPECT_GT(failedInFiles, 0u) << "the disk should have filled up";
   size_t saidAtExit = 0;
