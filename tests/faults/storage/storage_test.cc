@@ -351,17 +351,19 @@ TEST(FullDisk, SkipBugStillNamesRank3) {
 
 // ---- A trace file truncated under running ranks ----
 
-TEST(Truncated, RanksGoOnInMemory) {
+// Cuts both ranks' files to nothing once they exist and `settle` has passed; then every rank
+// must end as without ncclwatch, say so once, and count the faulted pages at exit.
+void truncateUnderRunningRanks(const JobSpec& plain, std::chrono::milliseconds settle) {
   std::string logs = testsupport::freshDirectory("storage-truncated", true);
-  JobSpec spec = trainJob(2, {"--steps", "300", "--step-ms", "10", "--quiet"});
-  std::vector<int> baseline = withoutNcclwatch(spec);
+  std::vector<int> baseline = withoutNcclwatch(plain);
+  JobSpec spec = plain;
   watch(spec, logs);
+  spec.env.push_back({"NCCLWATCH_POLL_MS", "50"});
   Job job(spec);
-  // Once both files exist and the ranks are writing into them, cut them to nothing.
   auto deadline = Clock::now() + 30s;
   while (traceFilesIn(logs) < 2 && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
   ASSERT_EQ(traceFilesIn(logs), 2u);
-  std::this_thread::sleep_for(500ms);
+  std::this_thread::sleep_for(settle);
   for (const auto& entry : std::filesystem::directory_iterator(logs)) {
     ASSERT_EQ(truncate(entry.path().c_str(), 0), 0) << entry.path();
   }
@@ -376,6 +378,19 @@ TEST(Truncated, RanksGoOnInMemory) {
     ASSERT_EQ(atExit.size(), 1u) << out;
     EXPECT_EQ(atExit[0].find(" 0 pages faulted"), std::string::npos) << atExit[0];
   }
+}
+
+TEST(Truncated, RanksGoOnInMemory) {
+  // The application threads are the first to store into the cut pages.
+  truncateUnderRunningRanks(trainJob(2, {"--steps", "300", "--step-ms", "10", "--quiet"}), 500ms);
+}
+
+TEST(Truncated, WatchdogThreadTakesTheFault) {
+  // Rank 0 pauses 2 s on the host and rank 1 waits for it inside NCCL: during the pause only
+  // the watchdog threads read the rings, so one of them meets the cut page first (with fault
+  // signals blocked there, as they were, the kernel killed the rank).
+  truncateUnderRunningRanks(
+      trainJob(2, {"--steps", "10", "--bug", "pause:rank=0,step=3,ms=2000", "--quiet"}), 700ms);
 }
 
 // ---- Log folders that cannot be used ----
