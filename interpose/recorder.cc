@@ -11,6 +11,7 @@
 
 #include <strings.h>
 #include <cerrno>
+#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -126,12 +127,21 @@ int envRank(const char* first, const char* second, const char* third) {
   return -1;
 }
 
+// False with errno set when `path` is not, and cannot be made, a folder (ENOTDIR when a file
+// stands where it should be).
 bool makeDirectories(const std::string& path) {
   for (size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
     std::string prefix = path.substr(0, slash);
     if (mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) return false;
-    if (slash == std::string::npos) return true;
+    if (slash == std::string::npos) break;
   }
+  struct stat folder {};
+  if (stat(path.c_str(), &folder) != 0) return false;
+  if (!S_ISDIR(folder.st_mode)) {
+    errno = ENOTDIR;
+    return false;
+  }
+  return true;
 }
 
 // The job, and under torchrun the attempt: an elastic restart's processes form a job of their
@@ -295,9 +305,19 @@ void resetAfterFork() {
 }
 
 // At normal exit the trace says so: a reader then tells a finished process from a killed one.
+// What the trace file missed is said once, here.
 __attribute__((destructor)) void markCleanShutdown() {
   auto* state = static_cast<State*>(Recorder::existing());
-  if (state != nullptr && state->writer.isOpen()) state->writer.markCleanShutdown();
+  if (state == nullptr || !state->writer.isOpen()) return;
+  state->writer.markCleanShutdown();
+  trace::RingWriter::Losses lost = state->writer.losses();
+  if (lost.unwrittenBlocks + lost.failedSegmentWrites + lost.mappingFaults == 0) return;
+  std::fprintf(stderr,
+               "[ncclwatch] trace file %s missed %" PRIu64 " dump blocks, %" PRIu64
+               " segment writes (%" PRIu64 " records dropped), %u pages faulted%s\n",
+               state->writer.path().empty() ? "(none: memory only)" : state->writer.path().c_str(),
+               lost.unwrittenBlocks, lost.failedSegmentWrites, lost.droppedRecords,
+               lost.mappingFaults, state->writer.memoryOnly() ? "; recorded in memory only" : "");
 }
 
 }  // namespace
@@ -367,23 +387,39 @@ Recorder* Recorder::start() {
                           envRank("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"),
                           envRank("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"),
                           host, jobId()};
+  trace::RingOptions options;
+  options.capacity =
+      static_cast<uint32_t>(envCount("NCCLWATCH_RING_RECORDS", trace::kMinRingCapacity,
+                                     trace::kMaxRingCapacity, kDefaultRingRecords));
+  options.mode = traceMode();
   if (!makeDirectories(directory)) {
-    error = directory + ": cannot create the log folder: " + std::strerror(errno);
+    error = "cannot create it: " + std::string(std::strerror(errno));
   } else {
-    trace::RingOptions options;
-    options.capacity =
-        static_cast<uint32_t>(envCount("NCCLWATCH_RING_RECORDS", trace::kMinRingCapacity,
-                                       trace::kMaxRingCapacity, kDefaultRingRecords));
-    options.mode = traceMode();
     state->writer.open(path, options, info, &error);
   }
   if (!state->writer.isOpen()) {
-    std::fprintf(stderr, "[ncclwatch] recording off: %s\n", error.c_str());
-    delete state;
-    g_disabled.store(true);
-    return nullptr;
+    // Only the file is lost: the same ring in memory keeps everything else working.
+    state->writer.openInMemory(options, info);
+    if (!state->writer.isOpen()) {
+      std::fprintf(stderr,
+                   "[ncclwatch] recording off: log folder %s unusable (%s) and no memory "
+                   "for a ring\n",
+                   directory.c_str(), error.c_str());
+      delete state;
+      g_disabled.store(true);
+      return nullptr;
+    }
+    std::fprintf(stderr,
+                 "[ncclwatch] log folder %s unusable (%s): recording in memory only; the "
+                 "watchdog, stderr dumps and live verdicts go on, no trace file is kept\n",
+                 directory.c_str(), error.c_str());
   }
   state->agentOptions = agentOptionsFromEnvironment(info);
+  // Memory only: the sidecar collector still writes its verdicts to the folder asked for, never
+  // to the working directory (a trace-less writer has no path to take the folder from).
+  if (state->writer.path().empty() && state->agentOptions.sidecarOptions.directory.empty()) {
+    state->agentOptions.sidecarOptions.directory = directory;
+  }
   // NCCL's own pncclGetVersion: a statically linked NCCL (plugin-only mode) has none to find.
   int version = 0;
   if (auto* getVersion =

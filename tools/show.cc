@@ -227,6 +227,15 @@ void printTable(const TraceFile& file, std::ostream& out) {
     std::snprintf(line, sizeof line, "mode: ring (the newest %u calls)\n", h.capacity);
   }
   out << line;
+  if (h.unwrittenBlocks + h.failedSegmentWrites + h.mappingFaults != 0) {
+    // Storage trouble the writer survived (a full disk, the file truncated under it).
+    std::snprintf(line, sizeof line,
+                  "storage: %" PRIu64 " dump blocks not written, %" PRIu64
+                  " segment writes failed, %u pages faulted%s\n",
+                  h.unwrittenBlocks, h.failedSegmentWrites, h.mappingFaults,
+                  h.mappingFaults != 0 ? " (the file stopped following the process there)" : "");
+    out << line;
+  }
   for (const trace::TraceProblem& problem : file.problems) {
     out << "problem at offset " << problem.offset << ": " << problem.what << "\n";
   }

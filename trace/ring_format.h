@@ -134,6 +134,15 @@ struct RingHeader {
   // Where pending calls wait inside NCCL, as the profiler plugin last saw it (watchdog thread);
   // empty entries have commHash 0. Files written before the plugin have zeros here.
   WaitNote waits[kWaitNoteCapacity];
+  // Storage trouble the writer met and survived (zeros in files written before these fields):
+  // dump and call-site blocks that could not be appended (disk full, file gone), segment
+  // writes that failed (their records were retried, or later counted in droppedRecords), and
+  // pages of this mapping that faulted (SIGBUS: file truncated or its disk gone) and were
+  // replaced by anonymous memory, after which the file no longer follows the process.
+  uint64_t unwrittenBlocks;
+  uint64_t failedSegmentWrites;
+  uint32_t mappingFaults;
+  uint32_t storageReserved;  // 0
 };
 static_assert(offsetof(RingHeader, droppedRecords) == 80);
 static_assert(offsetof(RingHeader, traceMode) == 92);
@@ -145,6 +154,8 @@ static_assert(offsetof(RingHeader, fatalSignal) == 496);
 static_assert(offsetof(RingHeader, recordingSources) == 504);
 static_assert(offsetof(RingHeader, comms) == 512);
 static_assert(offsetof(RingHeader, waits) == 512 + kCommTableCapacity * sizeof(CommInfo));
+static_assert(offsetof(RingHeader, unwrittenBlocks) ==
+              512 + kCommTableCapacity * sizeof(CommInfo) + kWaitNoteCapacity * sizeof(WaitNote));
 static_assert(sizeof(RingHeader) <= kRingHeaderBytes);
 static_assert(std::is_trivially_copyable_v<RingHeader>);
 

@@ -1,12 +1,17 @@
 #include "trace/ring_writer.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <new>
 
@@ -116,6 +121,57 @@ bool isFinal(const CallRecord& record, int64_t now) {
   }
 }
 
+// The writer whose file mapping the SIGBUS guard protects (one ring file per process).
+std::atomic<RingWriter*> g_guarded{nullptr};
+struct sigaction g_previousBus;
+std::atomic<bool> g_busGuardInstalled{false};
+
+// Behaves as the process would have without us.
+void chainBus(int signal, siginfo_t* info, void* context) {
+  if (g_previousBus.sa_flags & SA_SIGINFO) {
+    if (g_previousBus.sa_sigaction != nullptr) g_previousBus.sa_sigaction(signal, info, context);
+    return;
+  }
+  if (g_previousBus.sa_handler == SIG_IGN) return;
+  if (g_previousBus.sa_handler == SIG_DFL) {
+    // Blocked inside this handler: delivered with the default action as the handler returns.
+    sigaction(signal, &g_previousBus, nullptr);
+    syscall(SYS_tgkill, getpid(), syscall(SYS_gettid), signal);
+    return;
+  }
+  g_previousBus.sa_handler(signal);
+}
+
+void onBus(int signal, siginfo_t* info, void* context) {
+  int savedErrno = errno;
+  if (!RingWriter::recoverFault(info->si_addr)) chainBus(signal, info, context);
+  errno = savedErrno;
+}
+
+// Once per address space: a handler installed later (the watchdog's fatal-signal handler)
+// asks recoverFault() first and chains here for anything else.
+void installBusGuard() {
+  if (g_busGuardInstalled.exchange(true)) return;
+  struct sigaction action {};
+  action.sa_sigaction = onBus;
+  action.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGBUS, &action, &g_previousBus);
+}
+
+// Growing a file past RLIMIT_FSIZE sends SIGXFSZ, which kills by default: ask first.
+bool withinFileSizeLimit(uint64_t end) {
+  rlimit limit{};
+  return getrlimit(RLIMIT_FSIZE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY ||
+         end <= limit.rlim_cur;
+}
+
+std::string mebibytes(size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+
 }  // namespace
 
 uint32_t ringCapacityFor(uint32_t requested) {
@@ -136,34 +192,81 @@ bool RingWriter::open(const std::string& path, uint32_t capacity, const ProcessI
 bool RingWriter::open(const std::string& path, const RingOptions& options, const ProcessInfo& info,
                       std::string* error) {
   close();
-  capacity_ = ringCapacityFor(options.capacity);
-  bool continuous = options.mode == TraceMode::kFull;
-  size_t bytes = kRingHeaderBytes + static_cast<size_t>(capacity_) * sizeof(CallRecord);
+  uint32_t capacity = ringCapacityFor(options.capacity);
+  size_t bytes = kRingHeaderBytes + static_cast<size_t>(capacity) * sizeof(CallRecord);
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+  if (fd < 0) {
     if (error) *error = path + ": cannot create the trace file: " + std::strerror(errno);
-    if (fd >= 0) ::close(fd);
     return false;
   }
-  void* mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // Every block reserved now (glibc writes one byte per block where the file system has no
+  // fallocate, and reports what that write met): a sparse file would fault (SIGBUS) on the
+  // first store into a page the disk cannot back.
+  int reserved = EFBIG;
+  if (withinFileSizeLimit(bytes)) {
+    do {
+      reserved = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    } while (reserved == EINTR);
+  }
+  void* mapping = MAP_FAILED;
+  if (reserved == 0) {
+    mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mapping == MAP_FAILED && error) {
+      *error = path + ": cannot map the trace file: " + std::strerror(errno);
+    }
+  } else if (error) {
+    *error = path + ": cannot reserve " + mebibytes(bytes) +
+             " for the trace file: " + std::strerror(reserved);
+  }
   if (mapping == MAP_FAILED) {
-    if (error) *error = path + ": cannot map the trace file: " + std::strerror(errno);
     ::close(fd);
+    unlink(path.c_str());  // a file without its blocks is no trace
     return false;
   }
+  capacity_ = capacity;
   // Blocks after the ring (segments, dumps) are appended with pwrite past the mapping; the
   // descriptor stays open.
   fd_ = fd;
   fileEnd_ = bytes;
+  mappedBytes_ = bytes;
+  path_ = path;
+  memoryOnly_.store(false);
+  header_ = static_cast<RingHeader*>(mapping);
+  records_ = reinterpret_cast<CallRecord*>(static_cast<char*>(mapping) + kRingHeaderBytes);
+  initializeHeader(info, options.mode == TraceMode::kFull);
+  faultLine_ = "[ncclwatch] the trace file " + path +
+               " lost its storage under the job (truncated, or its disk failed): recording goes "
+               "on in memory only\n";
+  faultFloor_ = SIZE_MAX;
+  installBusGuard();
+  g_guarded.store(this, std::memory_order_release);
+  return true;
+}
+
+void RingWriter::openInMemory(const RingOptions& options, const ProcessInfo& info) {
+  close();
+  capacity_ = ringCapacityFor(options.capacity);
+  size_t bytes = kRingHeaderBytes + static_cast<size_t>(capacity_) * sizeof(CallRecord);
+  void* mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapping == MAP_FAILED) return;  // isOpen() stays false: no memory left for a ring
+  fd_ = -1;
+  fileEnd_ = bytes;
+  mappedBytes_ = bytes;
+  path_.clear();
+  memoryOnly_.store(true);
+  header_ = static_cast<RingHeader*>(mapping);
+  records_ = reinterpret_cast<CallRecord*>(static_cast<char*>(mapping) + kRingHeaderBytes);
+  initializeHeader(info, options.mode == TraceMode::kFull);
+}
+
+void RingWriter::initializeHeader(const ProcessInfo& info, bool continuous) {
+  long page = sysconf(_SC_PAGESIZE);
+  pageBytes_ = page > 0 ? static_cast<size_t>(page) : 4096;
+  continuous_ = continuous;
   if (continuous) {
-    continuous_ = true;
     persistCursor_ = 0;
     segment_.assign(sizeof(SegmentHeader) + kSegmentRecords * sizeof(CallRecord), std::byte{0});
   }
-  mappedBytes_ = bytes;
-  path_ = path;
-  header_ = static_cast<RingHeader*>(mapping);
-  records_ = reinterpret_cast<CallRecord*>(static_cast<char*>(mapping) + kRingHeaderBytes);
   header_->formatVersion = kRingFormatVersion;
   header_->headerBytes = kRingHeaderBytes;
   header_->recordBytes = sizeof(CallRecord);
@@ -180,7 +283,8 @@ bool RingWriter::open(const std::string& path, const RingOptions& options, const
   // The magic goes last: a reader never takes a half-initialized header for a trace.
   std::atomic_thread_fence(std::memory_order_release);
   std::memcpy(header_->magic, kRingMagic, sizeof kRingMagic);
-  return true;
+  headerCopy_.resize(sizeof(RingHeader));
+  std::memcpy(headerCopy_.data(), header_, sizeof(RingHeader));
 }
 
 CallRecord* RingWriter::slot(uint64_t index) const {
@@ -249,16 +353,20 @@ void RingWriter::addComm(const CommInfo& comm) {
     return;
   }
   header_->comms[index] = comm;
+  copiedHeader()->comms[index] = comm;
 }
 
 void RingWriter::setRank(int rank, int world, int localRank) {
-  header_->rank = rank;
-  header_->world = world;
-  header_->localRank = localRank;
+  for (RingHeader* header : {header_, copiedHeader()}) {
+    header->rank = rank;
+    header->world = world;
+    header->localRank = localRank;
+  }
 }
 
 void RingWriter::addRecordingSource(RecordingSource source) {
   atomicField(header_->recordingSources).fetch_or(source, std::memory_order_relaxed);
+  copiedHeader()->recordingSources |= source;
 }
 
 void RingWriter::writeWaits(std::span<const WaitNote> notes) {
@@ -280,8 +388,10 @@ void RingWriter::writeWaits(std::span<const WaitNote> notes) {
 }
 
 void RingWriter::setNcclLibrary(int version, const std::string& path) {
-  header_->ncclVersion = version;
-  copyText(header_->ncclLibrary, path);
+  for (RingHeader* header : {header_, copiedHeader()}) {
+    header->ncclVersion = version;
+    copyText(header->ncclLibrary, path);
+  }
 }
 
 void RingWriter::markCleanShutdown() {
@@ -306,11 +416,17 @@ bool RingWriter::writeSegment(uint64_t firstIndex, uint32_t count) {
   std::memcpy(segment_.data(), &segment, sizeof segment);
   size_t bytes = sizeof segment + static_cast<size_t>(count) * sizeof(CallRecord);
   size_t done = 0;
+  bool allowed = withinFileSizeLimit(fileEnd_ + bytes);
   while (done < bytes) {
-    ssize_t wrote =
-        pwrite(fd_, segment_.data() + done, bytes - done, static_cast<off_t>(fileEnd_ + done));
-    if (wrote < 0 && errno == EINTR) continue;
-    if (wrote <= 0) return false;
+    ssize_t wrote = allowed ? pwrite(fd_, segment_.data() + done, bytes - done,
+                                     static_cast<off_t>(fileEnd_ + done))
+                            : -1;
+    if (wrote < 0 && allowed && errno == EINTR) continue;
+    if (wrote <= 0) {
+      failedSegmentWrites_.fetch_add(1, std::memory_order_relaxed);
+      atomicField(header_->failedSegmentWrites).fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
     done += static_cast<size_t>(wrote);
   }
   fileEnd_ += bytes;
@@ -326,7 +442,12 @@ void RingWriter::noteFatalSignal(int signal, int threadId) {
 
 uint64_t RingWriter::nextIndex() const {
   if (header_ == nullptr) return 0;
-  return atomicField(header_->nextIndex).load(std::memory_order_acquire);
+  uint64_t next = atomicField(header_->nextIndex).load(std::memory_order_acquire);
+  // What a repaired header restarts above (recoverFault); readers are background threads.
+  if (next > lastSeenNext_.load(std::memory_order_relaxed)) {
+    lastSeenNext_.store(next, std::memory_order_relaxed);
+  }
+  return next;
 }
 
 std::vector<CommInfo> RingWriter::comms() const {
@@ -353,7 +474,11 @@ bool RingWriter::appendSites(std::string_view text) {
 
 bool RingWriter::appendTextBlock(const char (&magic)[8], std::string_view text) {
   std::lock_guard<std::mutex> lock(persistMutex_);
-  if (header_ == nullptr || fd_ < 0 || text.empty() || text.size() > kMaxDumpBytes) return false;
+  if (header_ == nullptr || text.empty() || text.size() > kMaxDumpBytes) return false;
+  if (fd_ < 0 || memoryOnly()) {
+    noteUnwrittenBlock();
+    return false;
+  }
   std::vector<std::byte> block(sizeof(DumpHeader) + paddedDumpBytes(text.size()), std::byte{0});
   std::memcpy(block.data() + sizeof(DumpHeader), text.data(), text.size());
   DumpHeader dump{};
@@ -362,11 +487,17 @@ bool RingWriter::appendTextBlock(const char (&magic)[8], std::string_view text) 
   dump.checksum = dumpChecksum(text.size(), block.data() + sizeof(DumpHeader));
   std::memcpy(block.data(), &dump, sizeof dump);
   size_t done = 0;
+  bool allowed = withinFileSizeLimit(fileEnd_ + block.size());
   while (done < block.size()) {
-    ssize_t wrote =
-        pwrite(fd_, block.data() + done, block.size() - done, static_cast<off_t>(fileEnd_ + done));
-    if (wrote < 0 && errno == EINTR) continue;
-    if (wrote <= 0) return false;
+    ssize_t wrote = allowed ? pwrite(fd_, block.data() + done, block.size() - done,
+                                     static_cast<off_t>(fileEnd_ + done))
+                            : -1;
+    if (wrote < 0 && allowed && errno == EINTR) continue;
+    if (wrote <= 0) {
+      // The next block goes where this one started: what a short write left is overwritten.
+      noteUnwrittenBlock();
+      return false;
+    }
     done += static_cast<size_t>(wrote);
   }
   fileEnd_ += block.size();
@@ -376,7 +507,8 @@ bool RingWriter::appendTextBlock(const char (&magic)[8], std::string_view text) 
 
 size_t RingWriter::persistSegments(bool everything) {
   std::lock_guard<std::mutex> lock(persistMutex_);
-  if (header_ == nullptr || !continuous_) return 0;
+  // Memory only: nothing to persist to (the one line at start or at the fault said so).
+  if (header_ == nullptr || !continuous_ || memoryOnly()) return 0;
   // Indices below persistCursor_ are written or dropped; `cursor` is the next one looked at and
   // [first, first + staged) the records copied into segment_ but not yet written.
   uint64_t next = atomicField(header_->nextIndex).load(std::memory_order_acquire);
@@ -437,7 +569,81 @@ size_t RingWriter::persistSegments(bool everything) {
   return persisted;
 }
 
+void RingWriter::noteUnwrittenBlock() {
+  unwrittenBlocks_.fetch_add(1, std::memory_order_relaxed);
+  atomicField(header_->unwrittenBlocks).fetch_add(1, std::memory_order_relaxed);
+}
+
+RingWriter::Losses RingWriter::losses() const {
+  Losses losses;
+  losses.unwrittenBlocks = unwrittenBlocks_.load(std::memory_order_relaxed);
+  losses.failedSegmentWrites = failedSegmentWrites_.load(std::memory_order_relaxed);
+  losses.mappingFaults = mappingFaults_.load(std::memory_order_relaxed);
+  if (header_ != nullptr) {
+    losses.droppedRecords = atomicField(header_->droppedRecords).load(std::memory_order_relaxed);
+  }
+  return losses;
+}
+
+RingHeader* RingWriter::copiedHeader() {
+  return reinterpret_cast<RingHeader*>(headerCopy_.data());
+}
+
+bool RingWriter::recoverFault(const void* address) {
+  RingWriter* writer = g_guarded.load(std::memory_order_acquire);
+  if (writer == nullptr || writer->header_ == nullptr) return false;
+  auto* base = reinterpret_cast<const char*>(writer->header_);
+  auto* at = static_cast<const char*>(address);
+  if (at < base || at >= base + writer->mappedBytes_) return false;
+  // Threads faulting together repair one at a time; the later ones find their page repaired.
+  while (writer->faultLock_.exchange(1, std::memory_order_acquire) != 0) {
+  }
+  size_t page = writer->pageBytes_;
+  size_t offset = static_cast<size_t>(at - base) & ~(page - 1);
+  if (offset < writer->faultFloor_) {
+    size_t bytes = page;
+    struct stat file {};
+    if (writer->fd_ >= 0 && fstat(writer->fd_, &file) == 0) {
+      // Past the file's end every page faults: replace them all at once.
+      size_t backed = (static_cast<size_t>(file.st_size) + page - 1) & ~(page - 1);
+      if (offset >= backed) {
+        offset = backed;
+        bytes = writer->mappedBytes_ - backed;
+        writer->faultFloor_ = backed;
+      }
+    }
+    writer->replaceWithMemory(offset, bytes);
+  }
+  writer->faultLock_.store(0, std::memory_order_release);
+  return true;
+}
+
+// In the SIGBUS handler: mmap, memcpy and write only.
+void RingWriter::replaceWithMemory(size_t offset, size_t bytes) {
+  char* base = reinterpret_cast<char*>(header_);
+  mmap(base + offset, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
+       0);
+  if (offset < sizeof(RingHeader)) {
+    // The header's identity comes back from the copy; indices restart far above any used so
+    // far, so that readers take the jump for records lost, never for time going backwards.
+    size_t restored = std::min(bytes, sizeof(RingHeader) - offset);
+    std::memcpy(base + offset, headerCopy_.data() + offset, restored);
+    if (offset <= offsetof(RingHeader, nextIndex)) {
+      header_->nextIndex = lastSeenNext_.load(std::memory_order_relaxed) + (uint64_t{1} << 32);
+    }
+  }
+  bool first = !memoryOnly_.exchange(true, std::memory_order_acq_rel);
+  uint32_t faults = mappingFaults_.fetch_add(1, std::memory_order_relaxed) + 1;
+  atomicField(header_->mappingFaults).store(faults, std::memory_order_relaxed);
+  if (first) {
+    ssize_t ignored = write(STDERR_FILENO, faultLine_.data(), faultLine_.size());
+    (void)ignored;
+  }
+}
+
 void RingWriter::forgetAfterFork() {
+  RingWriter* self = this;
+  g_guarded.compare_exchange_strong(self, nullptr);
   if (header_ != nullptr) munmap(header_, mappedBytes_);
   if (fd_ >= 0) ::close(fd_);
   header_ = nullptr;
@@ -452,7 +658,9 @@ void RingWriter::close() {
   if (header_ == nullptr) return;
   if (continuous_) persistSegments(true);
   std::lock_guard<std::mutex> lock(persistMutex_);
-  msync(header_, kRingHeaderBytes, MS_ASYNC);
+  RingWriter* self = this;
+  g_guarded.compare_exchange_strong(self, nullptr);
+  if (!memoryOnly()) msync(header_, kRingHeaderBytes, MS_ASYNC);
   munmap(header_, mappedBytes_);
   if (fd_ >= 0) ::close(fd_);
   header_ = nullptr;

@@ -40,14 +40,36 @@ class RingWriter {
   RingWriter& operator=(const RingWriter&) = delete;
 
   // Creates `path` (mode 0600; its folder must exist) sized for `capacity` records (rounded up
-  // to a power of two within [kMinRingCapacity, kMaxRingCapacity]). False with a one-line
-  // `error` naming the file on failure.
+  // to a power of two within [kMinRingCapacity, kMaxRingCapacity]) and reserves every block of
+  // it before mapping it, so that no store into the mapping can fault for want of space. False
+  // with a one-line `error` naming the file on failure (nothing is left behind).
   bool open(const std::string& path, const RingOptions& options, const ProcessInfo& info,
             std::string* error);
   // Ring mode (TraceMode::kRing).
   bool open(const std::string& path, uint32_t capacity, const ProcessInfo& info,
             std::string* error);
+  // The same ring in anonymous memory, for when no file can be kept: every reader in this
+  // process (watchdog, dumps, collector link) works as with a file; path() is empty.
+  void openInMemory(const RingOptions& options, const ProcessInfo& info);
   bool isOpen() const { return header_ != nullptr; }
+  // True once the ring lives in memory only: opened so, or its file's pages faulted.
+  bool memoryOnly() const { return memoryOnly_.load(std::memory_order_acquire); }
+  // What the file missed: dump and call-site blocks not written, segment writes that failed,
+  // pages that faulted. Kept in the process too, since the header may be gone.
+  struct Losses {
+    uint64_t unwrittenBlocks = 0;
+    uint64_t failedSegmentWrites = 0;
+    uint64_t droppedRecords = 0;
+    uint32_t mappingFaults = 0;
+  };
+  Losses losses() const;
+
+  // From a SIGBUS handler (async-signal-safe): when `address` lies in the mapping of this
+  // process's open ring file, replaces the pages that cannot be backed any more (past the
+  // file's end, or the faulting page) with anonymous memory, counts it, says so once on
+  // stderr and returns true: returning from the handler retries the store. False for any
+  // other address.
+  static bool recoverFault(const void* address);
   const std::string& path() const { return path_; }
   uint32_t capacity() const { return capacity_; }
   bool continuous() const { return continuous_; }
@@ -119,11 +141,27 @@ class RingWriter {
   CallRecord* slot(uint64_t index) const;
   bool writeSegment(uint64_t firstIndex, uint32_t count);
   bool appendTextBlock(const char (&magic)[8], std::string_view text);
+  void initializeHeader(const ProcessInfo& info, bool continuous);
+  void replaceWithMemory(size_t offset, size_t bytes);
+  void noteUnwrittenBlock();
+  RingHeader* copiedHeader();
   RingHeader* header_ = nullptr;
   CallRecord* records_ = nullptr;
   size_t mappedBytes_ = 0;
   uint32_t capacity_ = 0;
   std::string path_;
+  std::atomic<bool> memoryOnly_{false};
+  std::string faultLine_;  // said once by the SIGBUS guard
+  size_t pageBytes_ = 4096;
+  // Restores the header's identity after its page faulted: written when the header changes
+  // (never on the hot path), read by the SIGBUS handler.
+  std::vector<std::byte> headerCopy_;
+  mutable std::atomic<uint64_t> lastSeenNext_{0};  // nextIndex() as background readers saw it
+  std::atomic<uint64_t> unwrittenBlocks_{0};
+  std::atomic<uint64_t> failedSegmentWrites_{0};
+  std::atomic<uint32_t> mappingFaults_{0};
+  std::atomic<int> faultLock_{0};  // one SIGBUS repair at a time
+  size_t faultFloor_ = SIZE_MAX;   // offsets from here to the end are anonymous already
   // Continuous mode; all but fd_ and continuous_ belong to the persisting thread (persistMutex_).
   bool continuous_ = false;
   int fd_ = -1;

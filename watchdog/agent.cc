@@ -120,8 +120,11 @@ Agent* Agent::start(trace::RingWriter& writer, const AgentOptions& options) {
     std::fprintf(stderr, "[ncclwatch] some dump triggers (SIGTERM, fatal signals) not installed\n");
   }
   // The thread inherits a full signal mask: no signal meant for the application lands on it.
+  // Fault signals stay open: only the faulting thread gets them, and a blocked one kills the
+  // process outright (a trace page that faulted under this thread must reach recoverFault()).
   sigset_t all, previous;
   sigfillset(&all);
+  for (int fault : {SIGBUS, SIGSEGV, SIGFPE, SIGILL}) sigdelset(&all, fault);
   pthread_sigmask(SIG_SETMASK, &all, &previous);
   agent->thread_ = std::thread([agent] { agent->run(); });
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);

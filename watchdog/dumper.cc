@@ -227,14 +227,16 @@ std::string describeDump(const trace::Dump& dump, const ProcessLabel& label, boo
   size_t answered = 0;
   for (const trace::DumpThread& thread : dump.threads) answered += thread.answered ? 1 : 0;
   std::string route = dump.stackRoute.empty() ? "" : " by " + dump.stackRoute;
+  std::string where = written                   ? "written to " + label.tracePath
+                      : label.tracePath.empty() ? std::string("kept on stderr only (no trace file)")
+                                                : "COULD NOT be written to " + label.tracePath;
   std::snprintf(
-      line, sizeof line, "  %zu threads (%zu with native stacks%s), Python: %s; %s %s in %.0f ms\n",
+      line, sizeof line, "  %zu threads (%zu with native stacks%s), Python: %s; %s in %.0f ms\n",
       dump.threads.size(), answered, route.c_str(),
       dump.pythonThreads.empty()
           ? dump.pythonNote.c_str()
           : (std::to_string(dump.pythonThreads.size()) + " threads via " + dump.pythonNote).c_str(),
-      written ? "written to" : "COULD NOT be written to", label.tracePath.c_str(),
-      static_cast<double>(dump.tookNs) / 1e6);
+      where.c_str(), static_cast<double>(dump.tookNs) / 1e6);
   out += line;
   return out;
 }

@@ -116,6 +116,12 @@ void chain(int signal, siginfo_t* info, void* context) {
 
 void onSignal(int signal, siginfo_t* info, void* context) {
   int savedErrno = errno;
+  // A page of our own trace file that the disk can no longer back: repaired, and the store
+  // that faulted runs again. Not the program's crash.
+  if (signal == SIGBUS && info != nullptr && trace::RingWriter::recoverFault(info->si_addr)) {
+    errno = savedErrno;
+    return;
+  }
   if (watchdogHere()) {
     if (signal == g_dumpSignal.load(std::memory_order_relaxed)) {
       request(DumpTrigger::kSignal, signal);

@@ -1,8 +1,14 @@
 // The ring file: what a writer appends can be read back exactly, wrap-around keeps the newest
 // records, concurrent writers never tear a record, a SIGKILLed writer's file still reads, and
-// damaged files are salvaged with exact problem reports.
+// damaged files are salvaged with exact problem reports. Storage cannot fault: blocks are
+// reserved, a ring without a file lives in memory, and a file truncated under the writer
+// faults into memory instead of killing the process.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <setjmp.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -210,6 +216,118 @@ TEST_F(Salvage, BadHeadersAreRejectedWithTheField) {
   EXPECT_FALSE(file.usable);
   EXPECT_EQ(readTraceFile("/nonexistent/x.ncclwatch").problems.at(0).what,
             "cannot open: No such file or directory");
+}
+
+// ---- Storage that cannot fault ----
+
+TEST(RingStorage, ReservesEveryBlockOfTheFile) {
+  std::string path = tempPath("reserved");
+  RingWriter writer;
+  std::string error;
+  ASSERT_TRUE(writer.open(path, 1024, {0, 1, 0, "h", "j"}, &error)) << error;
+  struct stat info {};
+  ASSERT_EQ(stat(path.c_str(), &info), 0);
+  // Not sparse: the blocks behind every byte of the mapping exist before the first store.
+  EXPECT_GE(static_cast<uint64_t>(info.st_blocks) * 512, static_cast<uint64_t>(info.st_size));
+  EXPECT_FALSE(writer.memoryOnly());
+}
+
+TEST(RingStorage, InMemoryRingWorksWithoutAFile) {
+  RingWriter writer;
+  writer.openInMemory(RingOptions{64, TraceMode::kFull}, {2, 4, 2, "h", "j"});
+  ASSERT_TRUE(writer.isOpen());
+  EXPECT_TRUE(writer.memoryOnly());
+  EXPECT_TRUE(writer.path().empty());
+  uint64_t index = writer.append(makeRecord(7));
+  EXPECT_TRUE(writer.updateState(index, RecordState::kCompleted, 1, 2));
+  CallRecord back{};
+  ASSERT_TRUE(writer.read(index, &back));
+  EXPECT_EQ(back.state, RecordState::kCompleted);
+  EXPECT_EQ(writer.persistSegments(true), 0u);
+  // A dump has nowhere to go: refused and counted.
+  EXPECT_FALSE(writer.appendDump("a dump"));
+  EXPECT_EQ(writer.losses().unwrittenBlocks, 1u);
+  EXPECT_EQ(writer.header()->unwrittenBlocks, 1u);
+}
+
+TEST(RingStorage, TruncatedFileFaultsIntoMemoryNotSigbus) {
+  std::string path = tempPath("truncated-under");
+  // In a child: a SIGBUS that escaped would end it with the signal.
+  pid_t child = fork();
+  if (child == 0) {
+    RingWriter writer;
+    if (!writer.open(path, 64, {1, 2, 1, "h", "j"}, nullptr)) _exit(2);
+    uint64_t before = 0;
+    for (int i = 0; i < 100; ++i) before = writer.append(makeRecord(i));
+    before = writer.nextIndex();
+    if (truncate(path.c_str(), 0) != 0) _exit(3);
+    uint64_t index = writer.append(makeRecord(1000));  // faults, repaired, retried
+    CallRecord back{};
+    if (!writer.read(index, &back) || back.seq != makeRecord(1000).seq) _exit(4);
+    if (!writer.memoryOnly() || writer.losses().mappingFaults == 0) _exit(5);
+    if (index <= before) _exit(6);  // indices never go backwards
+    if (writer.header()->capacity != 64 || writer.header()->rank != 1) _exit(7);
+    if (writer.appendDump("after")) _exit(8);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+sigjmp_buf g_otherFault;
+void onOtherFault(int) {
+  siglongjmp(g_otherFault, 1);
+}
+
+TEST(RingStorage, OtherSigbusStillReachesTheProgramsHandler) {
+  std::string path = tempPath("other-sigbus");
+  pid_t child = fork();
+  if (child == 0) {
+    signal(SIGBUS, onOtherFault);
+    RingWriter writer;
+    if (!writer.open(path, 64, {1, 2, 1, "h", "j"}, nullptr)) _exit(2);
+    // A mapping of the program's own, past its file's end.
+    std::string other = path + ".other";
+    int fd = ::open(other.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || ftruncate(fd, 4096) != 0) _exit(3);
+    auto* bytes =
+        static_cast<volatile char*>(mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    if (sigsetjmp(g_otherFault, 1) == 0) {
+      bytes[4096] = 1;  // the program's own SIGBUS
+      _exit(4);
+    }
+    _exit(writer.losses().mappingFaults == 0 ? 0 : 5);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(RingStorage, FileSizeLimitRefusesWithoutSigxfsz) {
+  std::string path = tempPath("fsize-limit");
+  pid_t child = fork();
+  if (child == 0) {
+    rlimit limit{64 << 10, 64 << 10};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(2);
+    RingWriter writer;
+    std::string error;
+    // 16 KiB of header and 1024 records of 128 bytes: past the limit.
+    if (writer.open(path, 1024, {0, 1, 0, "h", "j"}, &error)) _exit(3);
+    if (error.find("File too large") == std::string::npos) _exit(4);
+    if (access(path.c_str(), F_OK) == 0) _exit(5);  // nothing half-made left behind
+    // A ring that fits; a dump that would cross the limit is refused and counted.
+    if (!writer.open(path, 256, {0, 1, 0, "h", "j"}, &error)) _exit(6);
+    if (writer.appendDump(std::string(40 << 10, 'x'))) _exit(7);
+    if (writer.losses().unwrittenBlocks != 1) _exit(8);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace
