@@ -877,7 +877,17 @@ bool Collector::start(const Options& options, std::ostream& out, std::string* er
   wakeEvent.data.u64 = kWakeTag;
   epoll_ctl(state_->epollFd, EPOLL_CTL_ADD, state_->wakePipe[0], &wakeEvent);
   raiseDescriptorLimit(options.maxAgents + 64);
-  if (!options.directory.empty()) std::filesystem::create_directories(options.directory);
+  if (!options.directory.empty()) {
+    // A folder that cannot be made (a file in its place, read-only) costs verdicts.jsonl only:
+    // the verdicts still go to stderr.
+    std::error_code error;
+    std::filesystem::create_directories(options.directory, error);
+    if (error) {
+      std::fprintf(stderr,
+                   "[ncclwatch] collector: cannot create %s (%s): verdicts on stderr only\n",
+                   options.directory.c_str(), error.message().c_str());
+    }
+  }
   state_->thread = std::thread([state = state_.get()] { state->run(); });
   return true;
 }
