@@ -513,7 +513,10 @@ void Collector::State::queueFrame(size_t slot, const std::vector<std::byte>& fra
 }
 
 void Collector::State::sendDueAborts(int64_t now) {
+  // A process's due aborts go out in one write, so that its agent reads them together and can
+  // abort the communicator its rank is blocked in first (an abort may wait for the device).
   std::vector<PendingAbort> later;
+  std::map<size_t, std::vector<std::byte>> frames;  // connection -> its abort frames
   for (const PendingAbort& abort : pendingAborts) {
     if (abort.dueNs > now) {
       later.push_back(abort);
@@ -523,8 +526,10 @@ void Collector::State::sendDueAborts(int64_t now) {
     if (!process.connected || process.connection < 0) continue;
     std::vector<std::byte> frame;
     wire::encodeAbort(abort.commHash, frame);
-    queueFrame(static_cast<size_t>(process.connection), frame);
+    std::vector<std::byte>& batch = frames[static_cast<size_t>(process.connection)];
+    batch.insert(batch.end(), frame.begin(), frame.end());
   }
+  for (const auto& [connection, batch] : frames) queueFrame(connection, batch);
   pendingAborts = std::move(later);
 }
 

@@ -212,6 +212,19 @@ void Agent::exchange(bool last) {
   }
   std::vector<CollectorRequest> requests;
   link_->step(trace::FastClock::nowNs(), &requests);
+  // Aborts of the communicators this process has calls pending on go first: an abort can wait
+  // for work queued on the device (the sim's does, and a real NCCL's may), and the call this
+  // rank is blocked in must fail before that, or the aborts after it never run.
+  const std::vector<CommProgress> progress = allProgress();  // events and the plugin's
+  auto pendingHere = [&progress](uint64_t commHash) {
+    for (const CommProgress& comm : progress) {
+      if (comm.commHash == commHash && comm.pending > 0) return true;
+    }
+    return false;
+  };
+  std::stable_partition(requests.begin(), requests.end(), [&](const CollectorRequest& request) {
+    return request.kind == CollectorRequest::Kind::kDump || pendingHere(request.commHash);
+  });
   for (const CollectorRequest& request : requests) {
     if (request.kind == CollectorRequest::Kind::kDump) {
       dump("collector", request.reason, {}, true);
