@@ -151,8 +151,11 @@ TEST(LiveClean, LongStepsAreNotHangs) {
   std::string logs = testsupport::freshDirectory("live-long-steps");
   testsupport::Output out = runJob(logs, "--quiet-ms 1000", "--steps 3 --step-ms 1500 --quiet");
   EXPECT_EQ(out.status, 0) << out.text;
-  EXPECT_NE(out.text.find("0 verdicts"), std::string::npos) << out.text;
-  EXPECT_TRUE(verdictKinds(logs + "/verdicts.jsonl").empty());
+  // No hang of any kind. A loaded machine can make one rank the last to arrive by a few ms in
+  // most collectives: that is a straggler note (information, exit 0), never a hang.
+  for (const std::string& kind : verdictKinds(logs + "/verdicts.jsonl")) {
+    EXPECT_EQ(kind, "straggler") << readFile(logs + "/verdicts.jsonl");
+  }
   std::filesystem::remove_all(logs);
 }
 
