@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "child.h"
 #include "job.h"
 #include "traces.h"
 
@@ -31,7 +32,7 @@ const std::string kCli = NCCLWATCH_BINARY;
 using testsupport::readFile;
 
 // `ncclwatch launch` in the background, its output (every rank's, unprefixed) in a file.
-class Launch {
+class Launch : public testsupport::Child {
  public:
   Launch(const std::string& logs, std::vector<std::string> program,
          std::vector<std::pair<std::string, std::string>> env)
@@ -78,27 +79,9 @@ class Launch {
     }
     return true;
   }
-  bool running() {
-    if (status_ == -1) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        status_ = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
-      }
-    }
-    return status_ == -1;
-  }
-  bool waitExit(std::chrono::seconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    while (running() && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
-    return !running();
-  }
-  void signal(int number) { kill(pid_, number); }  // launch forwards it to every rank
-  int status() const { return status_; }
 
  private:
   std::string output_;
-  pid_t pid_ = -1;
-  int status_ = -1;
 };
 
 // Live `ncclwatch collect` processes started for the job whose traces go to `logs`.

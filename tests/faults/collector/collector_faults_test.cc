@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "child.h"
 #include "job.h"
 #include "traces.h"
 
@@ -56,7 +57,7 @@ int freePort() {
 }
 
 // `ncclwatch collect` as a process of its own, its output in a file.
-class CollectorProcess {
+class CollectorProcess : public testsupport::Child {
  public:
   CollectorProcess(const std::string& logs, const std::string& name, int port,
                    std::vector<std::string> extra = {}, const std::string& secret = kSecret)
@@ -98,27 +99,9 @@ class CollectorProcess {
     return 0;
   }
   std::string output() const { return readFile(output_); }
-  void signal(int number) { kill(pid_, number); }
-  bool running() {
-    if (status_ == -1) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        status_ = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
-      }
-    }
-    return status_ == -1;
-  }
-  bool waitExit(std::chrono::milliseconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    while (running() && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
-    return !running();
-  }
-  int status() const { return status_; }
 
  private:
   std::string output_;
-  pid_t pid_ = -1;
-  int status_ = -1;
 };
 
 using Env = std::vector<std::pair<std::string, std::string>>;

@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "child.h"
 #include "job.h"
 #include "traces.h"
 
@@ -248,7 +249,7 @@ int freePort() {
 
 // `ncclwatch launch` in the background with rank 0's sidecar collector; every rank's output in
 // one file.
-class Launch {
+class Launch : public testsupport::Child {
  public:
   Launch(const std::string& logs, const std::string& output, std::vector<std::string> program)
       : output_(output) {
@@ -298,26 +299,9 @@ class Launch {
     }
     return true;
   }
-  bool running() {
-    if (status_ == -1) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        status_ = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
-      }
-    }
-    return status_ == -1;
-  }
-  bool waitExit(std::chrono::seconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    while (running() && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
-    return !running();
-  }
-  void signal(int number) { kill(pid_, number); }
 
  private:
   std::string output_;
-  pid_t pid_ = -1;
-  int status_ = -1;
 };
 
 TEST(FullDisk, SkipBugStillNamesRank3) {
