@@ -442,6 +442,15 @@ bool handOverRegisters(Buffer& buffer, uint32_t word, void* context) {
   }
 }
 
+// TSan delivers a signal late, at its next safe point, with the context of the moment the
+// signal arrived: the stack has moved on since, and unwinding from those registers reads
+// garbage. There the handler unwinds its own stack instead (unwindSelf finds the frames).
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kSignalContextIsCurrent = false;
+#else
+constexpr bool kSignalContextIsCurrent = true;
+#endif
+
 void serveRequest(int self, void* context) {
   const uint32_t word = g_request.word.load(std::memory_order_acquire);
   if ((word & kStateMask) != kRequested) return;  // a late answer to a request given up on
@@ -468,7 +477,7 @@ void serveRequest(int self, void* context) {
     // first frame up at its exact pc.
     bool truncated = false;
     unw_context_t registers;
-    if (registersFromSignal(context, &registers)) {
+    if (kSignalContextIsCurrent && registersFromSignal(context, &registers)) {
       buffer.count = unwindFrom(registers, buffer.pcs, kMaxFrames, &truncated);
     } else {
       buffer.count = unwindSelf(buffer.pcs, kMaxFrames, pc, 1, &truncated);

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -331,6 +333,18 @@ TEST(Recording, SigkilledRankFileStillReads) {
   CheckedJob job(preloaded(std::string(NCCLWATCH_BUILD_DIR) + "/examples/train_loop", 4, logs,
                            {"--steps", "5", "--bug", "skip:rank=1,step=2"}));
   ASSERT_TRUE(job.waitUntilQuiet(1500ms, 60s));
+  // Quiet output is not yet a hang on a loaded machine (a sanitizer build under -j2 can pause a
+  // rank that long): the ranks must also have reached the skipped step's calls.
+  auto reachedTheHang = [&] {
+    std::vector<TraceFile> now = testsupport::readTraceFiles(logs);
+    return now.size() == 4u && std::all_of(now.begin(), now.end(), [](const TraceFile& file) {
+             return file.records.size() > 20u;
+           });
+  };
+  for (auto deadline = std::chrono::steady_clock::now() + 60s;
+       !reachedTheHang() && std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::sleep_for(200ms);
+  }
   job.signalAll(SIGKILL);
   ASSERT_TRUE(job.waitExit(10s));
   std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
