@@ -1381,7 +1381,10 @@ bool JobAnalysis::cycleThroughAHeldHost(const Comm& comm, const RankClass& waiti
   for (const Member& m : other.members) {
     if (m.proc == x) continue;
     const uint32_t i = m.at(k);
-    if (i == kNone || !isPending(procs_[m.proc].rec(i))) continue;
+    if (i == kNone) return false;  // a member that never issued it: that is missing, not this
+    const CallRecord& theirs = procs_[m.proc].rec(i);
+    // Finished there, or started and waiting in it as x is: not what holds x.
+    if (!isPending(theirs) || theirs.state == RecordState::kStarted) continue;
     if (!heldBehindAnEarlierCall(m.proc, i)) return false;
     if (std::find(waiting.ranks.begin(), waiting.ranks.end(), procs_[m.proc].rank) ==
         waiting.ranks.end()) {
