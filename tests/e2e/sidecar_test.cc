@@ -85,25 +85,8 @@ class Launch : public testsupport::Child {
 };
 
 // Live `ncclwatch collect` processes started for the job whose traces go to `logs`.
-std::vector<int> collectorsFor(const std::string& logs) {
-  std::vector<int> found;
-  DIR* proc = opendir("/proc");
-  while (dirent* entry = proc ? readdir(proc) : nullptr) {
-    int pid = std::atoi(entry->d_name);
-    if (pid <= 0) continue;
-    std::string base = "/proc/" + std::string(entry->d_name);
-    std::string cmdline = readFile(base + "/cmdline");
-    std::string stat = readFile(base + "/stat");
-    size_t close = stat.rfind(')');
-    bool zombie = close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
-    if (!zombie && cmdline.find(std::string("collect\0", 8)) != std::string::npos &&
-        cmdline.find("--until-idle") != std::string::npos &&
-        cmdline.find(logs) != std::string::npos) {
-      found.push_back(pid);
-    }
-  }
-  if (proc) closedir(proc);
-  return found;
+std::vector<pid_t> collectorsFor(const std::string& logs) {
+  return testsupport::collectorsFor(logs, true);
 }
 
 bool collectorsGone(const std::string& logs, std::chrono::seconds timeout) {

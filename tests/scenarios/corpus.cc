@@ -1,5 +1,6 @@
 #include "corpus.h"
 
+#include "child.h"
 #include "traces.h"
 
 #include <dirent.h>
@@ -90,23 +91,7 @@ Findings findingsOf(const std::vector<VerdictLine>& lines) {
 
 // Live `ncclwatch collect` processes (sidecars) whose command line names `directory`.
 std::vector<pid_t> collectorsFor(const std::string& directory) {
-  std::vector<pid_t> found;
-  DIR* proc = opendir("/proc");
-  while (dirent* entry = proc ? readdir(proc) : nullptr) {
-    pid_t pid = std::atoi(entry->d_name);
-    if (pid <= 0) continue;
-    std::string base = "/proc/" + std::string(entry->d_name);
-    std::string cmdline = readFile(base + "/cmdline");
-    std::string stat = readFile(base + "/stat");
-    size_t close = stat.rfind(')');
-    bool zombie = close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
-    if (!zombie && cmdline.find(std::string("collect\0", 8)) != std::string::npos &&
-        cmdline.find(directory) != std::string::npos) {
-      found.push_back(pid);
-    }
-  }
-  if (proc) closedir(proc);
-  return found;
+  return testsupport::collectorsFor(directory, false);
 }
 
 // The job: `ncclwatch launch` (sidecar mode) or `ncclwatch run` around it, in a process group

@@ -3,6 +3,8 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <string>
+#include <vector>
 
 namespace testsupport {
 
@@ -20,5 +22,9 @@ class Child {
   pid_t pid_ = -1;
   int status_ = -1;
 };
+
+// Live (not zombie) `ncclwatch collect` processes whose command line names `directory`; with
+// `sidecarsOnly`, only those started with --until-idle (rank 0's sidecars).
+std::vector<pid_t> collectorsFor(const std::string& directory, bool sidecarsOnly);
 
 }  // namespace testsupport
