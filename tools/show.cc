@@ -67,6 +67,7 @@ std::string flagNotes(const CallRecord& record) {
   }
   if (record.flags & trace::kRecordFromPlugin) notes += " plugin";
   if (record.flags & trace::kRecordKernelTracked) notes += " kernel-tracked";
+  if (record.flags & trace::kRecordStartInferred) notes += " start-inferred";
   if (trace::isPythonSite(record.callSite)) {
     notes += " py#" + std::to_string(trace::pythonSiteNumber(record.callSite));
   }
@@ -314,6 +315,7 @@ void printJson(const TraceFile& file, std::ostream& out) {
         << "\",\"captured\":" << ((r.flags & trace::kRecordCaptured) ? "true" : "false")
         << ",\"no_events\":" << ((r.flags & trace::kRecordNoEvents) ? "true" : "false")
         << ",\"in_group\":" << ((r.flags & trace::kRecordInGroup) ? "true" : "false")
+        << ",\"start_inferred\":" << ((r.flags & trace::kRecordStartInferred) ? "true" : "false")
         << ",\"fingerprint\":\"" << hex(r.fingerprint) << "\",\"stream\":\"" << hex(r.stream)
         << "\",\"issue_ns\":" << r.issueNs << ",\"start_ns\":" << r.startNs
         << ",\"complete_ns\":" << r.completeNs << ",\"result\":" << r.result

@@ -57,6 +57,10 @@ enum RecordFlags : uint8_t {
   // With kRecordNoEvents: tracking was on but this call found no free event pair (calls outran
   // the watchdog's recycling), so it was shed; the analysis names it as untracked.
   kRecordShed = 1 << 5,
+  // State started was inferred from stream order (one completion event per call): every earlier
+  // tracked call on its stream completed, yet work queued on the stream outside NCCL may still
+  // be ahead of it. Without the flag a started record's start was seen (its own start event).
+  kRecordStartInferred = 1 << 6,
 };
 
 // CallRecord::redop when the call's reduction is not known (profiler events do not carry it).
