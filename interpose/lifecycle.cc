@@ -176,9 +176,10 @@ GrowPlan planGrow(ncclComm_t comm, const ncclUniqueId* uniqueId) {
   if (recorder == nullptr) return plan;
   plan.recording = true;
   if (comm != nullptr) plan.parent = recorder->find(comm);
-  // Every existing rank's NCCL counts the grow among the parent's children, so a later split
-  // of the parent hashes with the count that includes it.
-  if (plan.parent != nullptr) plan.childCount = plan.parent->splitCount.fetch_add(1) + 1;
+  // Every existing rank's NCCL counts the grow among the parent's children (before making it),
+  // so a later split of the parent hashes with the count that includes it; finishGrow counts
+  // it once NCCL accepted the call (one refused at its argument checks does not count).
+  if (plan.parent != nullptr) plan.childCount = plan.parent->splitCount.load() + 1;
   if (uniqueId != nullptr) {
     plan.magic = trace::uniqueIdMagic(uniqueId);  // a new rank, or the existing root
   } else if (plan.parent != nullptr && plan.parent->magic != 0) {
@@ -189,7 +190,9 @@ GrowPlan planGrow(ncclComm_t comm, const ncclUniqueId* uniqueId) {
 
 void finishGrow(const GrowPlan& plan, ncclResult_t result, ncclComm_t newcomm, int nRanks,
                 int rank) {
-  if (!plan.recording || !accepted(result) || newcomm == nullptr || plan.magic == 0) return;
+  if (!plan.recording || !accepted(result)) return;
+  if (plan.parent != nullptr) plan.parent->splitCount.fetch_add(1);
+  if (newcomm == nullptr || plan.magic == 0) return;
   try {
     CommCreation creation;
     creation.hash = trace::growCommHash(plan.magic, nRanks);
