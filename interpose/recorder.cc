@@ -501,6 +501,7 @@ CommEntry* Recorder::add(const CommCreation& creation) {
     std::atomic_ref(entry.hash).store(creation.hash, std::memory_order_relaxed);
     entry.abortable = creation.abortable;
     entry.parentHash = creation.parentHash;
+    entry.magic = creation.magic;
     entry.nranks = creation.nranks;
     entry.rank = creation.rank;
     entry.rollingHash.store(trace::kRollingSeed);
@@ -570,7 +571,7 @@ void markFailed(trace::RingWriter& writer, uint64_t index, ncclResult_t result) 
 }
 
 bool tracksCompletion(trace::OpKind op) {
-  return trace::isCollective(op) || trace::isPointToPoint(op);
+  return trace::isCollective(op) || trace::isPointToPoint(op) || trace::isOneSided(op);
 }
 
 bool batchHasRoom(const Batch& batch, uint64_t stream) {

@@ -59,7 +59,8 @@ const char* kindName(uint8_t kind) {
 // get GPU events (they are done when they return), so only communication says "untracked".
 std::string flagNotes(const CallRecord& record) {
   std::string notes;
-  bool communication = trace::isCollective(record.op) || trace::isPointToPoint(record.op);
+  bool communication = trace::isCollective(record.op) || trace::isPointToPoint(record.op) ||
+                       trace::isOneSided(record.op);
   if (record.flags & trace::kRecordInGroup) notes += " group";
   if (record.flags & trace::kRecordCaptured) notes += " captured";
   if (communication && (record.flags & trace::kRecordNoEvents)) {
@@ -258,7 +259,8 @@ void printTable(const TraceFile& file, std::ostream& out) {
   out << line;
   for (const CallRecord& r : file.records) {
     bool hasRedop = trace::hasReduction(r.op);
-    bool movesData = trace::isCollective(r.op) || trace::isPointToPoint(r.op);
+    bool movesData = trace::isCollective(r.op) || trace::isPointToPoint(r.op) ||
+                     r.op == trace::OpKind::kPutSignal;
     std::snprintf(
         line, sizeof line,
         "  %6" PRIu64 "  %-16s  %5" PRIu64 "  %-13s  %10" PRIu64

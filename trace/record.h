@@ -31,7 +31,12 @@ enum class OpKind : uint8_t {
   kRevoke,
   kRegister,
   kDeregister,
-  kCount  // keep last
+  // NCCL 2.29+ (values appended: older files keep theirs).
+  kGrow,        // ncclCommGrow, recorded on the communicator that grows
+  kPutSignal,   // one-sided: data into a peer's window, then a signal
+  kSignal,      // one-sided: a signal alone
+  kWaitSignal,  // waits on the stream for peers' signals
+  kCount        // keep last
 };
 
 // issued → started → completed, or failed / aborted. Values are part of the file format.
@@ -80,7 +85,12 @@ inline constexpr bool isPointToPoint(OpKind op) {
   return op == OpKind::kSend || op == OpKind::kRecv;
 }
 inline constexpr bool isLifecycle(OpKind op) {
-  return op >= OpKind::kInit && op <= OpKind::kRevoke;
+  return (op >= OpKind::kInit && op <= OpKind::kRevoke) || op == OpKind::kGrow;
+}
+// NCCL 2.29's one-sided operations: stream-ordered like a send, but no peer posts a matching
+// call, so they take no place in the communicator's sequence (seq 0).
+inline constexpr bool isOneSided(OpKind op) {
+  return op >= OpKind::kPutSignal && op <= OpKind::kWaitSignal;
 }
 
 // 128 bytes, naturally aligned, no padding holes: written with plain stores into a shared
