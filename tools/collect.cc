@@ -88,7 +88,7 @@ bool Collector::start(const Options& options, std::ostream& out, std::string* er
   clock_gettime(CLOCK_REALTIME, &now);
   int64_t startedRealtimeNs = int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
   state.triage = std::make_unique<Triage>(state.options, state.counters, out, startedRealtimeNs);
-  state.connections = std::make_unique<Connections>(state.counters, *state.triage);
+  state.connections = std::make_unique<Connections>(state.counters, *state.triage, out);
   state.triage->setConnections(state.connections.get());
   if (!state.connections->listen(options.listen, options.listenWaitMs, options.maxAgents, error)) {
     return false;
