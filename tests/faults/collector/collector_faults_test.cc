@@ -319,7 +319,9 @@ TEST(CollectorFaults, PortHeldByALingeringSidecar) {
 // finishes in about its own time, its memory stays bounded, what the collector missed is
 // counted and said once at exit; the trace file has the calls.
 TEST(CollectorFaults, StalledCollectorNeverBlocksTheJob) {
-  constexpr int kCalls = 200000;
+  // Enough calls to fill the agent's queue past its 4 MiB mark and the kernel's socket buffers:
+  // records take about 15 bytes each on the wire (protocol version 2), 200,000 no longer do.
+  constexpr int kCalls = 1000000;
   std::string logs = testsupport::freshDirectory("stalled");
   JobSpec alone;
   alone.program = PROBE_BINARY;
