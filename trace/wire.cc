@@ -401,13 +401,12 @@ bool RecordDecoder::decode(std::span<const std::byte> messages, std::vector<Call
     if (kind == kCommMessage) {
       uint64_t commHash = reader.fixed64();
       if (!reader.ok) return fail("truncated COMM");
-      if (upper > comms_.size() || upper >= kMaxCommSlots) return fail("COMM slot out of order");
+      if (upper > comms_.size()) return fail("COMM slot out of order");  // 6 bits: < 64
       defineComm(upper, commHash);
       continue;
     }
     if (records->size() >= kMaxRecordsPerFrame) return fail("too many records in one frame");
     if (kind == kUpdateKeep || kind == kUpdateLast) {
-      if (upper >= 1u << 6) return fail("unknown UPDATE bits");
       uint64_t ringIndex = lastRing_ - unzigzag(reader.varint());
       CallRecord* kept = reader.ok ? pendingFor(ringIndex) : nullptr;
       if (kept == nullptr) return fail(reader.ok ? "UPDATE of a record not kept" : "truncated");
