@@ -23,8 +23,7 @@ namespace {
 constexpr size_t kMaxIncoming = 2 * wire::kMaxPayload + sizeof(wire::FrameHeader);
 constexpr size_t kMaxOutgoing = 1u << 20;
 constexpr int64_t kHelloTimeoutNs = 5'000'000'000;
-// epoll tags of the two descriptors that are not connections (connections use
-// their slot).
+// epoll tags of the two descriptors that are not connections (connections use their slot).
 constexpr uint64_t kListenTag = ~0ull;
 constexpr uint64_t kWakeTag = ~0ull - 1;
 
@@ -61,8 +60,7 @@ int listenOn(const std::string& address, std::string* error) {
   return fd;
 }
 
-// Thousands of agents need thousands of descriptors: take what the hard limit
-// allows.
+// Thousands of agents need thousands of descriptors: take what the hard limit allows.
 void raiseDescriptorLimit(size_t wanted) {
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= wanted) return;
@@ -229,8 +227,7 @@ void Connections::read(Connection& connection) {
     if (got < 0 && errno == EINTR) continue;
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     if (got <= 0) {
-      ended = true;  // the frames received before the end still count (the last
-                     // is BYE)
+      ended = true;  // the frames received before the end still count (the last is BYE)
       break;
     }
     connection.incoming.insert(connection.incoming.end(), buffer, buffer + got);
@@ -264,17 +261,14 @@ void Connections::read(Connection& connection) {
   if (ended) drop(connection, false);
 }
 
-// An agent of another ncclwatch release: nothing it sends can be read. It is
-// told so (REFUSED, which every version decodes; an agent that knows it goes on
-// with local detection only) and dropped; the collector says it once per
-// version.
+// An agent of another ncclwatch release: nothing it sends can be read. It is told so (REFUSED,
+// which every version decodes; an agent that knows it goes on with local detection only) and
+// dropped; the collector says it once per version.
 void Connections::refuse(Connection& connection, uint16_t version) {
   if (versionsSaid_.insert(version).second) {
-    log_ << "[ncclwatch] collector: refused an agent that speaks protocol "
-            "version "
-         << version << " (this collector speaks version " << wire::kVersion
-         << "): agents and collector must come from the same ncclwatch "
-            "release; its rank keeps "
+    log_ << "[ncclwatch] collector: refused an agent that speaks protocol version " << version
+         << " (this collector speaks version " << wire::kVersion
+         << "): agents and collector must come from the same ncclwatch release; its rank keeps "
             "local detection only\n"
          << std::flush;
   }

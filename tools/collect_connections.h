@@ -1,8 +1,7 @@
-// The collector's connections and framing (docs/protocol.md): the listening
-// socket, one epoll set over every agent's connection, bounded input and output
-// buffers, frames decoded from the byte stream and handed to a FrameSink (the
-// triage, collect_triage.h), which says who an agent is and what its frames
-// mean. Nothing here knows about ranks, verdicts or analysis passes.
+// The collector's connections and framing (docs/protocol.md): the listening socket, one epoll
+// set over every agent's connection, bounded input and output buffers, frames decoded from the
+// byte stream and handed to a FrameSink (the triage, collect_triage.h), which says who an agent
+// is and what its frames mean. Nothing here knows about ranks, verdicts or analysis passes.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -21,9 +20,8 @@ namespace ncclwatch::collect {
 class FrameSink {
  public:
   virtual ~FrameSink() = default;
-  // HELLO on a connection that has not authenticated yet: the process it speaks
-  // for, or -1 to reject it (wrong secret, one connection per process, too many
-  // processes).
+  // HELLO on a connection that has not authenticated yet: the process it speaks for, or -1 to
+  // reject it (wrong secret, one connection per process, too many processes).
   virtual int hello(size_t connection, const trace::wire::Hello& hello) = 0;
   // A frame of an authenticated connection; false rejects the connection.
   virtual bool frame(int process, trace::wire::Frame& frame) = 0;
@@ -40,13 +38,12 @@ class Connections {
   Connections(const Connections&) = delete;
   Connections& operator=(const Connections&) = delete;
 
-  // Binds `address` (host:port), retrying a port in use for `listenWaitMs`, and
-  // sets up the epoll set; false with a one-line `error`.
+  // Binds `address` (host:port), retrying a port in use for `listenWaitMs`, and sets up the
+  // epoll set; false with a one-line `error`.
   bool listen(const std::string& address, int listenWaitMs, size_t maxAgents, std::string* error);
   int port() const { return port_; }
-  // One round: waits up to `timeoutMs` for events, accepts, reads (frames go to
-  // the sink) and, with `writes`, sends what waits. Returns how many events
-  // were not wake() calls.
+  // One round: waits up to `timeoutMs` for events, accepts, reads (frames go to the sink) and,
+  // with `writes`, sends what waits. Returns how many events were not wake() calls.
   int poll(int timeoutMs, bool writes);
   // Interrupts a poll() from another thread.
   void wake();
@@ -54,15 +51,13 @@ class Connections {
   void dropSilent(int64_t nowNs);
   // Whether any connection is open.
   bool anyOpen() const;
-  // Queues a frame for a connection (dropped when the agent does not read:
-  // bounded).
+  // Queues a frame for a connection (dropped when the agent does not read: bounded).
   void send(size_t connection, std::span<const std::byte> frame);
   // Closes every descriptor.
   void closeAll();
 
  private:
-  // One agent connection, in a slot of connections_ (the slot is its epoll
-  // tag).
+  // One agent connection, in a slot of connections_ (the slot is its epoll tag).
   struct Connection {
     int fd = -1;
     bool authenticated = false;
