@@ -337,6 +337,9 @@ struct Agent {
   uint64_t flushed = 0;
   std::deque<std::pair<uint64_t, uint32_t>> frameEnds;
   bool writeWatched = false;
+  // The connection's delta bases (docs/protocol.md, RECORDS): a RECORDS frame once encoded must
+  // reach the collector, so records are encoded only when the queue can take their frame.
+  wire::RecordEncoder encoder;
 };
 
 struct Counters {
@@ -601,7 +604,7 @@ void LoadGenerator::greet(Agent& agent) {
   childInit.ringIndex = agent.ringIndex++;
   CallRecord lifecycle[3] = {init, split, childInit};
   frame_.clear();
-  wire::encodeRecords(monotonicNs(), lifecycle, frame_);
+  wire::encodeRecords(monotonicNs(), lifecycle, agent.encoder, frame_);
   sendFrame(agent, 3);
 }
 
@@ -842,8 +845,18 @@ void LoadGenerator::tick(int64_t now, uint64_t calls) {
       }
       records_.push_back(r);
     }
+    // A frame that would not fit the queue is not encoded at all (its records are lost, as a
+    // real agent's would wait in its ring): the encoder's bases stay those the collector has.
+    size_t bound = sizeof(wire::FrameHeader) + 8 + records_.size() * wire::kMaxRecordBytes;
+    if (agent.fd < 0 || (agent.head < agent.queue.size() &&
+                         agent.queue.size() - agent.head + bound > kMaxQueuedBytes)) {
+      counters_.framesDropped++;
+      counters_.recordsDropped += records_.size();
+      counters_.calls += calls;
+      continue;
+    }
     frame_.clear();
-    wire::encodeRecords(monotonicNs(), records_, frame_);
+    wire::encodeRecords(monotonicNs(), records_, agent.encoder, frame_);
     bool carriesMismatch = injectMismatch_ && agent.rank == culprit_ && worldDone > 0;
     bool wasQueued = agent.head < agent.queue.size();
     sendFrame(agent, static_cast<uint32_t>(records_.size()));
@@ -1016,6 +1029,9 @@ void LoadGenerator::printReport(const std::vector<Sample>& samples, int64_t stea
   std::printf("%-28s %.0f\n", "records/s sent", rate(&Counters::recordsSent));
   std::printf("%-28s %.0f (%.1f MiB/s)\n", "frames/s sent", rate(&Counters::framesSent),
               mib(rate(&Counters::bytesSent)));
+  double records = rate(&Counters::recordsSent);
+  std::printf("%-28s %.1f (frame headers included; a CallRecord is %zu)\n", "wire bytes per record",
+              records > 0 ? rate(&Counters::bytesSent) / records : 0.0, sizeof(CallRecord));
   std::printf("%-28s %.2f (%.1f s CPU over %.1f s)\n", "collector CPU, cores", collectorCpu / wall,
               collectorCpu, wall);
   std::string rssText;

@@ -1,9 +1,12 @@
 // The agent↔collector protocol (docs/protocol.md): frames over TCP, each a fixed 16-byte header
 // and a bounded payload. Agents send who they are (HELLO, with the job's secret), their
-// communicator table (COMMS) and their new or changed call records (RECORDS) — the same
-// CallRecord and CommInfo layouts as the trace file, so that the collector rebuilds each rank's
-// TraceFile and runs the offline analysis on it. The collector asks for dumps (DUMP) and aborts
-// (ABORT). Standard library only: the agent side is linked into the preload library.
+// communicator table (COMMS, the trace file's CommInfo layout) and their new or changed call
+// records (RECORDS: compact messages, each delta-encoded against the previous record of its
+// communicator on the same connection, that the collector decodes back to the trace file's
+// CallRecord), so that the collector rebuilds each rank's TraceFile and runs the offline analysis
+// on it. The collector asks for dumps (DUMP) and aborts (ABORT), and answers an agent of another
+// protocol version with REFUSED. Standard library only: the agent side is linked into the preload
+// library.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -16,10 +19,19 @@
 namespace ncclwatch::trace::wire {
 
 inline constexpr uint32_t kMagic = 0x3150574e;  // "NWP1" little-endian
-inline constexpr uint16_t kVersion = 1;
+// 1: RECORDS carried whole 128-byte CallRecords. 2: RECORDS carry delta-encoded messages.
+inline constexpr uint16_t kVersion = 2;
 inline constexpr uint32_t kMaxPayload = 1u << 20;
+// Records one RECORDS frame may carry: the collector's decoded frame stays within 1 MiB.
 inline constexpr uint32_t kMaxRecordsPerFrame = (kMaxPayload - 16) / sizeof(CallRecord);
 inline constexpr size_t kSecretBytes = 64;
+// Delta bases one connection keeps (both ends alike): communicators a connection's records
+// refer to at once (slots, reused round robin), and recent records whose state may still change
+// (ring index modulo kPendingSlots), against which an UPDATE message is a few bytes.
+inline constexpr size_t kMaxCommSlots = 64;
+inline constexpr size_t kPendingSlots = 128;
+// One record's messages on the wire at most (a COMM message and a RECORD message, every field).
+inline constexpr size_t kMaxRecordBytes = 192;
 
 enum class FrameType : uint16_t {
   kHello = 1,    // agent → collector, first frame
@@ -30,6 +42,9 @@ enum class FrameType : uint16_t {
   kSites = 6,    // agent → collector: Python call sites its records refer to (new ones)
   kDump = 16,    // collector → agent: take a dump (payload: reason text)
   kAbort = 17,   // collector → agent: abort the communicator (payload: u64 comm hash)
+  // collector → agent: it speaks another protocol version (payload: u16 its version). Decoded
+  // whatever the header's version, so that agents of every version understand it.
+  kRefused = 18,
 };
 
 struct FrameHeader {
@@ -55,11 +70,79 @@ struct Hello {
 };
 static_assert(sizeof(Hello) == 480);
 
+// What both ends of one connection remember of its records: per communicator slot the previous
+// record (the delta base) and the counters a next call would take, the last ring index sent, and
+// the records kept for UPDATE messages. A new connection starts from nothing on both sides.
+class RecordStream {
+ public:
+  void reset();
+
+ protected:
+  struct Comm {
+    CallRecord image;             // the previous record of this communicator
+    uint64_t lastSeq = 0;         // the last nonzero seq
+    uint64_t nextCollective = 0;  // ncclSeqNumber the next collective takes
+    uint64_t nextPointToPoint = 0;
+    uint64_t lastP2pSeq = 0;  // p2pSeq of the last send or receive
+    uint64_t rolling = 0;     // rollingHash of the last collective, send or receive
+  };
+  void defineComm(size_t slot, uint64_t commHash);
+  // After a RECORD message: the new delta bases.
+  void recordSent(Comm& comm, const CallRecord& record, bool keep);
+  CallRecord* pendingFor(uint64_t ringIndex);
+  void keepPending(const CallRecord& record);
+  void releasePending(uint64_t ringIndex);
+
+  std::vector<Comm> comms_;          // grows to kMaxCommSlots
+  std::vector<CallRecord> pending_;  // kPendingSlots once a record is kept
+  std::vector<uint8_t> pendingValid_;
+  uint64_t lastRing_ = ~0ull;  // the ring index of the last RECORD message
+};
+
+// The agent's side: turns records into messages. Allocates its tables once (constructor), never
+// while encoding.
+class RecordEncoder : public RecordStream {
+ public:
+  RecordEncoder();
+  void reset();
+  // Writes one record's messages to `out`, which has room for kMaxRecordBytes; returns the bytes
+  // written. `keep`: the record's state may still change (the agent watches it), so the collector
+  // keeps it for UPDATE messages. A record kept before and changed only in state, flags, result,
+  // times or slot version becomes an UPDATE message; any other as a RECORD message.
+  size_t encode(const CallRecord& record, bool keep, std::byte* out);
+
+ private:
+  // The slot of `commHash`, defining it (a COMM message at `out`, `written` bytes) if needed.
+  size_t commSlot(uint64_t commHash, std::byte* out, size_t* written);
+  size_t nextVictim_ = 0;  // the slot a new communicator takes once all are in use
+};
+
+// The collector's side: the messages of RECORDS frames back to CallRecords. Its tables grow with
+// what the connection uses, to kMaxCommSlots and kPendingSlots at most.
+class RecordDecoder : public RecordStream {
+ public:
+  // Appends the records of one RECORDS payload's messages; false with a one-line `error` when
+  // they break the format (the connection is then dropped).
+  bool decode(std::span<const std::byte> messages, std::vector<CallRecord>* records,
+              std::string* error);
+};
+
 // Encoders append one whole frame to `out`.
 void encodeHello(const Hello& hello, std::vector<std::byte>& out);
 void encodeComms(std::span<const CommInfo> comms, std::vector<std::byte>& out);
-// `nowNs`: the agent's CLOCK_MONOTONIC at sending, so the collector can tell silence.
-void encodeRecords(int64_t nowNs, std::span<const CallRecord> records, std::vector<std::byte>& out);
+// RECORDS frames built in place, for a sender that must not allocate: beginRecords appends the
+// header and `nowNs` (the agent's CLOCK_MONOTONIC at sending, so the collector can tell silence),
+// appendRecord one record (while recordsFit), endRecords sets the frame's length. `out` must have
+// the capacity for it: it is resized, never reallocated, when it does.
+size_t beginRecords(int64_t nowNs, std::vector<std::byte>& out);  // returns the frame's offset
+bool recordsFit(size_t frameOffset, uint32_t records, const std::vector<std::byte>& out);
+void appendRecord(RecordEncoder& encoder, const CallRecord& record, bool keep,
+                  std::vector<std::byte>& out);
+void endRecords(size_t frameOffset, std::vector<std::byte>& out);
+// The whole of `records` (none kept) as RECORDS frames of at most kMaxRecordsPerFrame each; at
+// least one frame (an empty one is the heartbeat).
+void encodeRecords(int64_t nowNs, std::span<const CallRecord> records, RecordEncoder& encoder,
+                   std::vector<std::byte>& out);
 void encodeBye(std::vector<std::byte>& out);
 // The whole current set of wait notes (replaces the previous set; empty: nothing waits).
 void encodeWaits(int64_t nowNs, std::span<const WaitNote> waits, std::vector<std::byte>& out);
@@ -67,6 +150,7 @@ void encodeWaits(int64_t nowNs, std::span<const WaitNote> waits, std::vector<std
 void encodeSites(const std::string& text, std::vector<std::byte>& out);
 void encodeDump(const std::string& reason, std::vector<std::byte>& out);
 void encodeAbort(uint64_t commHash, std::vector<std::byte>& out);
+void encodeRefused(std::vector<std::byte>& out);
 
 // A decoded frame.
 struct Frame {
@@ -78,16 +162,19 @@ struct Frame {
   std::vector<WaitNote> waits;
   std::string reason;  // DUMP: the reason; SITES: the sites' text
   uint64_t commHash = 0;
+  uint16_t version = 0;  // REFUSED: the version the collector speaks
 };
 
-enum class DecodeStatus { kFrame, kNeedMore, kInvalid };
+enum class DecodeStatus { kFrame, kNeedMore, kInvalid, kOtherVersion };
 
 // Decodes the first frame in `bytes`: kFrame with `consumed` set, kNeedMore when the frame is
 // not complete yet, kInvalid (with a one-line `error`) when the bytes cannot be a valid frame —
-// the connection is then dropped. Never reads past `bytes`, never allocates more than the
-// frame's bounded size.
+// the connection is then dropped —, kOtherVersion (with `error`, and frame->version the peer's)
+// when the peer speaks another protocol version. RECORDS frames need the connection's
+// `records` decoder (nullptr: they are invalid). Never reads past `bytes`, never allocates more
+// than the frame's bounded size.
 DecodeStatus decodeFrame(std::span<const std::byte> bytes, Frame* frame, size_t* consumed,
-                         std::string* error);
+                         std::string* error, RecordDecoder* records = nullptr);
 
 // Constant-time comparison of a received secret with the expected one.
 bool secretMatches(const char (&received)[kSecretBytes], const std::string& expected);

@@ -60,6 +60,7 @@ CollectorLink::CollectorLink(const CollectorAddress& address, trace::RingWriter&
     hello_.anchorRealtimeNs = header->anchorRealtimeNs;
   }
   copyText(hello_.tracePath, writer.path().c_str());
+  outgoing_.reserve(kMaxOutgoing + 2 * trace::wire::kMaxRecordBytes);
 }
 
 CollectorLink::~CollectorLink() {
@@ -119,6 +120,7 @@ void CollectorLink::connectNow(int64_t nowNs) {
   uint64_t next = writer_.nextIndex();
   sentUpTo_ = next > writer_.capacity() ? next - writer_.capacity() : 0;
   watched_.clear();
+  encoder_.reset();
 }
 
 std::string CollectorLink::where() const {
@@ -144,8 +146,8 @@ void CollectorLink::lose(int64_t nowNs, const char* why) {
     // Closed at once: the collector there did not take us (another job's on that port, or a
     // wrong secret). Only the unreachable line says it, if it lasts.
     lastError_ =
-        "it closes every connection at once: another job's collector on that port, or "
-        "a wrong secret";
+        "it closes every connection at once: another job's collector on that port, a wrong "
+        "secret, or a collector of an older ncclwatch";
     disconnect(nowNs);
     return;
   }
@@ -170,8 +172,36 @@ void CollectorLink::disconnect(int64_t nowNs) {
   backoffNs_ = std::min(backoffNs_ * 2, kMaxBackoffNs);
 }
 
+// The collector speaks another protocol version: nothing this agent sends would be understood.
+// Said once per host, as the other faults; the rank keeps its local detection and trace file.
+void CollectorLink::refuse(uint16_t version) {
+  if (speaks()) {
+    std::fprintf(stderr,
+                 "[ncclwatch] rank %d: the collector at %s speaks protocol version %u, this agent "
+                 "version %u (different ncclwatch releases); no live verdicts, local detection "
+                 "and trace files go on\n",
+                 hello_.rank, where().c_str(), static_cast<unsigned>(version),
+                 static_cast<unsigned>(trace::wire::kVersion));
+  }
+  refused_ = true;
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  outgoing_.clear();
+  outgoingSent_ = 0;
+}
+
+// Forgets the bytes already sent, so that the queue's bound is its size and its reserved
+// capacity suffices.
+void CollectorLink::compact() {
+  if (outgoingSent_ == 0) return;
+  outgoing_.erase(outgoing_.begin(),
+                  outgoing_.begin() + static_cast<std::ptrdiff_t>(outgoingSent_));
+  outgoingSent_ = 0;
+}
+
 void CollectorLink::queue(std::vector<std::byte>&& frame) {
-  if (outgoing_.size() - outgoingSent_ + frame.size() > kMaxOutgoing) {
+  compact();
+  if (outgoing_.size() + frame.size() > kMaxOutgoing) {
     counters_.bytesDropped += frame.size();
     return;
   }
@@ -209,9 +239,10 @@ void CollectorLink::queueWaits(int64_t nowNs) {
 }
 
 void CollectorLink::collectRecords(int64_t nowNs) {
+  compact();
   // A collector that stopped reading (SIGSTOP, a stalled host): take nothing new while half the
   // queue waits. The records stay in the ring; those it overwrites meanwhile are counted.
-  if (outgoing_.size() - outgoingSent_ > kMaxOutgoing / 2) {
+  if (outgoing_.size() > kMaxOutgoing / 2) {
     ++counters_.fullSteps;
     if (!saidStalled_ && speaks()) {
       std::fprintf(stderr,
@@ -229,17 +260,50 @@ void CollectorLink::collectRecords(int64_t nowNs) {
     queue(std::move(frame));
     commsSent_ = comms.size();
   }
-  std::vector<trace::CallRecord> records;
+  // RECORDS frames are encoded in place at the end of the queue, as many as fit in it: what
+  // does not fit waits in the ring for the next step.
+  constexpr size_t kNoFrame = SIZE_MAX;
+  size_t frame = kNoFrame;
+  uint32_t inFrame = 0;
+  auto closeFrame = [&] {
+    trace::wire::endRecords(frame, outgoing_);
+    ++counters_.framesSent;
+    frame = kNoFrame;
+  };
+  auto openFrame = [&] {
+    if (outgoing_.size() + sizeof(trace::wire::FrameHeader) + 8 + trace::wire::kMaxRecordBytes >
+        kMaxOutgoing) {
+      return false;
+    }
+    frame = trace::wire::beginRecords(nowNs, outgoing_);
+    inFrame = 0;
+    return true;
+  };
+  auto send = [&](const trace::CallRecord& record, bool keep) {
+    if (frame != kNoFrame && !trace::wire::recordsFit(frame, inFrame, outgoing_)) closeFrame();
+    if (frame == kNoFrame && !openFrame()) return false;
+    if (outgoing_.size() + trace::wire::kMaxRecordBytes > kMaxOutgoing) return false;
+    trace::wire::appendRecord(encoder_, record, keep, outgoing_);
+    ++inFrame;
+    ++counters_.recordsSent;
+    return true;
+  };
   // Records sent earlier whose state has moved on.
+  bool full = false;
   size_t kept = 0;
   for (Watched& watched : watched_) {
     trace::CallRecord record;
     if (!writer_.read(watched.index, &record)) continue;  // overwritten: nothing more to say
+    bool final = isFinal(record);
     if (record.state != watched.state) {
-      records.push_back(record);
+      full = full || !send(record, !final);
+      if (full) {
+        watched_[kept++] = watched;  // said at a later step
+        continue;
+      }
       watched.state = record.state;
     }
-    if (!isFinal(record)) watched_[kept++] = watched;
+    if (!final) watched_[kept++] = watched;
   }
   watched_.resize(kept);
   uint64_t next = writer_.nextIndex();
@@ -247,32 +311,24 @@ void CollectorLink::collectRecords(int64_t nowNs) {
     counters_.recordsDropped += next - writer_.capacity() - sentUpTo_;
     sentUpTo_ = next - writer_.capacity();
   }
-  for (; sentUpTo_ < next; ++sentUpTo_) {
+  for (; !full && sentUpTo_ < next; ++sentUpTo_) {
     trace::CallRecord record;
     if (!writer_.read(sentUpTo_, &record)) {
       if (next - sentUpTo_ < writer_.capacity()) break;  // still being written: next step
       ++counters_.recordsDropped;                        // overwritten before it was sent
       continue;
     }
-    records.push_back(record);
-    if (!isFinal(record) && watched_.size() < kMaxWatched) {
-      watched_.push_back({sentUpTo_, record.state});
-    }
+    bool watch = !isFinal(record) && watched_.size() < kMaxWatched;
+    if (!send(record, watch)) break;  // the queue is full: the rest waits in the ring
+    if (watch) watched_.push_back({sentUpTo_, record.state});
   }
   // An empty RECORDS frame is the heartbeat: it tells the collector this rank is alive. Once a
   // second is enough (a collector of thousands of ranks pays for every frame); a connection
   // that ends is noticed at once anyway.
-  if (records.empty() && nowNs - lastFrameNs_ < kHeartbeatNs) return;
+  if (frame == kNoFrame && nowNs - lastFrameNs_ >= kHeartbeatNs) openFrame();
+  if (frame == kNoFrame) return;
+  closeFrame();
   lastFrameNs_ = nowNs;
-  for (size_t first = 0; first < records.size() || first == 0;
-       first += trace::wire::kMaxRecordsPerFrame) {
-    size_t count = std::min<size_t>(trace::wire::kMaxRecordsPerFrame, records.size() - first);
-    std::vector<std::byte> frame;
-    trace::wire::encodeRecords(nowNs, std::span(records.data() + first, count), frame);
-    queue(std::move(frame));
-    counters_.recordsSent += count;
-    if (records.empty()) break;
-  }
 }
 
 bool CollectorLink::flush() {
@@ -291,13 +347,16 @@ bool CollectorLink::flush() {
 
 void CollectorLink::receive(std::vector<CollectorRequest>* requests, int64_t nowNs) {
   std::byte buffer[4096];
+  // A connection that ended: the frames before its end are read first (a collector of another
+  // version says REFUSED and closes).
+  std::string ended;
   for (;;) {
     ssize_t got = ::recv(fd_, buffer, sizeof buffer, MSG_DONTWAIT);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     if (got <= 0) {
-      lose(nowNs, got == 0 ? "it closed the connection" : std::strerror(errno));
-      return;
+      ended = got == 0 ? "it closed the connection" : std::strerror(errno);
+      break;
     }
     incoming_.insert(incoming_.end(), buffer, buffer + got);
     if (incoming_.size() > 2 * trace::wire::kMaxPayload) {
@@ -313,6 +372,12 @@ void CollectorLink::receive(std::vector<CollectorRequest>* requests, int64_t now
     auto status =
         trace::wire::decodeFrame(std::span(incoming_).subspan(offset), &frame, &consumed, &error);
     if (status == trace::wire::DecodeStatus::kNeedMore) break;
+    if (status == trace::wire::DecodeStatus::kOtherVersion ||
+        (status == trace::wire::DecodeStatus::kFrame &&
+         frame.type == trace::wire::FrameType::kRefused)) {
+      refuse(frame.version);
+      return;
+    }
     if (status == trace::wire::DecodeStatus::kInvalid) {
       lose(nowNs, "it sent a frame that does not decode");
       return;
@@ -325,6 +390,7 @@ void CollectorLink::receive(std::vector<CollectorRequest>* requests, int64_t now
     }
   }
   incoming_.erase(incoming_.begin(), incoming_.begin() + static_cast<std::ptrdiff_t>(offset));
+  if (!ended.empty()) lose(nowNs, ended.c_str());
 }
 
 void CollectorLink::setSecret(const char* secret) {
@@ -333,7 +399,7 @@ void CollectorLink::setSecret(const char* secret) {
 
 void CollectorLink::step(int64_t nowNs, std::vector<CollectorRequest>* requests) {
   // A HELLO without the secret would only be rejected: wait until the secret is known.
-  if (hello_.secret[0] == '\0') return;
+  if (hello_.secret[0] == '\0' || refused_) return;
   if (firstAttemptNs_ >= 0 && nowNs - firstAttemptNs_ >= kUnreachableNs) {
     sayUnreachable("after 10 s");
   }
@@ -411,7 +477,7 @@ bool CollectorLink::connectBeforeExit(int boundMs) {
 }
 
 void CollectorLink::finish(int boundMs) {
-  if (hello_.secret[0] == '\0') return;
+  if (hello_.secret[0] == '\0' || refused_) return;
   if (!connectBeforeExit(boundMs)) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;

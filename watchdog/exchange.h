@@ -72,6 +72,8 @@ class CollectorLink {
   void disconnect(int64_t nowNs);
   void queue(std::vector<std::byte>&& frame);
   void collectRecords(int64_t nowNs);
+  void compact();
+  void refuse(uint16_t version);
   void queueWaits(int64_t nowNs);
   bool flush();
   void receive(std::vector<CollectorRequest>* requests, int64_t nowNs);
@@ -98,8 +100,13 @@ class CollectorLink {
   std::string sites_;             // every site's text so far
   size_t sitesSent_ = 0;          // bytes of sites_ sent on this connection
   std::vector<Watched> watched_;  // sent while not final: resent when their state changes
+  // Frames queued for the collector; reserved once, so that RECORDS frames are encoded in place
+  // without allocating. Records are encoded only while they fit: a RECORDS frame is never dropped
+  // once encoded (the collector's delta bases would no longer match the encoder's).
   std::vector<std::byte> outgoing_;
   size_t outgoingSent_ = 0;
+  trace::wire::RecordEncoder encoder_;  // this connection's delta bases; reset on each connect
+  bool refused_ = false;  // the collector speaks another protocol version: local detection only
   std::vector<std::byte> incoming_;
   int64_t lastFrameNs_ = INT64_MIN / 2;  // when the last RECORDS frame was queued
   // What the user is told (docs/reliability.md, "The collector"): one line per fault.

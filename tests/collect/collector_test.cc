@@ -10,7 +10,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -120,7 +122,8 @@ int joinAgent(int port, const std::string& secret, int rank, int world, const st
   std::vector<ncclwatch::trace::CommInfo> comms{comm};
   wire::encodeComms(comms, frame);
   for (ncclwatch::trace::CallRecord& record : records) record.commHash = commHash;
-  if (!records.empty()) wire::encodeRecords(2'000'000'000, records, frame);
+  wire::RecordEncoder encoder;  // a new connection's
+  if (!records.empty()) wire::encodeRecords(2'000'000'000, records, encoder, frame);
   sendAll(fd, frame);
   return fd;
 }
@@ -167,13 +170,55 @@ TEST_F(CollectorTest, GarbageOversizedAndWrongSecretsAreDroppedAndCounted) {
   int eager = connectTo(collector_.port());
   frame.clear();
   std::vector<ncclwatch::trace::CallRecord> records{allReduce(7, 1, 16)};
-  wire::encodeRecords(5, records, frame);
+  wire::RecordEncoder encoder;
+  wire::encodeRecords(5, records, encoder, frame);
   sendAll(eager, frame);
   EXPECT_TRUE(closedByPeer(eager, 2000ms));
 
   EXPECT_TRUE(eventually([&] { return collector_.counters().rejected.load() == 4; }));
   EXPECT_EQ(collector_.counters().agents.load(), 0u);
   for (int fd : {garbage, oversized, intruder, eager}) close(fd);
+}
+
+// An agent of another ncclwatch release (protocol version 1, whole records): told REFUSED, which
+// every version reads, and dropped; the collector says so in one line however many such agents
+// come, and goes on with its own.
+TEST_F(CollectorTest, AgentsOfAnotherVersionAreRefusedInOneLine) {
+  for (int rank = 0; rank < 2; ++rank) {
+    int old = connectTo(collector_.port());
+    std::vector<std::byte> frame;
+    wire::encodeHello(hello("s3cret-for-tests", rank), frame);
+    uint16_t one = 1;
+    std::memcpy(frame.data() + offsetof(wire::FrameHeader, version), &one, sizeof one);
+    sendAll(old, frame);
+    std::vector<std::byte> received;
+    wire::Frame answer;
+    size_t consumed = 0;
+    std::string error;
+    ASSERT_TRUE(eventually([&] {
+      std::byte buffer[256];
+      ssize_t n = recv(old, buffer, sizeof buffer, MSG_DONTWAIT);
+      if (n > 0) received.insert(received.end(), buffer, buffer + n);
+      return wire::decodeFrame(received, &answer, &consumed, &error) == wire::DecodeStatus::kFrame;
+    }));
+    EXPECT_EQ(answer.type, wire::FrameType::kRefused);
+    EXPECT_EQ(answer.version, wire::kVersion);
+    EXPECT_TRUE(closedByPeer(old, 2000ms));
+    close(old);
+  }
+  EXPECT_TRUE(eventually([&] { return collector_.counters().rejected.load() == 2; }));
+  EXPECT_EQ(collector_.counters().agents.load(), 0u);
+  std::string said = out_.str();
+  EXPECT_NE(said.find("refused an agent that speaks protocol version 1 (this collector speaks "
+                      "version 2)"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(std::count(said.begin(), said.end(), '\n'), 1) << said;
+  // An agent of this version is welcome afterwards.
+  int agent = joinAgent(collector_.port(), "s3cret-for-tests", 0, 2, "fake-job", 0x99,
+                        {allReduce(0x99, 1, 8)});
+  EXPECT_TRUE(eventually([&] { return collector_.counters().records.load() == 1; }));
+  close(agent);
 }
 
 TEST_F(CollectorTest, TwoRanksThatDivergeGetAMismatchAndAreAskedToDump) {
@@ -221,7 +266,8 @@ TEST(WireFrames, RoundTripAndBounds) {
   std::vector<std::byte> bytes;
   wire::encodeHello(hello("abc", 3), bytes);
   std::vector<ncclwatch::trace::CallRecord> records{allReduce(9, 1, 8), allReduce(9, 2, 8)};
-  wire::encodeRecords(77, records, bytes);
+  wire::RecordEncoder encoder;
+  wire::encodeRecords(77, records, encoder, bytes);
   wire::encodeDump("why", bytes);
   wire::encodeAbort(0xfeed, bytes);
   wire::encodeBye(bytes);
@@ -230,14 +276,16 @@ TEST(WireFrames, RoundTripAndBounds) {
   wire::Frame frame;
   size_t consumed = 0;
   std::string error;
+  wire::RecordDecoder decoder;
   while (!rest.empty()) {
-    ASSERT_EQ(wire::decodeFrame(rest, &frame, &consumed, &error), wire::DecodeStatus::kFrame)
+    ASSERT_EQ(wire::decodeFrame(rest, &frame, &consumed, &error, &decoder),
+              wire::DecodeStatus::kFrame)
         << error;
     types.push_back(frame.type);
     if (frame.type == wire::FrameType::kRecords) {
       EXPECT_EQ(frame.nowNs, 77);
       ASSERT_EQ(frame.records.size(), 2u);
-      EXPECT_EQ(frame.records[1].seq, 2u);
+      EXPECT_EQ(std::memcmp(&frame.records[1], &records[1], sizeof records[1]), 0);
     }
     if (frame.type == wire::FrameType::kHello) {
       EXPECT_EQ(frame.hello.rank, 3);
@@ -253,15 +301,41 @@ TEST(WireFrames, RoundTripAndBounds) {
   EXPECT_EQ(types.size(), 5u);
   // Every prefix of a frame is "need more", never a misread.
   std::vector<std::byte> one;
-  wire::encodeRecords(1, records, one);
+  wire::RecordEncoder fresh;
+  wire::encodeRecords(1, records, fresh, one);
   for (size_t cut = 0; cut < one.size(); ++cut) {
-    EXPECT_EQ(wire::decodeFrame(std::span(one.data(), cut), &frame, &consumed, &error),
+    wire::RecordDecoder again;
+    EXPECT_EQ(wire::decodeFrame(std::span(one.data(), cut), &frame, &consumed, &error, &again),
               wire::DecodeStatus::kNeedMore);
   }
-  // A count that disagrees with the length is invalid.
-  one[sizeof(wire::FrameHeader) + 8] = std::byte{99};
+  // Every message cut short is invalid (the frame's length says where the messages end).
+  for (size_t cut = sizeof(wire::FrameHeader) + 9; cut < one.size(); ++cut) {
+    std::vector<std::byte> shorter(one.begin(), one.begin() + static_cast<std::ptrdiff_t>(cut));
+    uint32_t length = static_cast<uint32_t>(cut - sizeof(wire::FrameHeader));
+    std::memcpy(shorter.data() + offsetof(wire::FrameHeader, length), &length, sizeof length);
+    wire::RecordDecoder again;
+    error.clear();
+    auto status = wire::decodeFrame(shorter, &frame, &consumed, &error, &again);
+    if (status == wire::DecodeStatus::kFrame) {
+      EXPECT_LT(frame.records.size(), records.size()) << "cut at " << cut;  // a whole message
+    } else {
+      EXPECT_EQ(status, wire::DecodeStatus::kInvalid) << "cut at " << cut;
+      EXPECT_FALSE(error.empty());
+    }
+  }
+  // A record of a communicator the connection never defined is invalid.
+  std::vector<std::byte> undefined;
+  wire::beginRecords(1, undefined);
+  undefined.push_back(std::byte{0 | 5 << 2});  // RECORD of slot 5
+  undefined.push_back(std::byte{0});
+  undefined.push_back(std::byte{0});
+  wire::endRecords(0, undefined);
+  wire::RecordDecoder again;
+  EXPECT_EQ(wire::decodeFrame(undefined, &frame, &consumed, &error, &again),
+            wire::DecodeStatus::kInvalid);
+  EXPECT_NE(error.find("slot"), std::string::npos) << error;
+  // RECORDS where none are expected (the agent decodes only the collector's frames): invalid.
   EXPECT_EQ(wire::decodeFrame(one, &frame, &consumed, &error), wire::DecodeStatus::kInvalid);
-  EXPECT_FALSE(error.empty());
 }
 
 TEST(WireFrames, SecretsCompareExactly) {
@@ -279,6 +353,7 @@ TEST_F(CollectorTest, EachRankKeepsABoundedWindowOfItsCalls) {
   // The default budget (1 Mi records) gives each rank of 4096 a window of 256.
   int agent = joinAgent(collector_.port(), "s3cret-for-tests", 5, 4096, "fake-job", kComm, {});
   std::vector<std::byte> frame;
+  wire::RecordEncoder encoder;
   constexpr uint64_t kCalls = 5000;
   for (uint64_t first = 1; first <= kCalls; first += 1000) {
     std::vector<ncclwatch::trace::CallRecord> records;
@@ -287,7 +362,7 @@ TEST_F(CollectorTest, EachRankKeepsABoundedWindowOfItsCalls) {
       records.back().ncclSeqNumber = seq - 1;
     }
     frame.clear();
-    wire::encodeRecords(2'000'000'000, records, frame);
+    wire::encodeRecords(2'000'000'000, records, encoder, frame);
     sendAll(agent, frame);
   }
   ASSERT_TRUE(eventually([&] { return collector_.counters().records.load() == kCalls; }));

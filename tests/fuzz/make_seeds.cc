@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "trace/dump.h"
+#include "trace/fingerprint.h"
 #include "trace/ring_writer.h"
 #include "trace/wire.h"
 
@@ -64,16 +65,56 @@ int writeWireSeeds(const std::string& dir) {
   comm.rank = 1;
   std::vector<CommInfo> comms{comm};
   wire::encodeComms(comms, agent);
-  CallRecord record{};
-  record.commHash = 0x1234;
-  record.seq = 1;
-  record.op = OpKind::kAllReduce;
-  std::vector<CallRecord> records{record, record};
-  wire::encodeRecords(42, records, agent);
+  // A training loop's allreduces on two communicators, sent issued and then completed (UPDATE
+  // messages), a send and a receive, a lifecycle call, and a ring index that jumps.
+  wire::RecordEncoder encoder;
+  size_t frame = wire::beginRecords(42, agent);
+  agent.reserve(agent.size() + wire::kMaxPayload);
+  std::vector<CallRecord> issued;
+  for (uint64_t i = 0; i < 12; ++i) {
+    CallRecord record{};
+    record.commHash = i % 3 == 2 ? 0x5678 : 0x1234;
+    record.seq = i + 1;
+    record.ncclSeqNumber = i;
+    record.op = OpKind::kAllReduce;
+    record.count = i % 2 ? 4096 : 1024;
+    record.dtype = 9;
+    record.rootOrPeer = -1;
+    record.issueNs = 1'000'000'000 + static_cast<int64_t>(i) * 10'000'000;
+    record.stream = 0x7f00;
+    record.callSite = 0x401000 + (i % 2) * 0x40;
+    record.state = RecordState::kIssued;
+    record.slotVersion = 2;
+    record.ringIndex = i < 10 ? i : i + 100;
+    record.fingerprint = fingerprint({record.op, record.count, record.dtype, 0, -1});
+    if (i == 7) {
+      record.op = i % 2 ? OpKind::kSend : OpKind::kRecv;
+      record.rootOrPeer = 1;
+      record.p2pSeq = 1;
+      record.fingerprint = fingerprint({record.op, record.count, record.dtype, 0, 1});
+    }
+    if (i == 9) {
+      record.op = OpKind::kDestroy;
+      record.fingerprint = 0;
+    }
+    record.rollingHash = record.fingerprint ^ 0x55;
+    wire::appendRecord(encoder, record, true, agent);
+    issued.push_back(record);
+  }
+  for (CallRecord& record : issued) {
+    record.state = RecordState::kCompleted;
+    record.startNs = record.issueNs + 5'000;
+    record.completeNs = record.startNs + 2'000'000;
+    record.slotVersion = 4;
+    wire::appendRecord(encoder, record, false, agent);
+  }
+  wire::endRecords(frame, agent);
+  wire::encodeRecords(43, {}, encoder, agent);  // a heartbeat
   wire::encodeBye(agent);
   std::vector<std::byte> collector;
   wire::encodeDump("seed reason", collector);
   wire::encodeAbort(0x1234, collector);
+  wire::encodeRefused(collector);
   for (auto& [name, bytes] :
        {std::pair{"agent.bin", &agent}, std::pair{"collector.bin", &collector}}) {
     std::ofstream(dir + "/" + name, std::ios::binary)

@@ -5,11 +5,13 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -219,6 +221,61 @@ TEST(CollectorFaults, RestartedCollectorGetsTheWindowAndTheVerdict) {
   for (int rank = 0; rank < 4; ++rank) EXPECT_TRUE(job.alive(rank)) << job.output(rank);
 }
 
+// (f) A collector of another ncclwatch release (a later protocol version): it answers HELLO with
+// REFUSED, which every version reads. The job runs as without a collector, each agent tries once
+// and goes on with local detection, and the first rank of the host says why in one line.
+TEST(CollectorFaults, CollectorOfAnotherVersionRefusesOnce) {
+  std::vector<std::string> args = {"--steps", "100", "--step-ms", "25"};
+  int expected = baselineAllReduces("other-version-base", 2, args);
+  std::string logs = testsupport::freshDirectory("other-version");
+  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(listen(listener, 16), 0);
+  socklen_t length = sizeof address;
+  getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
+  int port = ntohs(address.sin_port);
+  // REFUSED from version 3: magic "NWP1", type 18, version 3, length 2, reserved 0; version 3.
+  const unsigned char refused[] = {0x4e, 0x57, 0x50, 0x31, 18, 0, 3, 0, 2,
+                                   0,    0,    0,    0,    0,  0, 0, 3, 0};
+  std::atomic<int> connections{0};
+  std::atomic<bool> stop{false};
+  std::thread server([&] {
+    while (!stop.load()) {
+      pollfd ready{listener, POLLIN, 0};
+      if (poll(&ready, 1, 50) <= 0) continue;
+      int fd = accept(listener, nullptr, nullptr);
+      if (fd < 0) continue;
+      ++connections;
+      ssize_t sent = send(fd, refused, sizeof refused, MSG_NOSIGNAL);
+      (void)sent;
+      // Until the agent closes: a reconnect would be a new connection.
+      char buffer[4096];
+      for (auto until = Clock::now() + 5s; Clock::now() < until && !stop.load();) {
+        pollfd peer{fd, POLLIN, 0};
+        if (poll(&peer, 1, 50) > 0 && recv(fd, buffer, sizeof buffer, 0) <= 0) break;
+      }
+      close(fd);
+    }
+  });
+  Job job(trainLoop(2, args, watched(logs, "127.0.0.1:" + std::to_string(port))));
+  bool exited = job.waitExit(60s);
+  stop.store(true);
+  server.join();
+  close(listener);
+  ASSERT_TRUE(exited) << job.output(0);
+  expectCleanAndComplete(job, logs, expected);
+  EXPECT_EQ(connections.load(), 2);  // one per rank, never again
+  EXPECT_EQ(count(job.output(0), "the collector at 127.0.0.1:" + std::to_string(port) +
+                                     " speaks protocol version 3, this agent version 2"),
+            1)
+      << job.output(0);
+  EXPECT_EQ(count(job.output(0), "[ncclwatch]"), 1) << job.output(0);
+  EXPECT_EQ(job.output(1).find("[ncclwatch]"), std::string::npos) << job.output(1);
+}
+
 // (d) An elastic restart: the failed attempt's sidecar still holds the port (its agents never
 // came, so it would wait its full minute) when the new attempt's rank 0 starts its own, which
 // waits up to 10 s for the port. The old one yields to the newer job's agents; the new attempt
@@ -262,7 +319,9 @@ TEST(CollectorFaults, PortHeldByALingeringSidecar) {
 // finishes in about its own time, its memory stays bounded, what the collector missed is
 // counted and said once at exit; the trace file has the calls.
 TEST(CollectorFaults, StalledCollectorNeverBlocksTheJob) {
-  constexpr int kCalls = 200000;
+  // Enough calls to fill the agent's queue past its 4 MiB mark and the kernel's socket buffers:
+  // records take about 15 bytes each on the wire (protocol version 2), 200,000 no longer do.
+  constexpr int kCalls = 1000000;
   std::string logs = testsupport::freshDirectory("stalled");
   JobSpec alone;
   alone.program = PROBE_BINARY;

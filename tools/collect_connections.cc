@@ -1,0 +1,309 @@
+#include "collect_connections.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+namespace ncclwatch::collect {
+namespace wire = trace::wire;
+
+namespace {
+
+constexpr size_t kMaxIncoming = 2 * wire::kMaxPayload + sizeof(wire::FrameHeader);
+constexpr size_t kMaxOutgoing = 1u << 20;
+constexpr int64_t kHelloTimeoutNs = 5'000'000'000;
+// epoll tags of the two descriptors that are not connections (connections use their slot).
+constexpr uint64_t kListenTag = ~0ull;
+constexpr uint64_t kWakeTag = ~0ull - 1;
+
+// host:port → a bound, listening, non-blocking socket.
+int listenOn(const std::string& address, std::string* error) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    *error = "--listen " + address + " is not host:port";
+    return -1;
+  }
+  std::string host = address.substr(0, colon), port = address.substr(colon + 1);
+  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found) != 0 ||
+      found == nullptr) {
+    *error = "--listen " + address + ": cannot resolve";
+    return -1;
+  }
+  int fd = socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (fd < 0 || bind(fd, found->ai_addr, found->ai_addrlen) != 0 || ::listen(fd, 4096) != 0) {
+    int why = errno;
+    *error = "--listen " + address + ": " + std::strerror(why);
+    if (fd >= 0) close(fd);
+    freeaddrinfo(found);
+    errno = why;  // the caller may wait for a port in use to free up
+    return -1;
+  }
+  freeaddrinfo(found);
+  return fd;
+}
+
+// Thousands of agents need thousands of descriptors: take what the hard limit allows.
+void raiseDescriptorLimit(size_t wanted) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= wanted) return;
+  limit.rlim_cur = std::min<rlim_t>(limit.rlim_max, wanted);
+  setrlimit(RLIMIT_NOFILE, &limit);
+}
+
+}  // namespace
+
+int64_t steadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Connections::~Connections() {
+  closeAll();
+}
+
+bool Connections::listen(const std::string& address, int listenWaitMs, size_t maxAgents,
+                         std::string* error) {
+  maxAgents_ = maxAgents;
+  listenFd_ = listenOn(address, error);
+  for (int waited = 0; listenFd_ < 0 && errno == EADDRINUSE && waited < listenWaitMs;
+       waited += 100) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    listenFd_ = listenOn(address, error);
+  }
+  if (listenFd_ < 0) return false;
+  sockaddr_storage bound{};
+  socklen_t length = sizeof bound;
+  getsockname(listenFd_, reinterpret_cast<sockaddr*>(&bound), &length);
+  port_ = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                      : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  if (pipe2(wakePipe_, O_CLOEXEC | O_NONBLOCK) != 0) {
+    *error = std::string("pipe: ") + std::strerror(errno);
+    return false;
+  }
+  epollFd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epollFd_ < 0) {
+    *error = std::string("epoll: ") + std::strerror(errno);
+    return false;
+  }
+  epoll_event listenEvent{};
+  listenEvent.events = EPOLLIN;
+  listenEvent.data.u64 = kListenTag;
+  epoll_ctl(epollFd_, EPOLL_CTL_ADD, listenFd_, &listenEvent);
+  epoll_event wakeEvent{};
+  wakeEvent.events = EPOLLIN;
+  wakeEvent.data.u64 = kWakeTag;
+  epoll_ctl(epollFd_, EPOLL_CTL_ADD, wakePipe_[0], &wakeEvent);
+  raiseDescriptorLimit(maxAgents + 64);
+  return true;
+}
+
+int Connections::poll(int timeoutMs, bool writes) {
+  epoll_event events[256];
+  int ready = epoll_wait(epollFd_, events, 256, timeoutMs);
+  int news = 0;
+  for (int i = 0; i < ready; ++i) {
+    uint64_t tag = events[i].data.u64;
+    if (tag == kWakeTag) continue;  // wake() wrote it; the caller's loop sees why
+    ++news;
+    if (tag == kListenTag) {
+      accept();
+      continue;
+    }
+    if (tag >= connections_.size()) continue;
+    Connection& connection = connections_[tag];
+    if (connection.fd < 0) continue;  // dropped earlier in this batch
+    if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) read(connection);
+    if (writes && connection.fd >= 0 && (events[i].events & EPOLLOUT)) write(connection);
+  }
+  return news;
+}
+
+void Connections::wake() {
+  char byte = 1;
+  ssize_t ignored = ::write(wakePipe_[1], &byte, 1);
+  (void)ignored;
+}
+
+void Connections::dropSilent(int64_t nowNs) {
+  // A connection that never proves it belongs to the job is dropped.
+  for (Connection& connection : connections_) {
+    if (connection.fd >= 0 && !connection.authenticated &&
+        nowNs - connection.acceptedNs > kHelloTimeoutNs) {
+      drop(connection, true);
+    }
+  }
+}
+
+bool Connections::anyOpen() const {
+  for (const Connection& connection : connections_) {
+    if (connection.fd >= 0) return true;
+  }
+  return false;
+}
+
+void Connections::closeAll() {
+  for (Connection& connection : connections_) {
+    if (connection.fd >= 0) close(connection.fd);
+  }
+  connections_.clear();
+  freeSlots_.clear();
+  for (int* fd : {&epollFd_, &listenFd_, &wakePipe_[0], &wakePipe_[1]}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+  }
+}
+
+void Connections::accept() {
+  for (;;) {
+    int fd = ::accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    if (counters_.connected.load() + 1 > maxAgents_ ||
+        connections_.size() - freeSlots_.size() >= maxAgents_) {
+      close(fd);
+      counters_.rejected++;
+      continue;
+    }
+    size_t slot = connections_.size();
+    if (!freeSlots_.empty()) {
+      slot = freeSlots_.back();
+      freeSlots_.pop_back();
+    } else {
+      connections_.emplace_back();
+    }
+    Connection& connection = connections_[slot];
+    connection = Connection{};
+    connection.fd = fd;
+    connection.acceptedNs = steadyNs();
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.u64 = slot;
+    epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &event);
+  }
+}
+
+void Connections::drop(Connection& connection, bool rejected) {
+  if (rejected) counters_.rejected++;
+  if (connection.process >= 0) sink_.closed(connection.process);
+  close(connection.fd);  // also leaves the epoll set
+  size_t slot = static_cast<size_t>(&connection - connections_.data());
+  connection = Connection{};
+  freeSlots_.push_back(slot);
+}
+
+bool Connections::handle(Connection& connection, wire::Frame& frame) {
+  if (connection.authenticated) return sink_.frame(connection.process, frame);
+  if (frame.type != wire::FrameType::kHello) return false;
+  int process = sink_.hello(static_cast<size_t>(&connection - connections_.data()), frame.hello);
+  if (process < 0) return false;
+  connection.authenticated = true;
+  connection.process = process;
+  return true;
+}
+
+void Connections::read(Connection& connection) {
+  std::byte buffer[65536];
+  bool ended = false;
+  for (;;) {
+    ssize_t got = recv(connection.fd, buffer, sizeof buffer, MSG_DONTWAIT);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (got <= 0) {
+      ended = true;  // the frames received before the end still count (the last is BYE)
+      break;
+    }
+    connection.incoming.insert(connection.incoming.end(), buffer, buffer + got);
+    if (connection.incoming.size() > kMaxIncoming) {
+      drop(connection, true);
+      return;
+    }
+    if (static_cast<size_t>(got) < sizeof buffer) break;  // drained: spare the EAGAIN call
+  }
+  size_t offset = 0;
+  for (;;) {
+    wire::Frame frame;
+    size_t consumed = 0;
+    std::string error;
+    auto status = wire::decodeFrame(std::span(connection.incoming).subspan(offset), &frame,
+                                    &consumed, &error, &connection.records);
+    if (status == wire::DecodeStatus::kNeedMore) break;
+    if (status == wire::DecodeStatus::kOtherVersion) {
+      refuse(connection, frame.version);
+      return;
+    }
+    if (status == wire::DecodeStatus::kInvalid || !handle(connection, frame)) {
+      drop(connection, true);
+      return;
+    }
+    counters_.frames++;
+    offset += consumed;
+  }
+  connection.incoming.erase(connection.incoming.begin(),
+                            connection.incoming.begin() + static_cast<std::ptrdiff_t>(offset));
+  if (ended) drop(connection, false);
+}
+
+// An agent of another ncclwatch release: nothing it sends can be read. It is told so (REFUSED,
+// which every version decodes; an agent that knows it goes on with local detection only) and
+// dropped; the collector says it once per version.
+void Connections::refuse(Connection& connection, uint16_t version) {
+  if (versionsSaid_.insert(version).second) {
+    log_ << "[ncclwatch] collector: refused an agent that speaks protocol version " << version
+         << " (this collector speaks version " << wire::kVersion
+         << "): agents and collector must come from the same ncclwatch release; its rank keeps "
+            "local detection only\n"
+         << std::flush;
+  }
+  std::vector<std::byte> frame;
+  wire::encodeRefused(frame);
+  ssize_t ignored = ::send(connection.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  (void)ignored;
+  drop(connection, true);
+}
+
+void Connections::watchWrites(Connection& connection, bool on) {
+  if (connection.wantsWrite == on) return;
+  connection.wantsWrite = on;
+  epoll_event event{};
+  event.events = EPOLLIN | (on ? static_cast<uint32_t>(EPOLLOUT) : 0u);
+  event.data.u64 = static_cast<uint64_t>(&connection - connections_.data());
+  epoll_ctl(epollFd_, EPOLL_CTL_MOD, connection.fd, &event);
+}
+
+void Connections::write(Connection& connection) {
+  while (!connection.outgoing.empty()) {
+    ssize_t sent = ::send(connection.fd, connection.outgoing.data(), connection.outgoing.size(),
+                          MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent <= 0) break;  // a slow agent keeps its backlog (bounded when queued)
+    connection.outgoing.erase(connection.outgoing.begin(), connection.outgoing.begin() + sent);
+  }
+  watchWrites(connection, !connection.outgoing.empty());
+}
+
+void Connections::send(size_t slot, std::span<const std::byte> frame) {
+  Connection& connection = connections_[slot];
+  if (connection.outgoing.size() + frame.size() > kMaxOutgoing) return;  // a stuck agent
+  connection.outgoing.insert(connection.outgoing.end(), frame.begin(), frame.end());
+  write(connection);
+}
+
+}  // namespace ncclwatch::collect

@@ -1,0 +1,500 @@
+#include "collect_triage.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "analysis/describe.h"
+#include "load.h"
+
+namespace ncclwatch::collect {
+namespace wire = trace::wire;
+
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+constexpr int64_t kReconnectGraceNs = 1000 * kMs;
+// Agents poll every 100 ms by default and a dump takes tens of ms: the aborts wait for them.
+constexpr int64_t kAbortAfterDumpNs = 400 * kMs;
+
+int64_t realtimeNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Whether every member of the verdict's communicator has issued its call: then no rank still
+// to report can change the classes, and the verdict need not wait to settle.
+bool everyMemberSpoke(const analysis::Verdict& verdict, const analysis::JobReport& job) {
+  for (const analysis::CommSummary& comm : job.comms) {
+    if (comm.comm.hash != verdict.comm.hash) continue;
+    if (static_cast<int>(comm.ranks.size()) < comm.comm.size) return false;
+    for (const analysis::CommSummary::Progress& progress : comm.progress) {
+      if (progress.issuedSeq < verdict.seq) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int Triage::hello(size_t connection, const wire::Hello& hello) {
+  if (!wire::secretMatches(hello.secret, options_.secret)) {
+    // An agent of ncclwatch with another secret, started after this collector: a newer job (an
+    // elastic restart's next attempt) expects its own collector on this port.
+    if (hello.anchorRealtimeNs > startedRealtimeNs_) counters_.newerJobKnocks++;
+    return -1;
+  }
+  auto key = std::make_tuple(std::string(hello.jobId, strnlen(hello.jobId, sizeof hello.jobId)),
+                             hello.rank, hello.pid);
+  auto [found, added] = processIndex_.emplace(key, static_cast<int>(processes_.size()));
+  if (added) {
+    // Processes are never forgotten (a dead one is evidence): bound them too.
+    if (processes_.size() >= 4 * options_.maxAgents) {
+      processIndex_.erase(found);
+      return -1;
+    }
+    Process process;
+    // The record budget is shared by the job's ranks; the world size is known from HELLO.
+    size_t share = options_.maxRecords / static_cast<size_t>(std::max(hello.world, 1));
+    process.window = std::clamp<size_t>(share, 256, 65536);
+    process.toWall = hello.anchorRealtimeNs - hello.anchorMonotonicNs;
+    trace::TraceFile file;
+    trace::RingHeader& header = file.header;
+    header.pid = hello.pid;
+    header.rank = hello.rank;
+    header.world = hello.world;
+    header.localRank = hello.localRank;
+    header.anchorMonotonicNs = hello.anchorMonotonicNs;
+    header.anchorRealtimeNs = hello.anchorRealtimeNs;
+    std::memcpy(header.host, hello.host, sizeof header.host);
+    std::memcpy(header.jobId, hello.jobId, sizeof header.jobId);
+    header.host[sizeof header.host - 1] = header.jobId[sizeof header.jobId - 1] = '\0';
+    file.usable = true;
+    file.path = std::string(hello.tracePath, strnlen(hello.tracePath, sizeof hello.tracePath));
+    processes_.push_back(process);
+    files_.push_back(std::move(file));
+  }
+  Process& process = processes_[static_cast<size_t>(found->second)];
+  if (process.connected) return -1;  // one connection per process
+  process.connected = true;
+  process.connection = static_cast<int>(connection);
+  counters_.agents++;
+  counters_.connected++;
+  wanted_ = true;
+  return found->second;
+}
+
+// Keeps the newest copy of each ring index, the newest `window` indices of the process.
+void Triage::store(size_t index, const trace::CallRecord& record) {
+  Process& process = processes_[index];
+  std::vector<trace::CallRecord>& records = files_[index].records;
+  size_t before = records.size();
+  int64_t wall = analysis::latestTime(record);
+  wall = wall == 0 ? 0 : wall + process.toWall;
+  if (record.ringIndex >= process.firstNewIndex) {
+    if (triage_.observe(record, wall)) wanted_ = true;
+    process.firstNewIndex = record.ringIndex + 1;
+  } else {
+    triage_.observeUpdate(wall);  // a state change, or a resend after a reconnect
+  }
+  // Exactly the window and its trim slack: growth by doubling would overshoot the budget.
+  if (records.capacity() == 0) records.reserve(process.window + process.window / 4 + 1);
+  if (records.empty() || record.ringIndex > records.back().ringIndex) {
+    records.push_back(record);
+  } else {
+    auto at = std::lower_bound(records.begin(), records.end(), record.ringIndex,
+                               [](const trace::CallRecord& kept, uint64_t ringIndex) {
+                                 return kept.ringIndex < ringIndex;
+                               });
+    if (at != records.end() && at->ringIndex == record.ringIndex) {
+      *at = record;
+    } else if (at != records.begin() || records.size() < process.window) {
+      records.insert(at, record);
+    }
+  }
+  // Trim in steps of a quarter window, so that each record is moved a few times at most.
+  if (records.size() > process.window + process.window / 4) {
+    records.erase(records.begin(), records.end() - static_cast<std::ptrdiff_t>(process.window));
+  }
+  counters_.recordsHeld += records.size() - before;  // unsigned: wraps right when it shrank
+}
+
+// A process that died on this host took its last unsent calls with it, but its ring file
+// survives: read them from there, so that the verdict shows where it really stopped.
+void Triage::reloadFromFile(size_t index) {
+  trace::TraceFile& known = files_[index];
+  trace::TraceFile file = trace::readTraceFile(known.path);
+  if (!file.usable || file.header.pid != known.header.pid) return;
+  if (!file.comms.empty()) {
+    known.comms = file.comms;
+    for (const trace::CommInfo& comm : file.comms) triage_.addComm(comm);
+  }
+  for (const trace::CallRecord& record : file.records) store(index, record);
+  known.dumps = std::move(file.dumps);
+}
+
+bool Triage::frame(int processIndex, wire::Frame& frame) {
+  size_t index = static_cast<size_t>(processIndex);
+  Process& process = processes_[index];
+  trace::TraceFile& file = files_[index];
+  switch (frame.type) {
+    case wire::FrameType::kComms:
+      file.comms.clear();
+      for (const trace::CommInfo& comm : frame.comms) {
+        if (comm.commHash == 0 || comm.nranks <= 0) continue;
+        file.comms.push_back(comm);
+        triage_.addComm(comm);
+      }
+      wanted_ = true;
+      break;
+    case wire::FrameType::kRecords:
+      for (const trace::CallRecord& record : frame.records) store(index, record);
+      counters_.records += frame.records.size();
+      activity_ |= !frame.records.empty();
+      break;
+    case wire::FrameType::kSites: {
+      std::string why;
+      trace::parsePythonSites(frame.reason, &file.pythonSites, &why);  // keeps the good lines
+      break;
+    }
+    case wire::FrameType::kWaits:
+      // The whole current set: where this rank's pending calls wait inside NCCL.
+      file.waits = std::move(frame.waits);
+      wanted_ = true;
+      break;
+    case wire::FrameType::kBye:
+      process.saidBye = true;
+      file.header.cleanShutdown = 1;
+      wanted_ = true;
+      break;
+    default:
+      return false;  // HELLO twice, or a collector's frame from an agent
+  }
+  return true;
+}
+
+void Triage::closed(int index) {
+  Process& process = processes_[static_cast<size_t>(index)];
+  process.connected = false;
+  process.connection = -1;
+  counters_.connected--;
+  if (!process.saidBye) {
+    process.goneNs = steadyNs();
+    const trace::TraceFile& file = files_[static_cast<size_t>(index)];
+    process.goneForSure = analysis::onThisHost(file) && !analysis::runningHere(file);
+    if (process.goneForSure) reloadFromFile(static_cast<size_t>(index));
+  }
+  wanted_ = true;  // a rank gone without BYE may be a dead rank
+}
+
+void Triage::tick(int64_t now) {
+  if (!pendingAborts_.empty()) sendDueAborts(now);
+  if (now >= nextAdoptNs_) {
+    nextAdoptNs_ = now + 500 * kMs;
+    adoptTraceFiles(now);
+  }
+  maybeAnalyze(now);
+}
+
+// A job whose ranks were killed gets no last pass: killed ranks never sent their last calls,
+// and a verdict drawn from that could blame the wrong rank (`ncclwatch inspect` reads their
+// complete files instead).
+void Triage::finish() {
+  if (processes_.empty()) return;
+  adoptTraceFiles(steadyNs());
+  for (const Process& process : processes_) {
+    if (!process.saidBye && !(process.adopted && !process.adoptedAlive && !process.connected)) {
+      return;
+    }
+  }
+  for (const trace::TraceFile& file : files_) {
+    if (file.header.cleanShutdown == 0) return;
+  }
+  analyze(steadyNs(), true);
+}
+
+void Triage::report(const analysis::Verdict& verdict, const analysis::JobReport& job) {
+  std::ostringstream text;
+  analysis::printVerdictText(verdict, text, analysis::TextStyle{options_.colour});
+  if (verdict.divergenceNs > 0 && verdict.detectionNs >= verdict.divergenceNs) {
+    text << "  (reported " << (verdict.detectionNs - verdict.divergenceNs) / kMs
+         << " ms after the divergent call)\n";
+  }
+  if (!options_.directory.empty()) {
+    std::ofstream jsonl(options_.directory + "/verdicts.jsonl", std::ios::app);
+    jsonl << analysis::verdictJson(verdict, job.jobId, job.attempt) << "\n";
+  }
+  out_ << text.str() << std::flush;
+  // Every involved rank dumps, so that its trace file shows where each one was.
+  std::set<int> involved(verdict.culprits.begin(), verdict.culprits.end());
+  for (const analysis::RankClass& rankClass : verdict.classes) {
+    involved.insert(rankClass.ranks.begin(), rankClass.ranks.end());
+  }
+  std::string reason = std::string("collector: ") + analysis::kindName(verdict.kind) + " on comm " +
+                       analysis::hashText(verdict.comm.hash) + " at call #" +
+                       std::to_string(verdict.seq) + ": " + verdict.explanation;
+  // With --abort, the communicators the verdict involves are aborted on every rank that has
+  // them, so that nobody stays blocked in them: the verdict's own, and for a dead rank every
+  // communicator it belonged to (its partners wait in those too).
+  std::set<uint64_t> toAbort;
+  if (options_.abortOnVerdict && verdict.kind != analysis::VerdictKind::kStraggler) {
+    toAbort.insert(verdict.comm.hash);
+    if (verdict.kind == analysis::VerdictKind::kDeadRank) {
+      for (const trace::TraceFile& file : files_) {
+        bool culprit = std::find(verdict.culprits.begin(), verdict.culprits.end(),
+                                 file.header.rank) != verdict.culprits.end();
+        if (!culprit || std::string(file.header.jobId) != job.jobId) continue;
+        for (const trace::CommInfo& comm : file.comms) toAbort.insert(comm.commHash);
+      }
+    }
+  }
+  // The aborts go out a little after the dump requests: a rank that aborts fails and exits at
+  // once, its launcher stops the job, and ranks still taking their dump would lose it.
+  int64_t abortAt = steadyNs() + kAbortAfterDumpNs;
+  for (size_t i = 0; i < processes_.size(); ++i) {
+    const Process& process = processes_[i];
+    if (!process.connected || process.connection < 0) continue;
+    if (std::string(files_[i].header.jobId) != job.jobId) continue;
+    if (involved.count(files_[i].header.rank)) {
+      std::vector<std::byte> frame;
+      wire::encodeDump(reason, frame);
+      connections_->send(static_cast<size_t>(process.connection), frame);
+    }
+    for (const trace::CommInfo& comm : files_[i].comms) {
+      if (toAbort.count(comm.commHash)) pendingAborts_.push_back({i, comm.commHash, abortAt});
+    }
+  }
+}
+
+void Triage::sendDueAborts(int64_t now) {
+  // A process's due aborts go out in one write, so that its agent reads them together and can
+  // abort the communicator its rank is blocked in first (an abort may wait for the device).
+  std::vector<PendingAbort> later;
+  std::map<size_t, std::vector<std::byte>> frames;  // connection -> its abort frames
+  for (const PendingAbort& abort : pendingAborts_) {
+    if (abort.dueNs > now) {
+      later.push_back(abort);
+      continue;
+    }
+    const Process& process = processes_[abort.process];
+    if (!process.connected || process.connection < 0) continue;
+    std::vector<std::byte> frame;
+    wire::encodeAbort(abort.commHash, frame);
+    std::vector<std::byte>& batch = frames[static_cast<size_t>(process.connection)];
+    batch.insert(batch.end(), frame.begin(), frame.end());
+  }
+  for (const auto& [connection, batch] : frames) connections_->send(connection, batch);
+  pendingAborts_ = std::move(later);
+}
+
+// Whether every culprit of the verdict has ended (BYE, or a process known to be gone): nothing
+// it could still send would change the verdict, so it need not wait to settle (a launcher that
+// stops the other ranks after a crash would otherwise end the job first).
+bool Triage::culpritsEnded(const analysis::Verdict& verdict, const analysis::JobReport& job) const {
+  for (int culprit : verdict.culprits) {
+    bool ended = false;
+    for (size_t i = 0; i < processes_.size(); ++i) {
+      if (files_[i].header.rank == culprit && std::string(files_[i].header.jobId) == job.jobId) {
+        ended |= processes_[i].ended();
+      }
+    }
+    if (!ended) return false;
+  }
+  return !verdict.culprits.empty();
+}
+
+void Triage::maybeAnalyze(int64_t now) {
+  if (now < nextCheckNs_) return;
+  nextCheckNs_ = now + options_.analyzeEveryMs * kMs;
+  // Time-based verdicts (missing, stuck, deadlock, dead rank) need passes while nothing moves.
+  bool quiet = counters_.connected.load() > 0 && triage_.lastActivityNs() > 0 &&
+               realtimeNs() - triage_.lastActivityNs() >= options_.quietMs * kMs;
+  int64_t since = now - lastAnalysisNs_;
+  // Each pass's cost paces the next: a divergence, a settling verdict or a quiet job may use a
+  // quarter of a core; plain activity a tenth (a healthy job of thousands of ranks costs little).
+  bool urgent = wanted_ || !candidates_.empty();
+  bool due = (urgent && since >= 3 * lastCostNs_) ||
+             (quiet && since >= std::max<int64_t>(200 * kMs, 3 * lastCostNs_)) ||
+             (activity_ && since >= 9 * lastCostNs_) ||
+             since >= std::max<int64_t>(2000 * kMs, 20 * lastCostNs_);
+  if (!due || processes_.empty()) return;
+  wanted_ = activity_ = false;
+  analyze(now);
+  int64_t end = steadyNs();
+  lastCostNs_ = end - now;
+  counters_.analysisNs += static_cast<uint64_t>(lastCostNs_);
+  lastAnalysisNs_ = end;
+}
+
+void Triage::analyze(int64_t now, bool final) {
+  analysis::Options analysisOptions;
+  analysisOptions.nowNs = realtimeNs();
+  analysisOptions.quietNs = options_.quietMs * kMs;
+  analysisOptions.probeProcesses = false;
+  bool graceRunning = false;
+  for (size_t i = 0; i < processes_.size(); ++i) {
+    const Process& process = processes_[i];
+    bool inGrace = !process.connected && !process.saidBye && !process.goneForSure &&
+                   !process.adopted && now - process.goneNs < kReconnectGraceNs;
+    graceRunning |= inGrace;
+    if ((process.connected && !process.saidBye) || inGrace ||
+        (process.adopted && !process.connected && process.adoptedAlive)) {
+      analysisOptions.aliveRanks.push_back(files_[i].header.rank);
+    }
+  }
+  if (graceRunning) wanted_ = true;  // look again once the grace is over
+  counters_.analyses++;
+  analysis::Report result = analysis::analyze(files_, analysisOptions);
+  // A verdict is said once every member of its communicator has issued the call, or once it
+  // has held, with the same culprits, for settleMs: ranks report a little apart, and a verdict
+  // drawn before the last of them has spoken can blame the wrong one.
+  std::map<std::string, Candidate> seen;
+  for (const analysis::JobReport& job : result.jobs) {
+    for (const analysis::Verdict& verdict : job.verdicts) {
+      if (!verdict.primary) continue;
+      std::string key = job.jobId + "/" + std::to_string(job.attempt) + "/" +
+                        analysis::kindName(verdict.kind) + "/" +
+                        analysis::hashText(verdict.comm.hash) + "/" + std::to_string(verdict.seq);
+      if (reported_.count(key)) continue;
+      std::string culprits = analysis::formatRanks(verdict.culprits);
+      auto previous = candidates_.find(key);
+      int64_t since = previous != candidates_.end() && previous->second.culprits == culprits
+                          ? previous->second.sinceNs
+                          : now;
+      seen[key] = Candidate{culprits, since};
+      bool settled =
+          final || now - since >= options_.settleMs * kMs ||
+          (verdict.kind == analysis::VerdictKind::kMismatch && everyMemberSpoke(verdict, job)) ||
+          ((verdict.kind == analysis::VerdictKind::kDeadRank ||
+            verdict.kind == analysis::VerdictKind::kError) &&
+           culpritsEnded(verdict, job));
+      if (!settled) continue;
+      reported_.insert(key);
+      seen.erase(key);
+      counters_.verdicts++;
+      report(verdict, job);
+    }
+  }
+  candidates_ = std::move(seen);
+}
+
+// Whether a trace file found in the folder belongs to the attempt the collector watches: its
+// rank is not known yet, and it started with the known ranks (a restarted job reuses its id and
+// folder; the earlier attempt's files are older).
+bool Triage::sameAttempt(const trace::RingHeader& header) const {
+  int64_t earliest = INT64_MAX;
+  for (size_t i = 0; i < files_.size(); ++i) {
+    const trace::RingHeader& known = files_[i].header;
+    if (std::strncmp(known.jobId, header.jobId, sizeof known.jobId) != 0) continue;
+    if (known.rank == header.rank && known.pid != header.pid) return false;
+    if (!processes_[i].adopted) earliest = std::min(earliest, known.anchorRealtimeNs);
+  }
+  return earliest == INT64_MAX || header.anchorRealtimeNs >= earliest - 60'000 * kMs;
+}
+
+bool Triage::jobMissesRanks() const {
+  std::map<std::string, std::pair<int, std::set<int>>> jobs;  // job -> (world, ranks known)
+  for (const trace::TraceFile& file : files_) {
+    auto& job = jobs[file.header.jobId];
+    job.first = std::max(job.first, file.header.world);
+    job.second.insert(file.header.rank);
+  }
+  for (const auto& [id, job] : jobs) {
+    if (static_cast<int>(job.second.size()) < job.first) return true;
+  }
+  return false;
+}
+
+void Triage::adoptTraceFiles(int64_t now) {
+  if (options_.directory.empty() || processes_.empty()) return;
+  // Processes that left without BYE while they still mapped their file (exiting): gone now?
+  for (size_t i = 0; i < processes_.size(); ++i) {
+    Process& process = processes_[i];
+    if (process.connected || process.saidBye || process.goneForSure || process.adopted) continue;
+    if (analysis::onThisHost(files_[i]) && !analysis::runningHere(files_[i])) {
+      process.goneForSure = true;
+      reloadFromFile(i);
+      wanted_ = true;
+    }
+  }
+  bool rereadAdopted = false;
+  for (const Process& process : processes_) {
+    rereadAdopted |= process.adopted && process.adoptedAlive && !process.connected;
+  }
+  if (!rereadAdopted && !jobMissesRanks()) return;
+  std::set<std::string> jobIds;
+  for (const trace::TraceFile& file : files_) jobIds.insert(file.header.jobId);
+  // Files known already (by name: <host>-<pid>.ncclwatch), except adopted ones that may still
+  // grow; only this host's (a shared folder holds every host's); a few new ones per scan.
+  std::set<std::string> known;
+  for (size_t i = 0; i < files_.size(); ++i) {
+    const Process& process = processes_[i];
+    if (process.adopted && process.adoptedAlive && !process.connected) continue;
+    known.insert(std::filesystem::path(files_[i].path).filename().string());
+  }
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  std::string prefix = std::string(host) + "-";
+  int reads = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(options_.directory, error)) {
+    std::string name = entry.path().filename().string();
+    if (entry.path().extension() != ".ncclwatch" || name.rfind(prefix, 0) != 0 ||
+        known.count(name) || foreignFiles_.count(name)) {
+      continue;
+    }
+    if (++reads > 64) break;
+    std::string path = entry.path().string();
+    trace::TraceFile file = trace::readTraceFile(path);
+    if (!file.usable) continue;  // not (yet) a trace: look again next time
+    if (!jobIds.count(file.header.jobId) || !analysis::onThisHost(file) ||
+        !sameAttempt(file.header)) {
+      foreignFiles_.insert(name);  // another job's, or an earlier attempt's: never read again
+      continue;
+    }
+    auto key = std::make_tuple(std::string(file.header.jobId), file.header.rank, file.header.pid);
+    auto found = processIndex_.find(key);
+    size_t index = 0;
+    if (found == processIndex_.end()) {
+      if (processes_.size() >= 4 * options_.maxAgents) return;
+      Process process;
+      process.adopted = true;
+      size_t share = options_.maxRecords / static_cast<size_t>(std::max(file.header.world, 1));
+      process.window = std::clamp<size_t>(share, 256, 65536);
+      process.toWall = file.header.anchorRealtimeNs - file.header.anchorMonotonicNs;
+      index = processes_.size();
+      processIndex_.emplace(key, static_cast<int>(index));
+      processes_.push_back(process);
+      trace::TraceFile known;
+      known.header = file.header;
+      known.path = path;
+      known.usable = true;
+      files_.push_back(std::move(known));
+    } else {
+      index = static_cast<size_t>(found->second);
+      if (!processes_[index].adopted || processes_[index].connected) continue;
+    }
+    Process& process = processes_[index];
+    bool alive = file.header.cleanShutdown == 0 && analysis::runningHere(file);
+    files_[index].header.cleanShutdown = file.header.cleanShutdown;
+    if (!alive && !process.adoptedAlive && found != processIndex_.end()) continue;  // read before
+    process.adoptedAlive = alive;
+    if (!file.comms.empty()) {
+      files_[index].comms = file.comms;
+      for (const trace::CommInfo& comm : file.comms) triage_.addComm(comm);
+    }
+    for (const trace::CallRecord& record : file.records) store(index, record);
+    files_[index].dumps = std::move(file.dumps);
+    wanted_ = true;
+  }
+  (void)now;
+}
+
+}  // namespace ncclwatch::collect

@@ -1,0 +1,114 @@
+// The collector's triage (docs/protocol.md, "The collector"): who each agent is, each rank's
+// bounded window of calls as a TraceFile, the incremental triage that says when the full
+// analysis must run, the analysis passes paced by their cost, when a verdict is said, and what
+// it sets off (stderr, verdicts.jsonl, DUMP and ABORT requests). The bytes on the wire are
+// collect_connections.h's.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <ostream>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "analysis/analyze.h"
+#include "analysis/live_triage.h"
+#include "collect.h"
+#include "collect_connections.h"
+#include "trace/ring_reader.h"
+
+namespace ncclwatch::collect {
+
+// What the collector knows of one process (one rank of one job attempt). Its calls are
+// Triage::files_[i]: the newest `window` of them, in ring-index order, as the analysis reads
+// them.
+struct Process {
+  size_t window = 0;
+  uint64_t firstNewIndex = 0;  // ring indices below it arrived before: later copies are updates
+  int64_t toWall = 0;          // add to a record time for the wall clock
+  bool connected = false;
+  bool saidBye = false;
+  int connection = -1;
+  // A connection that ended without BYE: when, and whether the process is certainly gone (it ran
+  // on this host and no longer maps its trace). Otherwise it counts as alive for a grace period,
+  // long enough for an agent to reconnect after a network hiccup.
+  int64_t goneNs = 0;
+  bool goneForSure = false;
+  // Known only from its trace file in the collector's folder (it never connected: it ended, or
+  // crashed, before it reached the collector); read again while it runs.
+  bool adopted = false;
+  bool adoptedAlive = false;
+  // Nothing it could still send changes what it did: it said BYE or is gone for sure.
+  bool ended() const { return saidBye || goneForSure || (adopted && !adoptedAlive); }
+};
+
+class Triage : public FrameSink {
+ public:
+  // `out` receives the verdicts' text; `startedRealtimeNs` tells a newer job's agents.
+  Triage(const Options& options, Counters& counters, std::ostream& out, int64_t startedRealtimeNs)
+      : options_(options), counters_(counters), out_(out), startedRealtimeNs_(startedRealtimeNs) {}
+  // Where DUMP and ABORT requests go; set before the first frame.
+  void setConnections(Connections* connections) { connections_ = connections; }
+
+  int hello(size_t connection, const trace::wire::Hello& hello) override;
+  bool frame(int process, trace::wire::Frame& frame) override;
+  void closed(int process) override;
+
+  // Housekeeping of one loop round: due aborts, the folder's trace files, an analysis pass
+  // when one is due.
+  void tick(int64_t now);
+  // At the end, once the in-flight frames are read: when every rank ended normally, one last
+  // pass that says whatever it finds.
+  void finish();
+
+ private:
+  void store(size_t process, const trace::CallRecord& record);
+  void reloadFromFile(size_t process);
+  void maybeAnalyze(int64_t now);
+  // `final`: the job is over (every rank said BYE): every verdict is said, none waits to settle.
+  void analyze(int64_t now, bool final = false);
+  // Reads the trace files in the collector's folder of ranks that never connected (or that
+  // ended while it thought them alive): a rank that crashed before its first exchange is still
+  // evidence, as `ncclwatch inspect` sees it.
+  void adoptTraceFiles(int64_t now);
+  bool jobMissesRanks() const;
+  bool sameAttempt(const trace::RingHeader& header) const;
+  void report(const analysis::Verdict& verdict, const analysis::JobReport& job);
+  bool culpritsEnded(const analysis::Verdict& verdict, const analysis::JobReport& job) const;
+  void sendDueAborts(int64_t now);
+
+  const Options& options_;
+  Counters& counters_;
+  std::ostream& out_;
+  int64_t startedRealtimeNs_ = 0;  // a HELLO from a process started later is a newer job's
+  Connections* connections_ = nullptr;
+  std::vector<Process> processes_;
+  std::vector<trace::TraceFile> files_;                            // parallel to processes_
+  std::map<std::tuple<std::string, int, int>, int> processIndex_;  // (job, rank, pid)
+  analysis::LiveTriage triage_;
+  std::set<std::string> reported_;  // verdict keys already said
+  struct Candidate {
+    std::string culprits;
+    int64_t sinceNs;
+  };
+  std::map<std::string, Candidate> candidates_;  // verdicts seen, not yet settled
+  // What asks for an analysis pass: a divergence the triage saw or a member joining or leaving
+  // (`wanted_`), or any new record (`activity_`). Passes are paced by their own cost.
+  bool wanted_ = false;
+  bool activity_ = false;
+  int64_t nextCheckNs_ = 0;
+  int64_t lastAnalysisNs_ = 0;
+  int64_t lastCostNs_ = 0;
+  int64_t nextAdoptNs_ = 0;
+  std::set<std::string> foreignFiles_;  // trace files in the folder that are not this job's
+  struct PendingAbort {
+    size_t process;
+    uint64_t commHash;
+    int64_t dueNs;
+  };
+  std::vector<PendingAbort> pendingAborts_;
+};
+
+}  // namespace ncclwatch::collect
