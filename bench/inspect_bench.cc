@@ -1,6 +1,7 @@
 // Times the cross-rank analysis on synthetic traces: 1024 ranks x 16384 records (a hybrid
 // TP/DP/world training loop with p2p), with one rank's last bucket of the wrong size so that
-// every check runs. Budget: 3 s on a 2-core machine. Usage: inspect_bench [RANKS] [RECORDS]
+// every check runs. Budget: 3 s on a 2-core machine. Then the timing side (computeStragglers) on
+// the same traces. Usage: inspect_bench [RANKS] [RECORDS]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "analysis/analyze.h"
+#include "analysis/timing.h"
 #include "trace/fingerprint.h"
 
 namespace {
@@ -110,5 +112,12 @@ int main(int argc, char** argv) {
     std::printf("first verdict: %s, culprits %s\n", ncclwatch::analysis::kindName(v.kind),
                 ncclwatch::analysis::formatRanks(v.culprits).c_str());
   }
+  // The timing side (`ncclwatch stragglers`, timeline) on the same traces: collectives matched
+  // across ranks, clocks aligned, lateness per rank.
+  start = std::chrono::steady_clock::now();
+  ncclwatch::analysis::StragglerReport stragglers = ncclwatch::analysis::computeStragglers(files);
+  seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("stragglers: %.3f s, %.1f M records/s, %zu comms\n", seconds, total / seconds / 1e6,
+              stragglers.comms.size());
   return 0;
 }
