@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -92,7 +93,7 @@ void JobAnalysis::buildComms() {
       comm.members.push_back(std::move(m));
     }
     // p2p calls seen so far per (comm, peer, direction): their highest p2pSeq
-    std::vector<absl::flat_hash_map<int64_t, uint64_t>> p2pMax(mine.size());
+    std::vector<std::unordered_map<int64_t, uint64_t>> p2pMax(mine.size());
     std::vector<uint64_t> p2pSum(mine.size(), 0);
     uint64_t lastHash = 0;
     int lastSlot = -1;

@@ -7,6 +7,8 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -37,7 +39,7 @@ void JobAnalysis::checkErrors() {
   std::map<uint64_t, std::vector<Failure>> byComm;  // comm hash -> unrecovered failures
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
     const auto& records = procs_[p].file->records;
-    absl::flat_hash_map<uint64_t, uint32_t> failed;  // comm -> first unrecovered failure
+    std::unordered_map<uint64_t, uint32_t> failed;  // comm -> first unrecovered failure
     for (uint32_t i = 0; i < records.size(); ++i) {
       const CallRecord& r = records[i];
       if (r.commHash == 0) continue;

@@ -10,6 +10,8 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -22,12 +24,12 @@ void JobAnalysis::checkGraph() {
   int n = static_cast<int>(procs_.size());
   // Heads: per process and stream, the first pending collective or p2p call (and the rest of
   // its group). A collective at an ordinal some rank completed is not pending (stale state).
-  std::vector<absl::flat_hash_set<uint32_t>> heads(n);
+  std::vector<std::unordered_set<uint32_t>> heads(n);
   std::vector<std::vector<uint32_t>> headList(n);
   for (int p = 0; p < n; ++p) {
     const auto& records = procs_[p].file->records;
-    absl::flat_hash_map<uint64_t, bool> streamDone;  // stream -> head found
-    absl::flat_hash_map<uint64_t, bool> inGroupHead;
+    std::unordered_map<uint64_t, bool> streamDone;  // stream -> head found
+    std::unordered_map<uint64_t, bool> inGroupHead;
     for (uint32_t i = 0; i < records.size(); ++i) {
       const CallRecord& r = records[i];
       if (!(trace::isCollective(r.op) || trace::isPointToPoint(r.op)) || !isPending(r)) continue;
@@ -263,12 +265,12 @@ void JobAnalysis::checkGraph() {
 
 // Stuck sends and receives: both sides of a pair at the heads of their streams, neither
 // completed. When several such pairs share one rank, that rank is where the transfer stalls.
-void JobAnalysis::checkStuckP2p(const std::vector<absl::flat_hash_set<uint32_t>>& heads) {
+void JobAnalysis::checkStuckP2p(const std::vector<std::unordered_set<uint32_t>>& heads) {
   for (const Comm& comm : comms_) checkStuckP2p(comm, heads);
 }
 
 void JobAnalysis::checkStuckP2p(const Comm& comm,
-                                const std::vector<absl::flat_hash_set<uint32_t>>& heads) {
+                                const std::vector<std::unordered_set<uint32_t>>& heads) {
   // A communicator another verdict already explains (a mismatch, an unmatched send) is stuck
   // because of it: saying so again would only be noise.
   bool explained = false;

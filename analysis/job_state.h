@@ -23,11 +23,11 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "analysis/analyze.h"
 #include "trace/fingerprint.h"
 #include "trace/ring_reader.h"
@@ -108,8 +108,8 @@ struct Comm {
   CommDesc desc;
   int kind = 0;
   std::vector<Member> members;
-  absl::flat_hash_map<int, int> byCommRank;  // comm rank -> member index
-  uint64_t maxCompletedOrdinal = 0;          // a collective at or below it finished everywhere
+  std::unordered_map<int, int> byCommRank;  // comm rank -> member index
+  uint64_t maxCompletedOrdinal = 0;         // a collective at or below it finished everywhere
 };
 
 // A send or receive by (comm, sender, receiver, p2pSeq) in comm ranks.
@@ -175,8 +175,8 @@ class JobAnalysis {
 
   // ----- check_wait_for_graph.cc -----
   void checkGraph();
-  void checkStuckP2p(const std::vector<absl::flat_hash_set<uint32_t>>& heads);
-  void checkStuckP2p(const Comm& comm, const std::vector<absl::flat_hash_set<uint32_t>>& heads);
+  void checkStuckP2p(const std::vector<std::unordered_set<uint32_t>>& heads);
+  void checkStuckP2p(const Comm& comm, const std::vector<std::unordered_set<uint32_t>>& heads);
 
   // ----- check_init.cc -----
   void checkInit();
@@ -232,11 +232,11 @@ class JobAnalysis {
   int64_t now_;
   // Per communicator, and where each is by hash.
   std::vector<Comm> comms_;
-  absl::flat_hash_map<uint64_t, int> commIndex_;
-  std::vector<absl::flat_hash_map<uint32_t, uint64_t>>
-      pendingOrdinal_;  // per proc: pending record -> ordinal
-  absl::flat_hash_set<TransferKey, TransferHash> pendingP2p_;    // pending on some side
-  absl::flat_hash_set<TransferKey, TransferHash> completedP2p_;  // ... and completed on another
+  std::unordered_map<uint64_t, int> commIndex_;
+  std::vector<std::unordered_map<uint32_t, uint64_t>>
+      pendingOrdinal_;                                        // per proc: pending record -> ordinal
+  std::unordered_set<TransferKey, TransferHash> pendingP2p_;  // pending on some side
+  std::unordered_set<TransferKey, TransferHash> completedP2p_;  // ... and completed on another
   bool stalled_ = false;
   bool stalledByQuiet_ = false;  // stalled only because nothing moved for quietNs
   bool ended_ = false;

@@ -8,8 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <unordered_map>
 
-#include "absl/container/flat_hash_map.h"
 #include "trace/ring_format.h"
 
 namespace ncclwatch::analysis {
@@ -44,7 +44,7 @@ class LiveTriage {
     std::map<uint64_t, Open> open;  // by collective ordinal (NCCL's per-comm counter)
   };
   size_t maxOpen_;
-  absl::flat_hash_map<uint64_t, Comm> comms_;
+  std::unordered_map<uint64_t, Comm> comms_;
   int64_t lastActivityNs_ = 0;
   uint64_t forgotten_ = 0;
 };

@@ -5,9 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <utility>
-
-#include "absl/container/flat_hash_map.h"
+#include <unordered_map>
 
 #include "analysis/describe.h"
 
@@ -16,6 +14,12 @@ namespace {
 
 using trace::CallRecord;
 using trace::TraceFile;
+
+struct PairHash {
+  size_t operator()(const std::pair<uint64_t, uint64_t>& key) const {
+    return std::hash<uint64_t>()(key.first * 0x9e3779b97f4a7c15ULL ^ key.second);
+  }
+};
 
 int64_t median(std::vector<int64_t> values) {
   if (values.empty()) return 0;
@@ -54,14 +58,14 @@ CommDesc describeComm(const TraceFile& file, const trace::CommInfo& info) {
 }  // namespace
 
 std::vector<CollectiveInstance> matchCollectives(std::span<const TraceFile> files) {
-  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, size_t> index;
+  std::unordered_map<std::pair<uint64_t, uint64_t>, size_t, PairHash> index;
   std::vector<CollectiveInstance> instances;
   for (size_t f = 0; f < files.size(); ++f) {
     const TraceFile& file = files[f];
     if (!file.usable) continue;
-    absl::flat_hash_map<uint64_t, int> sizes;
+    std::unordered_map<uint64_t, int> sizes;
     for (const trace::CommInfo& info : file.comms) sizes[info.commHash] = info.nranks;
-    absl::flat_hash_map<uint64_t, uint64_t> p2pBefore;
+    std::unordered_map<uint64_t, uint64_t> p2pBefore;
     for (size_t r = 0; r < file.records.size(); ++r) {
       const CallRecord& record = file.records[r];
       if (trace::isPointToPoint(record.op)) {
