@@ -46,7 +46,8 @@ void JobAnalysis::checkErrors() {
       if (isFailed(r)) {
         failed.try_emplace(r.commHash, i);
       } else if (r.state == RecordState::kCompleted && !isTeardown(r.op) && r.op != OpKind::kInit) {
-        failed.erase(r.commHash);  // a later call on it worked: the rank went on
+        // A later call on it worked: the rank went on. Most ranks never fail: skip the lookup.
+        if (!failed.empty()) failed.erase(r.commHash);
       }
     }
     for (auto [hash, index] : failed) byComm[hash].push_back({p, index});
