@@ -1,0 +1,208 @@
+// Alignment: each communicator's members on their non-p2p call ordinals (seq minus the p2p calls
+// before it), p2p calls keyed on (sender, receiver, p2pSeq), and where each process waits.
+#include "analysis/job_state.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "analysis/describe.h"
+
+namespace ncclwatch::analysis::internal {
+
+uint32_t JobAnalysis::waitPoint(int p) const {
+  const Proc& proc = procs_[p];
+  for (uint32_t i = 0; i < proc.file->records.size(); ++i) {
+    if (isPending(proc.rec(i)) && !impliedDone(p, i)) return i;
+  }
+  return kNone;
+}
+
+bool JobAnalysis::impliedDone(int p, uint32_t i) const {
+  const CallRecord& r = procs_[p].rec(i);
+  if (trace::isPointToPoint(r.op)) {
+    // A send or receive whose other side completed is done, whatever this side last recorded
+    // (a process that died right after may never have seen its own completion).
+    auto member = memberRank(p, r.commHash);
+    if (member < 0 || r.p2pSeq == 0) return false;
+    bool send = r.op == OpKind::kSend;
+    return completedP2p_.count({r.commHash, send ? member : r.rootOrPeer,
+                                send ? r.rootOrPeer : member, r.p2pSeq}) > 0;
+  }
+  auto it = pendingOrdinal_[p].find(i);
+  if (it == pendingOrdinal_[p].end()) return false;
+  auto c = commIndex_.find(procs_[p].rec(i).commHash);
+  return c != commIndex_.end() && trace::isCollective(procs_[p].rec(i).op) &&
+         it->second <= comms_[c->second].maxCompletedOrdinal;
+}
+
+CallDesc JobAnalysis::whereIs(int p) const {
+  uint32_t w = waitPoint(p);
+  CallDesc d;
+  if (w != kNone) {
+    d = describe(procs_[p], w);
+    d.note = "waits here";
+    return d;
+  }
+  const Proc& proc = procs_[p];
+  if (proc.alive) {
+    d.note = "no NCCL call pending (busy elsewhere, or silent)";
+  } else if (proc.clean) {
+    d.note = "process exited cleanly";
+  } else {
+    d.note = "process ended without a clean shutdown (crashed, exited or killed), nothing pending";
+  }
+  return d;
+}
+
+void JobAnalysis::buildComms() {
+  pendingOrdinal_.assign(procs_.size(), {});
+  for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
+    const Proc& proc = procs_[p];
+    // this process's members, by comm hash; usually a handful, so a small vector
+    std::vector<std::pair<uint64_t, std::pair<int, int>>> mine;  // hash -> (comm, member)
+    auto memberOf = [&](uint64_t hash) -> std::pair<int, int> {
+      for (auto& [h, cm] : mine) {
+        if (h == hash) return cm;
+      }
+      return {-1, -1};
+    };
+    for (const trace::CommInfo& info : proc.file->comms) {
+      if (memberOf(info.commHash).first >= 0) continue;
+      auto [it, inserted] = commIndex_.try_emplace(info.commHash, static_cast<int>(comms_.size()));
+      if (inserted) {
+        Comm comm;
+        comm.hash = info.commHash;
+        comm.desc.hash = info.commHash;
+        comm.desc.size = info.nranks;
+        comm.desc.parent = info.parentHash;
+        comm.desc.color = info.color;
+        comm.kind = info.kind;
+        comm.desc.name.assign(info.name, strnlen(info.name, sizeof info.name));
+        comms_.push_back(std::move(comm));
+      }
+      Comm& comm = comms_[it->second];
+      Member m;
+      m.proc = p;
+      m.commRank = info.rank;
+      comm.byCommRank[info.rank] = static_cast<int>(comm.members.size());
+      mine.push_back({info.commHash, {it->second, static_cast<int>(comm.members.size())}});
+      comm.members.push_back(std::move(m));
+    }
+    // p2p calls seen so far per (comm, peer, direction): their highest p2pSeq
+    std::vector<std::unordered_map<int64_t, uint64_t>> p2pMax(mine.size());
+    std::vector<uint64_t> p2pSum(mine.size(), 0);
+    uint64_t lastHash = 0;
+    int lastSlot = -1;
+    const auto& records = proc.file->records;
+    for (uint32_t i = 0; i < records.size(); ++i) {
+      const CallRecord& r = records[i];
+      if (!isSequenced(r)) continue;
+      int slot = -1;
+      if (r.commHash == lastHash && lastSlot >= 0) {
+        slot = lastSlot;
+      } else {
+        for (int s = 0; s < static_cast<int>(mine.size()); ++s) {
+          if (mine[s].first == r.commHash) slot = s;
+        }
+        lastHash = r.commHash;
+        lastSlot = slot;
+      }
+      if (slot < 0) continue;  // a comm missing from the table (table full)
+      Comm& comm = comms_[mine[slot].second.first];
+      Member& m = comm.members[mine[slot].second.second];
+      m.maxSeq = std::max(m.maxSeq, r.seq);
+      bool pending = isPending(r);
+      if (pending) {
+        ++m.pendingCount;
+        m.prefixBroken = true;
+      } else if (!m.prefixBroken) {
+        m.completedSeq = r.seq;
+      }
+      if (trace::isPointToPoint(r.op)) {
+        m.p2p.push_back(i);
+        if (pending && r.p2pSeq != 0) {
+          bool send = r.op == OpKind::kSend;
+          pendingP2p_.insert({r.commHash, send ? m.commRank : r.rootOrPeer,
+                              send ? r.rootOrPeer : m.commRank, r.p2pSeq});
+        }
+        int64_t key = (static_cast<int64_t>(r.rootOrPeer) << 1) | (r.op == OpKind::kSend ? 1 : 0);
+        uint64_t& mx = p2pMax[slot][key];
+        if (r.p2pSeq > mx) {
+          p2pSum[slot] += r.p2pSeq - mx;
+          mx = r.p2pSeq;
+        }
+        continue;
+      }
+      if (r.seq <= p2pSum[slot]) continue;  // inconsistent: skip
+      uint64_t ordinal = r.seq - p2pSum[slot];
+      if (m.coll.empty()) m.base = ordinal;
+      if (ordinal < m.base) continue;
+      uint64_t pos = ordinal - m.base;
+      if (pos >= m.coll.size()) m.coll.resize(pos + 1, kNone);
+      m.coll[pos] = i;
+      if (pending) pendingOrdinal_[p][i] = ordinal;
+      if (r.state == RecordState::kCompleted && trace::isCollective(r.op)) {
+        comm.maxCompletedOrdinal = std::max(comm.maxCompletedOrdinal, ordinal);
+      }
+    }
+  }
+  // Which pending transfers the other side completed (a second pass: the other side may come
+  // first in the files). Only pending ones are kept: they are few, the completed ones millions.
+  if (!pendingP2p_.empty()) {
+    for (const Comm& comm : comms_) {
+      for (const Member& m : comm.members) {
+        for (uint32_t i : m.p2p) {
+          const CallRecord& r = procs_[m.proc].rec(i);
+          if (r.state != RecordState::kCompleted || r.p2pSeq == 0) continue;
+          bool send = r.op == OpKind::kSend;
+          TransferKey key{r.commHash, send ? m.commRank : r.rootOrPeer,
+                          send ? r.rootOrPeer : m.commRank, r.p2pSeq};
+          if (pendingP2p_.count(key)) completedP2p_.insert(key);
+        }
+      }
+    }
+  }
+  // Names: a root comm spanning every process of the job is the world.
+  for (Comm& comm : comms_) {
+    if (comm.desc.name.empty() && comm.desc.parent == 0 &&
+        comm.desc.size == static_cast<int>(procs_.size()) && procs_.size() > 0) {
+      comm.desc.name = "world";
+    }
+  }
+}
+
+// ncclCommShrink: the excluded ranks never call it and owe the parent nothing from there on
+// (they typically failed, or leave). Their later calls on the parent (a destroy) are not a
+// divergence: alignment stops for them at the survivors' shrink.
+void JobAnalysis::excludeShrunkMembers() {
+  for (const Comm& child : comms_) {
+    if (child.kind != static_cast<int>(OpKind::kShrink) || child.desc.parent == 0) continue;
+    if (static_cast<int>(child.members.size()) != child.desc.size) continue;  // not all known
+    auto parentAt = commIndex_.find(child.desc.parent);
+    if (parentAt == commIndex_.end()) continue;
+    Comm& parent = comms_[parentAt->second];
+    std::set<int> survivors;
+    for (const Member& m : child.members) survivors.insert(m.proc);
+    uint64_t shrinkOrdinal = 0;
+    for (const Member& m : parent.members) {
+      if (!survivors.count(m.proc)) continue;
+      for (size_t i = 0; i < m.coll.size() && shrinkOrdinal == 0; ++i) {
+        if (m.coll[i] != kNone && procs_[m.proc].rec(m.coll[i]).op == OpKind::kShrink) {
+          shrinkOrdinal = m.base + i;
+        }
+      }
+      if (shrinkOrdinal != 0) break;
+    }
+    if (shrinkOrdinal == 0) continue;
+    for (Member& m : parent.members) {
+      if (survivors.count(m.proc) || m.coll.empty() || m.lastOrdinal() < shrinkOrdinal) continue;
+      m.coll.resize(shrinkOrdinal > m.base ? shrinkOrdinal - m.base : 0);
+    }
+  }
+}
+
+}  // namespace ncclwatch::analysis::internal

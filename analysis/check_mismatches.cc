@@ -1,0 +1,451 @@
+// Structural checks that need no timing: members of a communicator that disagree at one
+// ordinal (op, count, dtype, reduction, root), and split colours that break a regular layout.
+#include "analysis/job_state.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "analysis/describe.h"
+
+namespace ncclwatch::analysis::internal {
+
+namespace {
+
+std::vector<std::string> differingFields(const std::vector<CallDesc>& calls) {
+  std::vector<std::string> fields;
+  auto differs = [&](auto get) {
+    for (const CallDesc& c : calls) {
+      if (get(c) != get(calls[0])) return true;
+    }
+    return false;
+  };
+  if (differs([](const CallDesc& c) { return static_cast<int>(c.op); })) {
+    fields.push_back("op");
+    return fields;
+  }
+  if (differs([](const CallDesc& c) { return c.count; })) fields.push_back("count");
+  if (differs([](const CallDesc& c) { return c.dtype; })) fields.push_back("dtype");
+  if (trace::hasReduction(calls[0].op) && differs([](const CallDesc& c) { return c.redop; })) {
+    fields.push_back("redop");
+  }
+  if ((trace::hasRoot(calls[0].op) || trace::isPointToPoint(calls[0].op)) &&
+      differs([](const CallDesc& c) { return c.rootOrPeer; })) {
+    fields.push_back(trace::hasRoot(calls[0].op) ? "root" : "peer");
+  }
+  return fields;
+}
+
+// Whether NCCL completes a collective on which the ranks made these calls, with wrong data:
+// the same operation, root and byte size, different only in element type or reduction (NCCL
+// moves bytes and checks neither).
+bool corrupts(const std::vector<CallDesc>& calls) {
+  if (calls.size() < 2 || !trace::isCollective(calls[0].op)) return false;
+  bool typeOrReduction = false;
+  for (const CallDesc& c : calls) {
+    if (c.op != calls[0].op || c.rootOrPeer != calls[0].rootOrPeer) return false;
+    int bytes = trace::dtypeBytes(c.dtype), firstBytes = trace::dtypeBytes(calls[0].dtype);
+    if (bytes == 0 || c.count * bytes != calls[0].count * firstBytes) return false;
+    typeOrReduction |= c.dtype != calls[0].dtype || c.redop != calls[0].redop;
+  }
+  return typeOrReduction;
+}
+
+}  // namespace
+
+int64_t JobAnalysis::siteDelta(const Comm& comm, int a, int b, uint64_t before) const {
+  const Member& ma = comm.members[a];
+  const Member& mb = comm.members[b];
+  std::map<int64_t, int> votes;
+  uint64_t from = std::max(ma.base, mb.base);
+  for (uint64_t k = from; k < before; ++k) {
+    uint32_t i = ma.at(k), j = mb.at(k);
+    if (i == kNone || j == kNone) continue;
+    const CallRecord& x = procs_[ma.proc].rec(i);
+    const CallRecord& y = procs_[mb.proc].rec(j);
+    if (x.callSite == 0 || y.callSite == 0 || alignKey(x) != alignKey(y)) continue;
+    ++votes[static_cast<int64_t>(x.callSite - y.callSite)];
+  }
+  if (votes.empty()) return 0;
+  auto best = std::max_element(votes.begin(), votes.end(),
+                               [](const auto& l, const auto& r) { return l.second < r.second; });
+  return best->first == 0 ? INT64_MIN : best->first;  // INT64_MIN: known, and zero
+}
+
+bool JobAnalysis::sameSite(const Comm& comm, int a, uint64_t ka, int b, uint64_t kb,
+                           uint64_t before) const {
+  uint32_t i = comm.members[a].at(ka), j = comm.members[b].at(kb);
+  if (i == kNone || j == kNone) return true;
+  uint64_t x = procs_[comm.members[a].proc].rec(i).callSite;
+  uint64_t y = procs_[comm.members[b].proc].rec(j).callSite;
+  int64_t delta = siteDelta(comm, a, b, before);
+  if (x == 0 || y == 0 || delta == 0) return true;  // nothing to compare with
+  return static_cast<int64_t>(x - y) == (delta == INT64_MIN ? 0 : delta);
+}
+
+void JobAnalysis::checkMismatches() {
+  for (Comm& comm : comms_) checkMismatches(comm);
+}
+
+void JobAnalysis::checkMismatches(Comm& comm) {
+  if (comm.members.size() < 2) return;
+  checkColours(comm);
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (const Member& m : comm.members) {
+    if (m.coll.empty()) continue;
+    lo = std::min(lo, m.base);
+    hi = std::max(hi, m.lastOrdinal());
+  }
+  if (lo == UINT64_MAX) return;
+  uint64_t divergent = 0;
+  for (uint64_t k = lo; k <= hi && divergent == 0; ++k) {
+    uint64_t key = 0;
+    bool have = false;
+    for (const Member& m : comm.members) {
+      uint32_t i = m.at(k);
+      if (i == kNone) continue;
+      uint64_t kk = alignKey(procs_[m.proc].rec(i));
+      if (!have) {
+        key = kk;
+        have = true;
+      } else if (kk != key) {
+        divergent = k;
+        break;
+      }
+    }
+  }
+  if (divergent == 0) return;
+  // Classes at the divergent ordinal.
+  std::map<uint64_t, std::vector<int>> byKey;  // key -> member indices
+  std::vector<int> absent;
+  for (int mi = 0; mi < static_cast<int>(comm.members.size()); ++mi) {
+    uint32_t i = comm.members[mi].at(divergent);
+    if (i == kNone) {
+      absent.push_back(mi);
+    } else {
+      byKey[alignKey(procs_[comm.members[mi].proc].rec(i))].push_back(mi);
+    }
+  }
+  std::vector<std::pair<uint64_t, std::vector<int>>> classes(byKey.begin(), byKey.end());
+  auto keyAt = [&](int mi, uint64_t k) -> uint64_t {
+    uint32_t i = comm.members[mi].at(k);
+    return i == kNone ? 0 : alignKey(procs_[comm.members[mi].proc].rec(i));
+  };
+  auto lastOf = [&](int mi) { return static_cast<int64_t>(comm.members[mi].lastOrdinal()); };
+  // A class that matches the others one call later skipped a call; one call earlier: it made
+  // an extra one. That makes it the culprit even when it is not the smaller class. When the
+  // calls around are identical, a shift and a plain substitution both fit: the substitution,
+  // which leaves the rest of both sequences aligned, wins unless the call counts differ by
+  // the one call the shift needs.
+  auto shift = [&](int minority, int majority) -> int {
+    uint64_t m0 = keyAt(minority, divergent), m1 = keyAt(minority, divergent + 1);
+    uint64_t j0 = keyAt(majority, divergent), j1 = keyAt(majority, divergent + 1);
+    uint64_t m2 = keyAt(minority, divergent + 2), j2 = keyAt(majority, divergent + 2);
+    if (m1 != 0 && j1 != 0 && m0 == j1 && m1 == j0 && (m2 == 0 || j2 == 0 || m2 == j2)) {
+      return 2;  // two calls swapped
+    }
+    bool skipped = true, extra = true, aligned = true;
+    int checked = 0, alignedChecked = 0;
+    for (uint64_t d = 0; d < 3; ++d) {
+      uint64_t a = keyAt(minority, divergent + d), b = keyAt(majority, divergent + d + 1);
+      uint64_t c = keyAt(minority, divergent + d + 1), e = keyAt(majority, divergent + d);
+      if (a != 0 && b != 0) {
+        skipped &= a == b;
+        ++checked;
+      }
+      if (c != 0 && e != 0) extra &= c == e;
+      uint64_t x = keyAt(minority, divergent + d + 1), y = keyAt(majority, divergent + d + 1);
+      if (x != 0 && y != 0) {
+        aligned &= x == y;
+        ++alignedChecked;
+      }
+    }
+    if (checked == 0) skipped = false;
+    if (keyAt(minority, divergent + 1) == 0 || keyAt(majority, divergent) == 0) extra = false;
+    if (alignedChecked > 0 && aligned && (skipped || extra)) {
+      int64_t more = lastOf(minority) - lastOf(majority);
+      if (!(skipped && more < 0) && !(extra && more > 0)) return 0;
+    }
+    return skipped ? -1 : extra ? 1 : 0;
+  };
+  std::sort(classes.begin(), classes.end(), [&](const auto& a, const auto& b) {
+    if (a.second.size() != b.second.size()) return a.second.size() > b.second.size();
+    return a.second.front() < b.second.front();
+  });
+  int majorityIdx = 0;
+  // A tie (two ranks of a 2-rank communicator, or two halves) has no majority. A class at
+  // teardown where the other makes a collective stopped early; otherwise the class whose call
+  // is the other's next call skipped one. When both fit (a repeating pattern), the call sites
+  // decide: the skipper's call came from the same code as the other's next call (compilers
+  // duplicate code, so differing sites alone do not overrule the calls). When still neither
+  // or both fit, nothing in the records decides it, and the verdict says so.
+  bool undecided = false;
+  std::string undecidedWhy;
+  if (classes.size() >= 2 && classes[0].second.size() == classes[1].second.size()) {
+    int c0 = classes[0].second[0], c1 = classes[1].second[0];
+    bool t0 = isTeardown(procs_[comm.members[c0].proc].rec(comm.members[c0].at(divergent)).op);
+    bool t1 = isTeardown(procs_[comm.members[c1].proc].rec(comm.members[c1].at(divergent)).op);
+    bool skip0 = shift(c0, c1) == -1, skip1 = shift(c1, c0) == -1;
+    bool bothByCalls = skip0 && skip1;
+    if (bothByCalls) {
+      skip0 = sameSite(comm, c0, divergent, c1, divergent + 1, divergent);
+      skip1 = sameSite(comm, c1, divergent, c0, divergent + 1, divergent);
+    }
+    if (t0 != t1) {
+      majorityIdx = t0 ? 1 : 0;
+    } else if (skip0 != skip1) {
+      majorityIdx = skip0 ? 1 : 0;
+    } else if (shift(c0, c1) == 2) {
+      majorityIdx = 1;  // a swap: either side could be "the" wrong one; name the first
+    } else {
+      undecided = classes.size() == 2;
+      undecidedWhy = bothByCalls ? "each side's call here is the other's next call, from "
+                                   "the same code (a repeating pattern)"
+                                 : "neither side's call here is the other's next call, so neither "
+                                   "skipped a call";
+    }
+  }
+  int rep = classes[majorityIdx].second[0];
+  const Member& repM = comm.members[rep];
+  const Proc& repP = procs_[repM.proc];
+  CallDesc majorityCall = describe(repP, repM.at(divergent));
+  Verdict v = make(VerdictKind::kMismatch, &comm, majorityCall.seq);
+  std::vector<CallDesc> calls;
+  std::string culpritText;
+  int64_t divergence = INT64_MAX;
+  bool teardown = false;
+  OpKind teardownOp = OpKind::kDestroy;
+  int shiftKind = 0;
+  for (int c = 0; c < static_cast<int>(classes.size()); ++c) {
+    RankClass rc;
+    const Member& m0 = comm.members[classes[c].second[0]];
+    rc.call = describe(procs_[m0.proc], m0.at(divergent));
+    for (int mi : classes[c].second) rc.ranks.push_back(procs_[comm.members[mi].proc].rank);
+    calls.push_back(rc.call);
+    if (c != majorityIdx || undecided) {
+      for (int mi : classes[c].second) {
+        const Member& m = comm.members[mi];
+        v.culprits.push_back(procs_[m.proc].rank);
+        divergence =
+            std::min(divergence, procs_[m.proc].wall(procs_[m.proc].rec(m.at(divergent)).issueNs));
+      }
+      if (isTeardown(rc.call.op) && !isTeardown(majorityCall.op)) {
+        teardown = true;
+        teardownOp = rc.call.op;
+      }
+      int s = c == majorityIdx ? 0 : shift(classes[c].second[0], rep);
+      if (s != 0) shiftKind = s;
+    }
+    v.classes.push_back(std::move(rc));
+  }
+  for (int mi : absent) {
+    RankClass rc;
+    rc.ranks.push_back(procs_[comm.members[mi].proc].rank);
+    rc.call = whereIs(comm.members[mi].proc);
+    rc.call.note = "never issued call #" + std::to_string(majorityCall.seq) + "; " + rc.call.note;
+    v.classes.push_back(std::move(rc));
+  }
+  if (majorityIdx != 0) std::swap(v.classes[0], v.classes[majorityIdx]);
+  std::sort(v.culprits.begin(), v.culprits.end());
+  v.fields = differingFields(calls);
+  v.divergenceNs = divergence == INT64_MAX ? 0 : divergence;
+  std::string culprits = formatRanks(v.culprits);
+  std::string who = (v.culprits.size() == 1 ? "rank " : "ranks ") + culprits;
+  std::string others =
+      (v.classes[0].ranks.size() == 1 ? "rank " : "ranks ") + formatRanks(v.classes[0].ranks);
+  std::string seqText = "#" + std::to_string(majorityCall.seq);
+  // Calls the culprit made fewer (or more) of than the majority: names the skipped call even
+  // when identical calls hid the shift.
+  auto countDifference = [&]() -> std::string {
+    int culpritMember = -1;
+    for (int c = 0; c < static_cast<int>(classes.size()); ++c) {
+      if (c != majorityIdx) culpritMember = classes[c].second[0];
+    }
+    if (culpritMember < 0) return "";
+    std::map<uint64_t, std::pair<int64_t, uint32_t>> tally;  // key -> (majority - culprit, record)
+    auto add = [&](int mi, int sign) {
+      const Member& m = comm.members[mi];
+      for (uint32_t i : m.coll) {
+        if (i == kNone) continue;
+        const CallRecord& r = procs_[m.proc].rec(i);
+        if (isTeardown(r.op)) continue;
+        auto& t = tally[alignKey(r)];
+        t.first += sign;
+        if (sign > 0) t.second = i;
+      }
+    };
+    add(rep, 1);
+    add(culpritMember, -1);
+    for (auto& [key, t] : tally) {
+      if (t.first > 0 && t.first < 4) {
+        CallDesc d = describe(repP, t.second);
+        return std::to_string(t.first) + " " + callText(d) + " fewer than " + others;
+      }
+    }
+    return "";
+  };
+  if (teardown && teardownOp == OpKind::kAbort) {
+    v.kind = VerdictKind::kMissing;
+    v.explanation = who + " aborted the communicator (ncclCommAbort) where " + others +
+                    " wait in " + callText(majorityCall) + " " + seqText +
+                    ": an abort is local; the others are never told, so every rank must abort "
+                    "it (or none)";
+  } else if (teardown) {
+    v.kind = VerdictKind::kMissing;
+    std::string fewer = countDifference();
+    v.explanation = who + " reached teardown (" + trace::opName(teardownOp) + ") where " + others +
+                    " wait in " + callText(majorityCall) + " " + seqText +
+                    (fewer.empty() ? "" : ": it issued " + fewer) +
+                    "; it left before the others were done (an early return, or identical "
+                    "calls hid a skipped one): look for rank-dependent control flow";
+  } else if (undecided) {
+    std::string f;
+    for (const std::string& field : v.fields) f += (f.empty() ? "" : ", ") + field;
+    if (corrupts(calls)) {
+      v.effect = Effect::kSilentDataCorruption;
+      f += ", the same bytes: NCCL completes it with wrong results, silent data corruption";
+    }
+    v.explanation = "ranks " + formatRanks(v.culprits) + " disagree at " + seqText + " (" +
+                    callText(v.classes[0].call) + " against " + callText(v.classes[1].call) + ", " +
+                    f + " differ); with " + std::to_string(classes[0].second.size()) +
+                    (classes[0].second.size() == 1 ? " rank" : " ranks") +
+                    " on each side there is no majority, and " + undecidedWhy +
+                    ": which side is wrong cannot be decided from the records; compare both "
+                    "sides' code at these calls";
+  } else if (shiftKind == 2) {
+    v.explanation = who + " issued " + callText(v.classes.back().call) + " and " +
+                    callText(majorityCall) + " in the opposite order of " + others + " (at " +
+                    seqText + "): issue collectives in the same order on every rank";
+  } else if (shiftKind < 0) {
+    v.explanation = who + " skipped " + callText(majorityCall) + ": its call " + seqText + " (" +
+                    callText(v.classes.back().call) +
+                    ") is the one the others issue next; look for rank-dependent control flow";
+  } else if (shiftKind > 0) {
+    v.explanation = who + " issued an extra " + callText(v.classes.back().call) + " at " + seqText +
+                    "; its next call is the one the others issue here: remove it or "
+                    "issue it on every rank";
+  } else {
+    std::string f;
+    for (const std::string& field : v.fields) f += (f.empty() ? "" : ", ") + field;
+    if (corrupts(calls)) {
+      v.effect = Effect::kSilentDataCorruption;
+      v.explanation = who + " called " + callText(v.classes.back().call) + " where " + others +
+                      " called " + callText(v.classes[0].call) + " (" + f +
+                      " differ, the same bytes): NCCL does not notice and completes it with "
+                      "wrong results on every rank: silent data corruption, not a hang; every "
+                      "rank must pass the same dtype and reduction";
+    } else {
+      v.explanation = who + " called " + callText(v.classes.back().call) + " where " + others +
+                      " called " + callText(v.classes[0].call) + " (" + f +
+                      " differ): every rank must issue the same collective with the same "
+                      "arguments";
+    }
+  }
+  verdicts_.push_back(std::move(v));
+}
+
+// A split whose colours group ranks into children of unequal sizes, where a regular layout
+// (blocks of consecutive ranks, or strided) explains all but a few ranks: those chose a wrong
+// colour.
+void JobAnalysis::checkColours(Comm& comm) {
+  uint64_t hi = 0;
+  for (const Member& m : comm.members) hi = std::max(hi, m.lastOrdinal());
+  for (const Member& first : comm.members) {
+    for (uint32_t idx = 0; idx < first.coll.size(); ++idx) {
+      uint32_t fi = first.coll[idx];
+      if (fi == kNone || procs_[first.proc].rec(fi).op != OpKind::kSplit) continue;
+      uint64_t k = first.base + idx;
+      std::map<int, int> colourOf;  // comm rank -> colour
+      bool all = true;
+      for (const Member& m : comm.members) {
+        uint32_t i = m.at(k);
+        if (i == kNone || procs_[m.proc].rec(i).op != OpKind::kSplit) {
+          all = false;
+          break;
+        }
+        int colour = procs_[m.proc].rec(i).rootOrPeer;
+        if (colour >= 0) colourOf[m.commRank] = colour;
+      }
+      if (!all || colourOf.size() < 3) continue;
+      std::map<int, int> sizes;
+      for (auto& [r, c] : colourOf) ++sizes[c];
+      std::map<int, int> sizeVotes;
+      for (auto& [c, s] : sizes) sizeVotes[s] += s;
+      if (sizeVotes.size() < 2) continue;  // every child the same size: deliberate
+      int n = static_cast<int>(colourOf.size());
+      int groupSize = std::max_element(sizeVotes.begin(), sizeVotes.end(), [](auto& a, auto& b) {
+                        return a.second < b.second;
+                      })->first;
+      if (groupSize <= 0 || n % groupSize != 0) continue;
+      std::vector<int> best;
+      bool found = false;
+      for (int pattern = 0; pattern < 2; ++pattern) {
+        auto group = [&](int r) { return pattern == 0 ? r / groupSize : r % (n / groupSize); };
+        std::map<int, std::map<int, int>> votes;  // expected group -> colour -> count
+        for (auto& [r, c] : colourOf) ++votes[group(r)][c];
+        std::vector<int> deviants;
+        for (auto& [r, c] : colourOf) {
+          auto& v = votes[group(r)];
+          int top = std::max_element(v.begin(), v.end(), [](auto& a, auto& b) {
+                      return a.second < b.second;
+                    })->first;
+          if (c != top) deviants.push_back(r);
+        }
+        if (!found || deviants.size() < best.size()) {
+          best = deviants;
+          found = true;
+        }
+      }
+      if (best.empty() || static_cast<int>(best.size()) * 2 >= n) continue;
+      Verdict v = make(VerdictKind::kMismatch, &comm, procs_[first.proc].rec(fi).seq);
+      v.fields = {"color"};
+      // Ranks in the wrong child combine the wrong ranks' data (or hang later, which the job's
+      // own state says): nothing hangs at the split itself.
+      v.effect = Effect::kSilentDataCorruption;
+      std::map<int, std::vector<int>> byColour;
+      for (auto& [r, c] : colourOf) byColour[c].push_back(globalRank(comm, r));
+      for (auto& [c, ranks] : byColour) {
+        RankClass rc;
+        rc.ranks = ranks;
+        for (auto& [r, cc] : colourOf) {
+          if (cc != c) continue;
+          const Member& mm = comm.members[comm.byCommRank[r]];
+          rc.call = describe(procs_[mm.proc], mm.at(k));
+          break;
+        }
+        v.classes.push_back(std::move(rc));
+      }
+      int64_t divergence = INT64_MAX;
+      for (int r : best) {
+        v.culprits.push_back(globalRank(comm, r));
+        const Member& mm = comm.members[comm.byCommRank[r]];
+        divergence =
+            std::min(divergence, procs_[mm.proc].wall(procs_[mm.proc].rec(mm.at(k)).issueNs));
+      }
+      v.divergenceNs = divergence;
+      std::string sizesText;
+      for (auto& [c, ranks] : byColour) {
+        sizesText += (sizesText.empty() ? "" : ", ") + std::to_string(ranks.size());
+      }
+      std::string who = (v.culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(v.culprits);
+      v.explanation = who +
+                      " passed a split colour that breaks the layout of the others: the "
+                      "children have sizes " +
+                      sizesText + " instead of " + std::to_string(groupSize) +
+                      " each, so their collectives combine the wrong ranks; check how " + who +
+                      " computes its colour";
+      verdicts_.push_back(std::move(v));
+      return;
+    }
+  }
+  (void)hi;
+}
+
+}  // namespace ncclwatch::analysis::internal

@@ -1,0 +1,266 @@
+// Point-to-point: sends and receives that do not pair up on (sender, receiver, p2pSeq).
+#include "analysis/job_state.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "analysis/describe.h"
+
+namespace ncclwatch::analysis::internal {
+
+void JobAnalysis::checkP2p() {
+  for (Comm& comm : comms_) checkP2p(comm);
+}
+
+void JobAnalysis::checkP2p(Comm& comm) {
+  // (sender comm rank, receiver comm rank, p2pSeq) -> record, per direction
+  struct Side {
+    int member;
+    uint32_t index;
+  };
+  size_t total = 0;
+  for (const Member& m : comm.members) total += m.p2p.size();
+  if (total == 0) return;
+  // Per member: its sends to each peer and receives from each peer, in p2pSeq order.
+  int count = static_cast<int>(comm.members.size());
+  std::vector<std::unordered_map<int, std::vector<uint32_t>>> sendsTo(count), recvsFrom(count);
+  for (int mi = 0; mi < count; ++mi) {
+    const Member& m = comm.members[mi];
+    int lastPeer = INT32_MIN;
+    std::vector<uint32_t>* lastList = nullptr;
+    bool lastSend = false;
+    for (uint32_t i : m.p2p) {
+      const CallRecord& r = procs_[m.proc].rec(i);
+      if (r.p2pSeq == 0) continue;
+      bool send = r.op == OpKind::kSend;
+      if (lastList == nullptr || r.rootOrPeer != lastPeer || send != lastSend) {
+        lastList = &(send ? sendsTo : recvsFrom)[mi][r.rootOrPeer];
+        lastPeer = r.rootOrPeer;
+        lastSend = send;
+      }
+      lastList->push_back(i);
+    }
+  }
+  struct Item {
+    Side side;
+    std::string what;
+    bool novel;
+    std::string field;
+    int absentPeer = -1;  // global rank of the peer that never posted the other side
+  };
+  std::vector<Item> items;
+  auto novel = [&](const Side& s) {
+    return procs_[comm.members[s.member].proc].rec(s.index).p2pSeq == 1;
+  };
+  auto deadPeer = [&](int commRank) {
+    auto it = comm.byCommRank.find(commRank);
+    return it == comm.byCommRank.end() || deadRanks_.count(comm.members[it->second].proc) > 0;
+  };
+  static const std::vector<uint32_t> kEmpty;
+  for (int mi = 0; mi < count; ++mi) {
+    const Member& sender = comm.members[mi];
+    for (auto& [peer, sendList] : sendsTo[mi]) {
+      auto pm = comm.byCommRank.find(peer);
+      const std::vector<uint32_t>* recvList = &kEmpty;
+      int rj = -1;
+      if (pm != comm.byCommRank.end()) {
+        rj = pm->second;
+        auto it = recvsFrom[rj].find(sender.commRank);
+        if (it != recvsFrom[rj].end()) recvList = &it->second;
+      }
+      // both lists ascend in p2pSeq: walk them together
+      size_t a = 0, b = 0;
+      while (a < sendList.size() || b < recvList->size()) {
+        const CallRecord* sr =
+            a < sendList.size() ? &procs_[sender.proc].rec(sendList[a]) : nullptr;
+        const CallRecord* rr =
+            b < recvList->size() ? &procs_[comm.members[rj].proc].rec((*recvList)[b]) : nullptr;
+        if (sr && rr && sr->p2pSeq == rr->p2pSeq) {
+          if (rr->count != sr->count || rr->dtype != sr->dtype) {
+            std::string field = rr->count != sr->count ? "count" : "dtype";
+            items.push_back({{mi, sendList[a]},
+                             "its receiver posted " +
+                                 callText(describe(procs_[comm.members[rj].proc], (*recvList)[b])),
+                             false,
+                             field});
+            items.push_back({{rj, (*recvList)[b]}, "does not match the send", false, field});
+          }
+          ++a;
+          ++b;
+        } else if (sr && (!rr || sr->p2pSeq < rr->p2pSeq)) {
+          if (stalled_ && isPending(*sr) && rj >= 0 && !deadPeer(peer)) {
+            Side side{mi, sendList[a]};
+            items.push_back({side,
+                             "rank " + std::to_string(globalRank(comm, peer)) +
+                                 " never posts the matching Recv",
+                             novel(side), "", globalRank(comm, peer)});
+          }
+          ++a;
+        } else {
+          if (stalled_ && isPending(*rr) && !deadPeer(sender.commRank)) {
+            Side side{rj, (*recvList)[b]};
+            items.push_back({side,
+                             "rank " + std::to_string(procs_[sender.proc].rank) + " never sends it",
+                             novel(side), "", procs_[sender.proc].rank});
+          }
+          ++b;
+        }
+      }
+    }
+  }
+  // receives from a peer that never sent to this rank at all
+  for (int mi = 0; mi < count; ++mi) {
+    const Member& receiver = comm.members[mi];
+    for (auto& [peer, recvList] : recvsFrom[mi]) {
+      auto pm = comm.byCommRank.find(peer);
+      if (pm == comm.byCommRank.end()) continue;
+      if (sendsTo[pm->second].count(receiver.commRank)) continue;  // walked above
+      for (uint32_t i : recvList) {
+        const CallRecord& rr = procs_[receiver.proc].rec(i);
+        if (stalled_ && isPending(rr) && !deadPeer(peer)) {
+          Side side{mi, i};
+          items.push_back({side,
+                           "rank " + std::to_string(globalRank(comm, peer)) + " never sends it",
+                           novel(side), "", globalRank(comm, peer)});
+        }
+      }
+    }
+  }
+  if (items.empty()) return;
+  std::sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
+    const Proc& pa = procs_[comm.members[a.side.member].proc];
+    const Proc& pb = procs_[comm.members[b.side.member].proc];
+    return std::make_tuple(pa.rec(a.side.index).op, pa.rank, pa.rec(a.side.index).seq) <
+           std::make_tuple(pb.rec(b.side.index).op, pb.rank, pb.rec(b.side.index).seq);
+  });
+  // The fewest ranks that explain every unmatched call: each unmatched call is a pair (its
+  // rank, the peer that never posted the other side), and a rank in every pair (a wrong peer
+  // leaves both the peer it used and the one it should have used waiting) explains them all.
+  // A greedy cover; a tie goes to the rank that never posted its side.
+  auto p2pCoverCulprits = [&](const std::vector<Item>& list) {
+    std::vector<std::pair<int, int>> pairs;  // (rank with the call, absent peer)
+    for (const Item& item : list) {
+      if (item.field.empty() && item.absentPeer >= 0) {
+        pairs.push_back({procs_[comm.members[item.side.member].proc].rank, item.absentPeer});
+      }
+    }
+    std::set<int> chosen;
+    std::vector<bool> covered(pairs.size(), false);
+    for (;;) {
+      std::map<int, std::pair<int, int>> score;  // rank -> (pairs it covers, pairs absent)
+      for (size_t i = 0; i < pairs.size(); ++i) {
+        if (covered[i]) continue;
+        ++score[pairs[i].first].first;
+        ++score[pairs[i].second].first;
+        ++score[pairs[i].second].second;
+      }
+      if (score.empty()) break;
+      auto best = score.begin();
+      for (auto it = score.begin(); it != score.end(); ++it) {
+        if (it->second > best->second) best = it;
+      }
+      chosen.insert(best->first);
+      for (size_t i = 0; i < pairs.size(); ++i) {
+        covered[i] = covered[i] || pairs[i].first == best->first || pairs[i].second == best->first;
+      }
+    }
+    return chosen;
+  };
+  // A send and receive of different sizes: the side whose size no other transfer on the
+  // communicator uses is the odd one; when that does not tell, both.
+  auto p2pSizeCulprits = [&](const Comm& c, const std::vector<Item>& list) {
+    std::map<uint64_t, int> sizes;  // bytes -> transfers of that size
+    for (const Member& m : c.members) {
+      for (uint32_t i : m.p2p) {
+        const CallRecord& r = procs_[m.proc].rec(i);
+        ++sizes[r.count * static_cast<uint64_t>(trace::dtypeBytes(r.dtype))];
+      }
+    }
+    uint64_t usual = std::max_element(sizes.begin(), sizes.end(), [](auto& a, auto& b) {
+                       return a.second < b.second;
+                     })->first;
+    std::set<int> odd, all;
+    for (const Item& item : list) {
+      if (item.field.empty()) continue;
+      const Proc& proc = procs_[c.members[item.side.member].proc];
+      const CallRecord& r = proc.rec(item.side.index);
+      all.insert(proc.rank);
+      if (r.count * static_cast<uint64_t>(trace::dtypeBytes(r.dtype)) != usual) {
+        odd.insert(proc.rank);
+      }
+    }
+    return odd.empty() || odd == all ? all : odd;
+  };
+  uint64_t seq = UINT64_MAX;
+  Verdict v = make(VerdictKind::kUnmatchedP2p, &comm, 0);
+  std::set<std::string> fields;
+  for (const Item& item : items) {
+    if (!item.field.empty()) fields.insert(item.field);
+  }
+  std::set<int> culprits = fields.empty() ? p2pCoverCulprits(items) : p2pSizeCulprits(comm, items);
+  int64_t divergence = INT64_MAX;
+  for (const Item& item : items) {
+    const Proc& proc = procs_[comm.members[item.side.member].proc];
+    RankClass rc;
+    rc.ranks = {proc.rank};
+    rc.call = describe(proc, item.side.index);
+    // the peer as a global rank, so users read one numbering
+    rc.call.rootOrPeer = globalRank(comm, rc.call.rootOrPeer);
+    rc.call.note = item.what;
+    seq = std::min(seq, rc.call.seq);
+    bool involvesCulprit = culprits.count(proc.rank) || culprits.count(item.absentPeer);
+    if (involvesCulprit) {
+      divergence = std::min(divergence, proc.wall(proc.rec(item.side.index).issueNs));
+    }
+    if (v.classes.size() < 16) v.classes.push_back(std::move(rc));
+  }
+  v.seq = seq;
+  v.fields.assign(fields.begin(), fields.end());
+  v.culprits.assign(culprits.begin(), culprits.end());
+  v.divergenceNs = divergence == INT64_MAX ? 0 : divergence;
+  std::string who = (v.culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(v.culprits);
+  size_t unmatched = 0;
+  bool culpritAbsentEverywhere = v.culprits.size() == 1;
+  for (const Item& item : items) {
+    if (!item.field.empty()) continue;
+    ++unmatched;
+    culpritAbsentEverywhere &= item.absentPeer == v.culprits.front();
+  }
+  if (!fields.empty()) {
+    v.explanation = "a send and its receive disagree on " + *fields.begin() + "; " + who +
+                    (v.culprits.size() == 1 ? " passes" : " pass") +
+                    " a size the others do not use: sender and receiver must pass the same "
+                    "count and dtype";
+  } else if (v.culprits.size() == 1 && culpritAbsentEverywhere) {
+    v.explanation = who + " never posts its side of " +
+                    (unmatched == 1 ? std::string("a transfer its peer waits in")
+                                    : std::to_string(unmatched) + " transfers its peers wait in") +
+                    " (rank i's k-th send to j needs j's k-th receive from i): look for the "
+                    "send or receive " +
+                    who + " skips";
+  } else if (v.culprits.size() == 1) {
+    v.explanation = "every one of the " + std::to_string(unmatched) +
+                    " unmatched sends and receives involves " + who +
+                    ": it talks to a peer "
+                    "that does not expect it, so the peer it should have talked to waits in "
+                    "vain; check how " +
+                    who + " computes its peers";
+  } else {
+    v.explanation =
+        "sends and receives do not pair up (rank i's k-th send to j needs j's k-th "
+        "receive from i), and no one rank is in all of them: check the peers of " +
+        who;
+  }
+  if (v.fields.empty()) restsOnTiming(v);
+  verdicts_.push_back(std::move(v));
+}
+
+}  // namespace ncclwatch::analysis::internal

@@ -1,0 +1,102 @@
+// Stragglers: a rank that arrives last at collectives again and again (information).
+#include "analysis/job_state.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "analysis/describe.h"
+
+namespace ncclwatch::analysis::internal {
+
+void JobAnalysis::checkStragglers() {
+  int n = static_cast<int>(procs_.size());
+  std::vector<int> joined(n, 0), last(n, 0);
+  std::vector<std::vector<int64_t>> lags(n);
+  std::vector<const Comm*> lastComm(n, nullptr);
+  std::vector<uint64_t> lastSeq(n, 0);
+  std::vector<int64_t> firstLate(n, 0);
+  for (const Comm& comm : comms_) {
+    if (comm.members.size() < 3) continue;
+    uint64_t lo = 0, hi = UINT64_MAX;
+    for (const Member& m : comm.members) {
+      if (m.coll.empty()) {
+        hi = 0;
+        break;
+      }
+      lo = std::max(lo, m.base);
+      hi = std::min(hi, m.lastOrdinal());
+    }
+    for (uint64_t k = lo; hi != 0 && k <= hi; ++k) {
+      int64_t first = INT64_MIN, second = INT64_MIN;
+      int who = -1;
+      bool ok = true;
+      for (const Member& m : comm.members) {
+        uint32_t i = m.at(k);
+        if (i == kNone) {
+          ok = false;
+          break;
+        }
+        const CallRecord& r = procs_[m.proc].rec(i);
+        if (!trace::isCollective(r.op)) {
+          ok = false;
+          break;
+        }
+        int64_t t = procs_[m.proc].wall(r.issueNs);
+        if (t > first) {
+          second = first;
+          first = t;
+          who = m.proc;
+        } else if (t > second) {
+          second = t;
+        }
+      }
+      if (!ok) continue;
+      for (const Member& m : comm.members) ++joined[m.proc];
+      if (first - second >= options_.stragglerLagNs) {
+        ++last[who];
+        if (firstLate[who] == 0 || first < firstLate[who]) firstLate[who] = first;
+        lags[who].push_back(first - second);
+        lastComm[who] = &comm;
+        const Member* wm = nullptr;
+        for (const Member& m : comm.members) {
+          if (m.proc == who) wm = &m;
+        }
+        lastSeq[who] = procs_[who].rec(wm->at(k)).seq;
+      }
+    }
+  }
+  for (int p = 0; p < n; ++p) {
+    if (joined[p] == 0 || last[p] < options_.stragglerMinCalls ||
+        last[p] < options_.stragglerShare * joined[p]) {
+      continue;
+    }
+    std::sort(lags[p].begin(), lags[p].end());
+    int64_t median = lags[p][lags[p].size() / 2];
+    Verdict v = make(VerdictKind::kStraggler, lastComm[p], lastSeq[p]);
+    v.effect = Effect::kInformation;
+    RankClass slow;
+    slow.ranks = {procs_[p].rank};
+    char text[160];
+    std::snprintf(text, sizeof text, "last to arrive in %d of %d collectives, by %.1f ms (median)",
+                  last[p], joined[p], median / 1e6);
+    slow.call.note = text;
+    v.classes.push_back(std::move(slow));
+    v.culprits = {procs_[p].rank};
+    v.divergenceNs = firstLate[p];
+    v.explanation = "rank " + std::to_string(procs_[p].rank) + " is consistently the last to " +
+                    "arrive (" + text +
+                    "): the others wait for it; look at its input pipeline, "
+                    "host load or GPU clocks (information, not an error)";
+    verdicts_.push_back(std::move(v));
+  }
+}
+
+}  // namespace ncclwatch::analysis::internal

@@ -1,0 +1,361 @@
+// The wait-for graph: nodes are ranks, arcs come from the head of each stream (a call cannot
+// start before the earlier calls on its stream complete). Cycles are deadlocks, fully present
+// heads are stuck collectives; stuck p2p pairs are found from the same heads.
+#include "analysis/job_state.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "analysis/describe.h"
+
+namespace ncclwatch::analysis::internal {
+
+void JobAnalysis::checkGraph() {
+  if (!stalled_) return;
+  int n = static_cast<int>(procs_.size());
+  // Heads: per process and stream, the first pending collective or p2p call (and the rest of
+  // its group). A collective at an ordinal some rank completed is not pending (stale state).
+  std::vector<std::unordered_set<uint32_t>> heads(n);
+  std::vector<std::vector<uint32_t>> headList(n);
+  for (int p = 0; p < n; ++p) {
+    const auto& records = procs_[p].file->records;
+    std::unordered_map<uint64_t, bool> streamDone;  // stream -> head found
+    std::unordered_map<uint64_t, bool> inGroupHead;
+    for (uint32_t i = 0; i < records.size(); ++i) {
+      const CallRecord& r = records[i];
+      if (!(trace::isCollective(r.op) || trace::isPointToPoint(r.op)) || !isPending(r)) continue;
+      if (impliedDone(p, i)) continue;
+      {
+        auto found = streamDone.find(r.stream);
+        if (found == streamDone.end()) {
+          streamDone[r.stream] = true;
+          inGroupHead[r.stream] = (r.flags & trace::kRecordInGroup) != 0;
+          heads[p].insert(i);
+          headList[p].push_back(i);
+        } else if (inGroupHead[r.stream] && (r.flags & trace::kRecordInGroup) &&
+                   !headList[p].empty() && records[headList[p].back()].stream == r.stream &&
+                   headList[p].back() + 1 == i) {
+          heads[p].insert(i);
+          headList[p].push_back(i);
+        } else {
+          inGroupHead[r.stream] = false;
+        }
+      }
+    }
+  }
+  // Arcs: p waits for q. Only "behind" arcs (q issued the awaited call but its stream holds it
+  // behind q's own head) can close an ordering cycle; a call q never issued is missing, not a
+  // deadlock.
+  std::vector<std::set<int>> arcs(n);
+  struct HeadInfo {
+    const Comm* comm = nullptr;
+    uint64_t ordinal = 0;
+    int present = 0;
+  };
+  std::vector<std::vector<HeadInfo>> info(n);
+  std::map<std::pair<const Comm*, uint64_t>, std::vector<int>> fullyPresent;
+  for (int p = 0; p < n; ++p) {
+    for (uint32_t h : headList[p]) {
+      const CallRecord& r = procs_[p].rec(h);
+      auto it = commIndex_.find(r.commHash);
+      if (it == commIndex_.end()) continue;
+      const Comm& comm = comms_[it->second];
+      const Member* me = nullptr;
+      for (const Member& m : comm.members) {
+        if (m.proc == p) me = &m;
+      }
+      if (me == nullptr) continue;
+      if (trace::isCollective(r.op)) {
+        uint64_t ordinal = ordinalOf(p, h);
+        if (ordinal == 0) continue;
+        int present = 1;
+        for (const Member& m : comm.members) {
+          if (m.proc == p) continue;
+          uint32_t i = m.at(ordinal);
+          if (i != kNone && heads[m.proc].count(i)) {
+            ++present;
+          } else if (i != kNone && !isPending(procs_[m.proc].rec(i))) {
+            ++present;  // finished there: not what holds us
+          } else if (i != kNone) {
+            arcs[p].insert(m.proc);
+          }
+        }
+        info[p].push_back({&comm, ordinal, present});
+        if (present == static_cast<int>(comm.members.size()) &&
+            present >= std::max(1, comm.desc.size)) {
+          fullyPresent[{&comm, ordinal}].push_back(p);
+        }
+      } else {
+        int peer = r.rootOrPeer;
+        auto pm = comm.byCommRank.find(peer);
+        if (pm == comm.byCommRank.end()) continue;
+        const Member& other = comm.members[pm->second];
+        bool behind = false;
+        for (uint32_t i : other.p2p) {
+          const CallRecord& o = procs_[other.proc].rec(i);
+          if (o.op != r.op && o.rootOrPeer == me->commRank && o.p2pSeq == r.p2pSeq) {
+            behind = heads[other.proc].count(i) == 0 && isPending(o);
+          }
+        }
+        if (behind) arcs[p].insert(other.proc);
+      }
+    }
+  }
+  // Tarjan's strongly connected components.
+  std::vector<int> index(n, -1), low(n, 0), stack;
+  std::vector<bool> onStack(n, false);
+  int counter = 0;
+  std::vector<std::vector<int>> sccs;
+  std::function<void(int)> connect = [&](int v) {
+    index[v] = low[v] = counter++;
+    stack.push_back(v);
+    onStack[v] = true;
+    for (int w : arcs[v]) {
+      if (index[w] < 0) {
+        connect(w);
+        low[v] = std::min(low[v], low[w]);
+      } else if (onStack[w]) {
+        low[v] = std::min(low[v], index[w]);
+      }
+    }
+    if (low[v] == index[v]) {
+      std::vector<int> scc;
+      int w;
+      do {
+        w = stack.back();
+        stack.pop_back();
+        onStack[w] = false;
+        scc.push_back(w);
+      } while (w != v);
+      if (scc.size() >= 2) sccs.push_back(scc);
+    }
+  };
+  for (int v = 0; v < n; ++v) {
+    if (index[v] < 0) connect(v);
+  }
+  for (std::vector<int>& scc : sccs) {
+    std::sort(scc.begin(), scc.end());
+    // Every rank in a cycle has a head (arcs come only from heads). Classes: by head call.
+    std::map<std::tuple<uint64_t, uint64_t>, std::vector<int>> byHead;
+    std::map<std::tuple<uint64_t, uint64_t>, CallDesc> headCall;
+    double lowest = 2.0;
+    std::vector<int> culprits;
+    const Comm* culpritComm = nullptr;
+    int64_t divergence = 0;
+    for (int p : scc) {
+      if (headList[p].empty()) continue;
+      CallDesc d = describe(procs_[p], headList[p][0]);
+      auto key = std::make_tuple(d.commHash, d.seq);
+      byHead[key].push_back(procs_[p].rank);
+      headCall[key] = d;
+      divergence = std::max(divergence, procs_[p].wall(procs_[p].rec(headList[p][0]).issueNs));
+      for (const HeadInfo& hi : info[p]) {
+        double share = static_cast<double>(hi.present) / hi.comm->members.size();
+        if (share < lowest - 1e-9) {
+          lowest = share;
+          culprits = {procs_[p].rank};
+          culpritComm = hi.comm;
+        } else if (std::abs(share - lowest) < 1e-9 &&
+                   std::find(culprits.begin(), culprits.end(), procs_[p].rank) == culprits.end()) {
+          culprits.push_back(procs_[p].rank);
+        }
+      }
+    }
+    const Comm* comm = culpritComm;
+    if (comm == nullptr) {
+      auto it = commIndex_.find(std::get<0>(byHead.begin()->first));
+      comm = it == commIndex_.end() ? nullptr : &comms_[it->second];
+    }
+    Verdict v = make(VerdictKind::kDeadlock, comm, 0);
+    for (auto& [key, ranks] : byHead) {
+      RankClass rc;
+      rc.ranks = ranks;
+      rc.call = headCall[key];
+      rc.call.note = "waits here; its stream holds its later calls";
+      if (comm != nullptr && rc.call.commHash == comm->hash) v.seq = rc.call.seq;
+      v.classes.push_back(std::move(rc));
+    }
+    std::sort(culprits.begin(), culprits.end());
+    v.culprits = culprits;
+    v.divergenceNs = divergence;
+    // classes in rank order, so that the text does not depend on hash values
+    std::sort(v.classes.begin(), v.classes.end(),
+              [](const RankClass& a, const RankClass& b) { return a.ranks < b.ranks; });
+    std::string cycle;
+    for (const RankClass& rc : v.classes) {
+      cycle += (cycle.empty() ? "" : ", ") +
+               std::string(rc.ranks.size() == 1 ? "rank " : "ranks ") + formatRanks(rc.ranks) +
+               " in " + trace::opName(rc.call.op) + " #" + std::to_string(rc.call.seq) + " on " +
+               shortHash(rc.call.commHash);
+    }
+    std::string who = (culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(culprits);
+    v.explanation = "a wait-for cycle across communicators (" + cycle +
+                    "): each waits for a call the other has queued behind its own on one "
+                    "stream; " +
+                    who +
+                    " issued its calls in a different order than its peers: "
+                    "issue them in the same order on every rank";
+    verdicts_.push_back(std::move(v));
+  }
+  // Stuck: every member holds the same call at the head of its stream and none completed it.
+  std::set<const Comm*> reported;
+  for (auto& [key, ps] : fullyPresent) {
+    const Comm* comm = key.first;
+    if (reported.count(comm)) continue;
+    bool deadMember = false;
+    for (const Member& m : comm->members) deadMember |= deadRanks_.count(m.proc) > 0;
+    if (deadMember) continue;
+    bool same = true, anyStarted = false, allStarted = true;
+    uint64_t k0 = 0;
+    std::vector<int> notStarted;
+    int64_t since = 0;
+    for (const Member& m : comm->members) {
+      const CallRecord& r = procs_[m.proc].rec(m.at(key.second));
+      if (k0 == 0) k0 = alignKey(r);
+      same &= alignKey(r) == k0;
+      bool started = r.state == RecordState::kStarted;
+      anyStarted |= started;
+      allStarted &= started;
+      if (!started) notStarted.push_back(procs_[m.proc].rank);
+      since = std::max(since, procs_[m.proc].wall(r.issueNs));
+    }
+    if (!same) continue;  // the mismatch verdict covers it
+    // A communicator another verdict explains (a mismatch later in the same group holds this
+    // call's group open) is stuck because of it.
+    bool explained = false;
+    for (const Verdict& v : verdicts_) explained |= v.comm.hash == comm->hash;
+    if (explained) continue;
+    if (!anyStarted && comm->maxCompletedOrdinal == 0) continue;  // no completion info at all
+    reported.insert(comm);
+    const Member& m0 = comm->members[0];
+    CallDesc call = describe(procs_[m0.proc], m0.at(key.second));
+    Verdict v = make(VerdictKind::kStuck, comm, call.seq);
+    RankClass all;
+    for (const Member& m : comm->members) all.ranks.push_back(procs_[m.proc].rank);
+    all.call = call;
+    all.call.note = allStarted ? "started, never completed" : "issued";
+    v.classes.push_back(std::move(all));
+    v.divergenceNs = since;
+    if (allStarted) {
+      v.explanation = "every rank issued and started " + callText(call) + " #" +
+                      std::to_string(call.seq) +
+                      " and none completed it: the network or a GPU "
+                      "stalled (check NCCL_DEBUG=INFO logs, link errors, Xid messages)";
+    } else {
+      v.culprits = notStarted;
+      v.explanation = "every rank issued " + callText(call) + " #" + std::to_string(call.seq) +
+                      " and none completed it; it never started on " +
+                      (notStarted.size() == 1 ? "rank " : "ranks ") + formatRanks(notStarted) +
+                      ": GPU work queued before it on that stream never finished";
+    }
+    restsOnTiming(v);
+    verdicts_.push_back(std::move(v));
+  }
+  if (reported.empty()) checkStuckP2p(heads);
+}
+
+// Stuck sends and receives: both sides of a pair at the heads of their streams, neither
+// completed. When several such pairs share one rank, that rank is where the transfer stalls.
+void JobAnalysis::checkStuckP2p(const std::vector<std::unordered_set<uint32_t>>& heads) {
+  for (const Comm& comm : comms_) checkStuckP2p(comm, heads);
+}
+
+void JobAnalysis::checkStuckP2p(const Comm& comm,
+                                const std::vector<std::unordered_set<uint32_t>>& heads) {
+  // A communicator another verdict already explains (a mismatch, an unmatched send) is stuck
+  // because of it: saying so again would only be noise.
+  bool explained = false;
+  for (const Verdict& v : verdicts_) explained |= v.comm.hash == comm.hash;
+  if (explained) return;
+  std::vector<std::pair<int, uint32_t>> sides;  // (proc, record) of every stuck pair
+  std::map<int, int> pairsOf;                   // proc -> stuck pairs it is in
+  int pairs = 0;
+  bool anyStarted = false;
+  for (const Member& m : comm.members) {
+    for (uint32_t i : m.p2p) {
+      const CallRecord& send = procs_[m.proc].rec(i);
+      if (send.op != OpKind::kSend || !heads[m.proc].count(i)) continue;
+      auto pm = comm.byCommRank.find(send.rootOrPeer);
+      if (pm == comm.byCommRank.end()) continue;
+      const Member& other = comm.members[pm->second];
+      for (uint32_t j : other.p2p) {
+        const CallRecord& recv = procs_[other.proc].rec(j);
+        if (recv.op != OpKind::kRecv || recv.rootOrPeer != m.commRank ||
+            recv.p2pSeq != send.p2pSeq || !heads[other.proc].count(j)) {
+          continue;
+        }
+        sides.push_back({m.proc, i});
+        sides.push_back({other.proc, j});
+        ++pairsOf[m.proc];
+        ++pairsOf[other.proc];
+        ++pairs;
+        anyStarted |= send.state == RecordState::kStarted || recv.state == RecordState::kStarted;
+      }
+    }
+  }
+  if (pairs == 0) return;
+  if (!anyStarted && comm.maxCompletedOrdinal == 0) return;  // no completion info at all
+  Verdict v = make(VerdictKind::kStuck, &comm, UINT64_MAX);
+  std::vector<int> notStarted, inEvery;
+  int64_t since = 0;
+  std::set<std::pair<int, uint32_t>> seen;
+  for (const auto& side : sides) {
+    if (!seen.insert(side).second) continue;
+    const Proc& proc = procs_[side.first];
+    RankClass rc;
+    rc.ranks = {proc.rank};
+    rc.call = describe(proc, side.second);
+    rc.call.rootOrPeer = globalRank(comm, rc.call.rootOrPeer);
+    bool started = rc.call.state == RecordState::kStarted;
+    rc.call.note = started ? "started, never completed" : "issued, never started";
+    if (!started) notStarted.push_back(proc.rank);
+    v.seq = std::min(v.seq, rc.call.seq);
+    since = std::max(since, proc.wall(proc.rec(side.second).issueNs));
+    v.classes.push_back(std::move(rc));
+  }
+  for (auto [p, count] : pairsOf) {
+    if (count == pairs && pairs >= 2) inEvery.push_back(procs_[p].rank);
+  }
+  std::sort(v.classes.begin(), v.classes.end(), [](const RankClass& a, const RankClass& b) {
+    return std::tie(a.ranks, a.call.seq) < std::tie(b.ranks, b.call.seq);
+  });
+  if (v.classes.size() > 16) v.classes.resize(16);
+  std::sort(notStarted.begin(), notStarted.end());
+  notStarted.erase(std::unique(notStarted.begin(), notStarted.end()), notStarted.end());
+  v.divergenceNs = since;
+  std::string pairText =
+      std::to_string(pairs) + (pairs == 1 ? " send/receive pair" : " send/receive pairs");
+  if (!notStarted.empty()) {
+    v.culprits = notStarted;
+    v.explanation = pairText + " issued on both sides and never completed; they never started on " +
+                    std::string(notStarted.size() == 1 ? "rank " : "ranks ") +
+                    formatRanks(notStarted) +
+                    ": GPU work queued before them on that stream never finished";
+  } else if (!inEvery.empty()) {
+    v.culprits = inEvery;
+    std::string who = (inEvery.size() == 1 ? "rank " : "ranks ") + formatRanks(inEvery);
+    v.explanation = pairText +
+                    " started on both sides and never completed, every one of them "
+                    "with " +
+                    who +
+                    ": its transfers stalled (check its GPU, links and NCCL_DEBUG=INFO "
+                    "logs)";
+  } else {
+    v.explanation = pairText +
+                    " started on both sides and never completed: the network or a "
+                    "GPU stalled (check NCCL_DEBUG=INFO logs, link errors, Xid messages)";
+  }
+  restsOnTiming(v);
+  verdicts_.push_back(std::move(v));
+}
+
+}  // namespace ncclwatch::analysis::internal

@@ -1,0 +1,248 @@
+// Internal to analysis/ (never included from outside it): the state one job's analysis builds
+// from its ring files, and the entry point of every check family. analyze.cc drives them in the
+// order of JobAnalysis::run; each family lives in its own file:
+//   align.cc                 aligning members on (comm, ordinal), p2p pairing keys, wait points
+//   check_mismatches.cc      fingerprint mismatches and wrong split colours
+//   check_p2p.cc             sends and receives that do not pair up
+//   check_hangs.cc           whether the job stalled; dead and missing ranks; missing-rank cycles
+//   check_wait_for_graph.cc  the wait-for graph: deadlocks, stuck collectives, stuck p2p pairs
+//   check_init.cc            init and split hangs
+//   check_errors.cc          failed NCCL calls and what they leave waiting
+//   check_stragglers.cc      ranks that arrive last again and again (information)
+//   finish_verdicts.cc       consequences, order, confidence, evidence gaps, stack tops, summary
+//
+// State comes in two kinds, so that a later pass can redo only what changed:
+//  - per communicator (`Comm`): its members' aligned calls and its completed-ordinal watermark.
+//    The structural checks with a per-comm entry point (checkMismatches(Comm&),
+//    checkColours(Comm&), checkP2p(Comm&), checkStuckP2p(const Comm&, ...)) read only their
+//    comm's state and the records of its members.
+//  - per job: the processes, the comm index, pending ordinals per process, the pending and
+//    completed p2p transfer keys, whether the job stalled, and the verdicts. The hang checks
+//    (dead/missing, the wait-for graph, init) and stragglers look across communicators.
+#pragma once
+#include <cstdint>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "analysis/analyze.h"
+#include "trace/fingerprint.h"
+#include "trace/ring_reader.h"
+
+namespace ncclwatch::analysis::internal {
+
+using trace::CallRecord;
+using trace::OpKind;
+using trace::RecordState;
+
+inline constexpr uint32_t kNone = UINT32_MAX;
+
+inline bool isTeardown(OpKind op) {
+  return op == OpKind::kDestroy || op == OpKind::kFinalize || op == OpKind::kAbort ||
+         op == OpKind::kRevoke;
+}
+inline bool isTracked(const CallRecord& r) {
+  return (r.flags & (trace::kRecordCaptured | trace::kRecordNoEvents)) == 0;
+}
+// Issued (or started) and not finished. Lifecycle calls are host-synchronous: one still
+// "issued" never returned. Untracked collectives never leave "issued": they are not pending.
+inline bool isPending(const CallRecord& r) {
+  if (r.state != RecordState::kIssued && r.state != RecordState::kStarted) return false;
+  if (trace::isLifecycle(r.op)) return r.state == RecordState::kIssued;
+  return isTracked(r);
+}
+// A call NCCL refused or reported failed (not "in progress").
+inline bool isFailed(const CallRecord& r) {
+  return r.state == RecordState::kFailed && r.result != 0 && r.result != 7;
+}
+inline bool isSequenced(const CallRecord& r) {
+  return r.seq > 0 && r.op != OpKind::kInit && r.op != OpKind::kGroupStart &&
+         r.op != OpKind::kGroupEnd;
+}
+// What two ranks must agree on at the same ordinal. Splits agree on the op only (their colours
+// legitimately differ; the colour check looks at them).
+inline uint64_t alignKey(const CallRecord& r) {
+  if (r.op == OpKind::kSplit || r.op == OpKind::kShrink || trace::isLifecycle(r.op)) {
+    return static_cast<uint64_t>(r.op);
+  }
+  return r.fingerprint ^ (static_cast<uint64_t>(r.op) << 56);
+}
+
+// One process (one rank's ring file) of the job.
+struct Proc {
+  const trace::TraceFile* file = nullptr;
+  int rank = -1;
+  int64_t toWall = 0;  // add to a record time (CLOCK_MONOTONIC) for CLOCK_REALTIME
+  bool alive = false;
+  bool clean = false;
+  int64_t lastActivity = 0;  // wall
+  bool pending = false;      // has a pending call
+  const CallRecord& rec(uint32_t i) const { return file->records[i]; }
+  int64_t wall(int64_t t) const { return t == 0 ? 0 : t + toWall; }
+};
+
+// One process's membership of a communicator: its calls aligned on the comm's ordinals.
+struct Member {
+  int proc = 0;
+  int commRank = -1;
+  uint64_t base = 0;           // ordinal of coll[0]
+  std::vector<uint32_t> coll;  // record index by ordinal - base, kNone for a gap
+  std::vector<uint32_t> p2p;   // record indices of sends and receives, in issue order
+  uint64_t maxSeq = 0;
+  uint64_t completedSeq = 0;
+  uint64_t pendingCount = 0;
+  bool prefixBroken = false;
+  uint64_t lastOrdinal() const { return coll.empty() ? 0 : base + coll.size() - 1; }
+  uint32_t at(uint64_t ordinal) const {
+    if (ordinal < base || ordinal >= base + coll.size()) return kNone;
+    return coll[ordinal - base];
+  }
+};
+
+// The per-communicator state.
+struct Comm {
+  uint64_t hash = 0;
+  CommDesc desc;
+  int kind = 0;
+  std::vector<Member> members;
+  std::unordered_map<int, int> byCommRank;  // comm rank -> member index
+  uint64_t maxCompletedOrdinal = 0;         // a collective at or below it finished everywhere
+};
+
+// A send or receive by (comm, sender, receiver, p2pSeq) in comm ranks.
+struct TransferKey {
+  uint64_t comm;
+  int sender;
+  int receiver;
+  uint64_t p2pSeq;
+  bool operator==(const TransferKey&) const = default;
+};
+struct TransferHash {
+  size_t operator()(const TransferKey& k) const {
+    uint64_t ranks = static_cast<uint64_t>(static_cast<uint32_t>(k.sender)) << 32 |
+                     static_cast<uint32_t>(k.receiver);
+    return static_cast<size_t>(trace::mix64(k.comm ^ trace::mix64(ranks ^ trace::mix64(k.p2pSeq))));
+  }
+};
+
+// The analysis of one job (job id, attempt).
+class JobAnalysis {
+ public:
+  JobAnalysis(std::vector<Proc> procs, const Options& options, int64_t now)
+      : procs_(std::move(procs)), options_(options), now_(now) {}
+
+  JobReport run(const std::string& jobId, int attempt);  // analyze.cc
+
+ private:
+  // ----- align.cc: building the state -----
+  void buildComms();
+  void excludeShrunkMembers();
+  // The earliest pending call of a process (by issue time): where it waits.
+  uint32_t waitPoint(int proc) const;
+  // A pending collective whose ordinal finished on some rank: its state here is stale.
+  bool impliedDone(int proc, uint32_t index) const;
+  CallDesc whereIs(int proc) const;
+
+  // ----- check_mismatches.cc (per comm) -----
+  void checkMismatches();
+  void checkMismatches(Comm& comm);
+  void checkColours(Comm& comm);
+  // The most common difference between two members' call sites over the calls before
+  // `before` on which they agree: the load-address offset between their processes; 0 unknown.
+  int64_t siteDelta(const Comm& comm, int a, int b, uint64_t before) const;
+  // Whether the calls of two members at two ordinals came from the same line of code (true
+  // when their sites cannot tell).
+  bool sameSite(const Comm& comm, int a, uint64_t ka, int b, uint64_t kb, uint64_t before) const;
+
+  // ----- check_p2p.cc (per comm) -----
+  void checkP2p();
+  void checkP2p(Comm& comm);
+
+  // ----- check_hangs.cc -----
+  void decideStalled();
+  void checkDeadAndMissing();
+  // The first collective ordinal past `gone`'s last on `comm` in which another member waits
+  // (pending, not done elsewhere); 0 when none waits for what `gone` never issued.
+  uint64_t leftBehind(const Comm& comm, const Member& gone) const;
+  bool heldBehindAnEarlierCall(int proc, uint32_t index) const;
+  bool cycleThroughAHeldHost(const Comm& comm, const RankClass& waiting,
+                             const std::vector<int>& missing);
+  bool brokeItsOwnOrder(int proc) const;
+  void breakMissingCycles();
+
+  // ----- check_wait_for_graph.cc -----
+  void checkGraph();
+  void checkStuckP2p(const std::vector<std::unordered_set<uint32_t>>& heads);
+  void checkStuckP2p(const Comm& comm, const std::vector<std::unordered_set<uint32_t>>& heads);
+
+  // ----- check_init.cc -----
+  void checkInit();
+
+  // ----- check_errors.cc -----
+  void checkErrors();
+  // Whether some other member of `hash` waits there (a pending call not done elsewhere).
+  bool othersWaitOn(uint64_t hash, int except) const;
+
+  // ----- check_stragglers.cc -----
+  void checkStragglers();
+
+  // ----- finish_verdicts.cc -----
+  void finishVerdicts();
+  void assessConfidence();
+  void noteEvidenceGaps(JobReport& report) const;
+  void restsOnTiming(Verdict& v) const;
+  void addStackTops();
+  void summarize(JobReport& report);
+
+  Verdict make(VerdictKind kind, const Comm* comm, uint64_t seq) const {
+    Verdict v;
+    v.kind = kind;
+    if (comm != nullptr) v.comm = comm->desc;
+    v.seq = seq;
+    v.detectionNs = now_;
+    return v;
+  }
+  CallDesc describe(const Proc& proc, uint32_t index) const {
+    return describeCall(proc.rec(index));
+  }
+  int globalRank(const Comm& comm, int commRank) const {
+    auto it = comm.byCommRank.find(commRank);
+    return it == comm.byCommRank.end() ? -1 : procs_[comm.members[it->second].proc].rank;
+  }
+  uint64_t ordinalOf(int proc, uint32_t index) const {
+    auto it = pendingOrdinal_[proc].find(index);
+    return it == pendingOrdinal_[proc].end() ? 0 : it->second;
+  }
+  // The comm rank of proc `p` on the communicator `hash`, -1 if it is not a member.
+  int memberRank(int p, uint64_t hash) const {
+    auto c = commIndex_.find(hash);
+    if (c == commIndex_.end()) return -1;
+    for (const Member& m : comms_[c->second].members) {
+      if (m.proc == p) return m.commRank;
+    }
+    return -1;
+  }
+
+  // Per job.
+  std::vector<Proc> procs_;
+  const Options& options_;
+  int64_t now_;
+  // Per communicator, and where each is by hash.
+  std::vector<Comm> comms_;
+  std::unordered_map<uint64_t, int> commIndex_;
+  std::vector<std::unordered_map<uint32_t, uint64_t>>
+      pendingOrdinal_;                                        // per proc: pending record -> ordinal
+  std::unordered_set<TransferKey, TransferHash> pendingP2p_;  // pending on some side
+  std::unordered_set<TransferKey, TransferHash> completedP2p_;  // ... and completed on another
+  bool stalled_ = false;
+  bool stalledByQuiet_ = false;  // stalled only because nothing moved for quietNs
+  bool ended_ = false;
+  int64_t jobLastActivity_ = 0;
+  std::vector<Verdict> verdicts_;
+  std::set<int> deadRanks_;  // proc indices judged dead
+};
+
+}  // namespace ncclwatch::analysis::internal
