@@ -279,21 +279,53 @@ std::string moduleShortName(const std::string& module) {
   return so == std::string::npos || so == 0 ? base : base.substr(0, so);
 }
 
+// Template argument lists longer than a few words become "<…>": in a folded item the name
+// says where, not how it was instantiated.
+std::string collapseTemplates(const std::string& text) {
+  constexpr size_t kLongArguments = 24;
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const bool opens = text[i] == '<' && !(out.size() >= 8 && out.ends_with("operator")) &&
+                       !out.ends_with("operator<");
+    if (!opens) {
+      out += text[i];
+      continue;
+    }
+    int depth = 0;
+    size_t close = std::string::npos;
+    for (size_t k = i; k < text.size(); ++k) {
+      if (text[k] == '<') ++depth;
+      if (text[k] == '>' && --depth == 0) {
+        close = k;
+        break;
+      }
+    }
+    if (close == std::string::npos || close - i - 1 <= kLongArguments) {
+      out += text[i];
+      continue;
+    }
+    out += "<\u2026>";
+    i = close;
+  }
+  return out;
+}
+
 // A function's name without its parameter list, long template arguments shortened.
 std::string shortFunction(const trace::DumpFrame& frame) {
-  if (frame.function.empty())
+  if (frame.function.empty()) {
     return moduleShortName(frame.module) + "+" + hexText(frame.moduleOffset);
+  }
   std::string text = readableNames(frame.function);
   // Drop the outermost trailing "(...)" (and what follows: " const").
   int depth = 0;
   for (size_t i = text.size(); i-- > 0;) {
     if (text[i] == ')') ++depth;
     if (text[i] == '(' && --depth == 0) {
-      if (i > 0 && text.compare(0, 11, "(anonymous ") != 0) return text.substr(0, i);
+      if (i > 0) text.resize(i);
       break;
     }
   }
-  return text;
+  return collapseTemplates(text);
 }
 
 // libc, the loader, libstdc++, libgcc: how any code waits, never what it waits for.
@@ -395,6 +427,12 @@ MixedStack mixedStack(const trace::DumpThread& native, const trace::DumpPythonTh
   }
   mixed.evalFrames = static_cast<int>(evals.size());
   mixed.pythonFrames = static_cast<int>(pyFrames.size());
+  for (auto it = pyFrames.rbegin(); it != pyFrames.rend(); ++it) {
+    if (!isLibraryPython((*it)->file)) {
+      mixed.userLine = pythonFrameLabel(**it);
+      break;
+    }
+  }
   if (evals.empty() || pyFrames.empty()) return mixed;
   mixed.spliced = true;
   mixed.exact = evals.size() == pyFrames.size();
@@ -590,6 +628,7 @@ StackReport mergeStacks(std::span<const RankDump> input, const StackOptions& opt
         StackClass c;
         c.representative = r->rank;
         c.thread = key->name;
+        c.userLine = mixed.userLine;
         c.path.reserve(path.size());
         for (uint32_t id : path) c.path.push_back(native.label(id));
         classes.emplace_back(end, std::move(c));
@@ -738,6 +777,7 @@ void printStacksText(const StackReport& report, std::ostream& out) {
         << (c.ranks.size() == 1 ? " rank" : " ranks") << ")  representative " << c.representative;
     if (!c.path.empty()) {
       out << "  at ";
+      if (!c.userLine.empty()) out << c.userLine << " \u2026 ";
       size_t from = c.path.size() > 3 ? c.path.size() - 3 : 0;
       for (size_t k = from; k < c.path.size(); ++k) out << (k > from ? " > " : "") << c.path[k];
     }
@@ -799,6 +839,8 @@ void printStacksJson(const StackReport& report, std::ostream& out) {
     jsonRanks(out, c.ranks);
     out << ",\"representative\":" << c.representative << ",\"thread\":";
     jsonString(out, c.thread);
+    out << ",\"user_line\":";
+    jsonString(out, c.userLine);
     out << ",\"path\":[";
     for (size_t k = 0; k < c.path.size(); ++k) {
       if (k) out << ',';

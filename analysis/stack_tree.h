@@ -66,6 +66,7 @@ struct StackClass {
   int representative = -1;        // the lowest rank
   std::string thread;             // the thread's name in the representative
   std::vector<std::string> path;  // outermost first
+  std::string userLine;           // of its mixed stack (MixedStack::userLine); empty: none
 };
 
 struct Suspect {
@@ -143,6 +144,9 @@ struct MixedStack {
   int evalFrames = 0;
   int pythonFrames = 0;
   std::vector<std::string> path;  // outermost first
+  // The user's own line: the innermost Python frame outside installed packages and the
+  // standard library (as stackTop), its path label; empty when every frame is library code.
+  std::string userLine;
 };
 MixedStack mixedStack(const trace::DumpThread& native, const trace::DumpPythonThread& python,
                       FrameKey by = FrameKey::kFunction);
