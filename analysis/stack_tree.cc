@@ -385,7 +385,10 @@ void foldRun(std::span<const trace::DumpFrame* const> run, FrameClass kind, bool
       }
       if (frame->function.empty()) continue;
       innermostNamed = frame;
-      if (!isCRuntimeModule(frame->module)) innermostOutsideLibc = frame;
+      // std:: templates inlined into the runtime's code are how it waits, too.
+      if (!isCRuntimeModule(frame->module) && frame->function.rfind("std::", 0) != 0) {
+        innermostOutsideLibc = frame;
+      }
     }
     if (innermostOutsideLibc != nullptr) innermostNamed = innermostOutsideLibc;
     std::string text =
@@ -664,6 +667,13 @@ StackReport mergeStacks(std::span<const RankDump> input, const StackOptions& opt
   return report;
 }
 
+const trace::Dump* hangDumpOf(const trace::TraceFile& file) {
+  for (auto it = file.dumps.rbegin(); it != file.dumps.rend(); ++it) {
+    if (it->trigger == "hang" || it->trigger == "collector") return &*it;
+  }
+  return file.dumps.empty() ? nullptr : &file.dumps.back();
+}
+
 std::map<int, const trace::TraceFile*> newestByRank(std::span<const trace::TraceFile> files) {
   std::map<int, const trace::TraceFile*> newest;
   for (const trace::TraceFile& file : files) {
@@ -686,7 +696,7 @@ StackReport stackReport(std::span<const trace::TraceFile> files, const Report& a
     RankDump r;
     r.rank = rank;
     if (!file->dumps.empty()) {
-      r.dump = &file->dumps.back();
+      r.dump = hangDumpOf(*file);
       r.keyThread = keyThreadOf(*r.dump, file->header.pid);
     }
     ranks.push_back(r);
@@ -759,7 +769,7 @@ void printStackTree(const StackTree& tree, std::ostream& out) {
 
 void printStacksText(const StackReport& report, std::ostream& out) {
   out << "Stacks of " << report.ranks << (report.ranks == 1 ? " rank" : " ranks")
-      << ", newest dump of each, merged by "
+      << ", each rank's newest dump taken on the hang (else its newest), merged by "
       << (report.options.by == FrameKey::kModule ? "module+offset" : "function") << "; "
       << (report.options.allThreads ? "all threads"
                                     : "the thread that issued the hung call, else the main thread")
@@ -777,8 +787,10 @@ void printStacksText(const StackReport& report, std::ostream& out) {
         << (c.ranks.size() == 1 ? " rank" : " ranks") << ")  representative " << c.representative;
     if (!c.path.empty()) {
       out << "  at ";
-      if (!c.userLine.empty()) out << c.userLine << " \u2026 ";
       size_t from = c.path.size() > 3 ? c.path.size() - 3 : 0;
+      const bool userLineShown =
+          std::find(c.path.begin() + from, c.path.end(), c.userLine) != c.path.end();
+      if (!c.userLine.empty() && !userLineShown) out << c.userLine << " \u2026 ";
       for (size_t k = from; k < c.path.size(); ++k) out << (k > from ? " > " : "") << c.path[k];
     }
     out << "\n";

@@ -165,11 +165,18 @@ std::string stackTop(const trace::Dump& dump, int threadId, int pid, size_t fram
 // Merges the given ranks' dumps: trees, classes and notes (no suspects). Ranks must be unique.
 StackReport mergeStacks(std::span<const RankDump> ranks, const StackOptions& options);
 
+// The dump of a file that shows its hang: the newest taken on it (trigger "hang", or
+// "collector": the collector asked on a verdict), else the newest; nullptr when it has none.
+// After `ncclwatch run --abort` a process goes on to dump on its SIGABRT or SIGTERM, in a
+// torn-down state that says nothing about where it hung.
+const trace::Dump* hangDumpOf(const trace::TraceFile& file);
+
 // The newest usable file (latest start) of each rank with a known rank.
 std::map<int, const trace::TraceFile*> newestByRank(std::span<const trace::TraceFile> files);
 
-// From trace files: the newest dump of each rank, merged; suspects ordered from the records on
-// the communicator of the report's first primary verdict (or the largest communicator).
+// From trace files: each rank's dump that shows the hang (hangDumpOf), merged; suspects ordered
+// from the records on the communicator of the report's first primary verdict (or the largest
+// communicator).
 StackReport stackReport(std::span<const trace::TraceFile> files, const Report& report,
                         const StackOptions& options);
 
