@@ -53,7 +53,7 @@ struct StackTree {
   bool empty() const { return nodes.size() <= 1; }
 };
 
-// One rank's input: its newest dump (or none) and which thread matters in it.
+// One rank's input: its dump (or none) and which thread matters in it.
 struct RankDump {
   int rank = -1;
   const trace::Dump* dump = nullptr;  // nullptr: the rank has no dump

@@ -109,7 +109,7 @@ Exit code: 0 no finding (stragglers are information), 1 findings, 2 usage or I/O
 
 void addStacks(CLI::App& app, int& exitCode) {
   CLI::App* stacks = app.add_subcommand(
-      "stacks", "STAT-style merged stack tree of every rank's newest dump, classes first");
+      "stacks", "STAT-style merged stack tree of every rank's dump of the hang, classes first");
   static ncclwatch::stacks::Options options;
   stacks
       ->add_option("dir", options.directory,
