@@ -475,6 +475,37 @@ TEST(MixedStack, MergedTreeMatchesTheGolden) {
             "/home/me/train.py:60 <module>");
 }
 
+// After `run --abort` a rank dumps again on its SIGTERM, torn down: the stacks (and the HTML
+// page's tree) come from its dump taken on the hang, mixed.
+TEST(MixedStack, StacksUseTheDumpTakenOnTheHangAndThePageShowsTheMixedTree) {
+  ncclwatch::trace::TraceFile file;
+  file.usable = true;
+  file.header.rank = 0;
+  file.header.world = 1;
+  file.header.pid = 100;
+  Dump hang = torchDump(100, 40, "ncclsim::waitForPeers(int)");
+  hang.trigger = "collector";
+  Dump teardown;
+  teardown.trigger = "sigterm";
+  teardown.threads.push_back(thread(100, "python", {frame("main"), frame("Py_FinalizeEx")}));
+  file.dumps = {hang, teardown};
+  EXPECT_EQ(ncclwatch::analysis::hangDumpOf(file), &file.dumps[0]);
+  std::vector<ncclwatch::trace::TraceFile> files = {file};
+  ncclwatch::analysis::Options options;
+  options.probeProcesses = false;
+  auto report = ncclwatch::analysis::analyze(files, options);
+  auto stacks = ncclwatch::analysis::stackReport(files, report, {});
+  EXPECT_EQ(stacks.mixedRanks, (std::vector<int>{0}));
+  EXPECT_EQ(stacks.notes[0].trigger, "collector");
+  std::ostringstream page;
+  ncclwatch::report::writeHtml(files, report, stacks, page);
+  EXPECT_NE(page.str().find("Mixed stacks (ranks 0)"), std::string::npos) << page.str();
+  EXPECT_NE(page.str().find("/home/me/train.py:40 train"), std::string::npos) << page.str();
+  // Without a dump taken on the hang, the newest.
+  file.dumps = {teardown};
+  EXPECT_EQ(ncclwatch::analysis::hangDumpOf(file), &file.dumps[0]);
+}
+
 // The stack top names the thread's own Python stack (not the data loader's, listed as current)
 // and the native frames inside its innermost loop.
 TEST(StackTop, UsesTheThreadsOwnPythonStackWhenTheDumpJoinsThem) {
