@@ -40,9 +40,11 @@ for ((i = 0; i < rounds; i++)); do
   run plugin "200 1000 0 2" NCCL_PROFILER_PLUGIN="$preload" NCCLWATCH_EVENTS=0
   run base_paused "400 200 3000"
   run events "400 200 3000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=1
+  run events_full "400 200 3000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=full
   # Back to back with events: tracking must hold (issue 15: the pool ran dry and 70% of calls
   # went untracked at the default 100 ms poll); the default poll interval here.
   run events_b2b "200 1000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=1 NCCLWATCH_POLL_MS=100
+  run events_full_b2b "200 1000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=full NCCLWATCH_POLL_MS=100
 done
 
 median() { sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
@@ -54,6 +56,7 @@ combined=$(cut -d' ' -f1 "$logs/combined.txt" | median)
 plugin=$(cut -d' ' -f1 "$logs/plugin.txt" | median)
 base_paused=$(cut -d' ' -f1 "$logs/base_paused.txt" | median)
 on=$(cut -d' ' -f1 "$logs/events.txt" | median)
+on_full=$(cut -d' ' -f1 "$logs/events_full.txt" | median)
 rss_base=$(cut -d' ' -f2 "$logs/base.txt" | median)
 rss_off=$(cut -d' ' -f2 "$logs/recording.txt" | median)
 rss_on=$(cut -d' ' -f2 "$logs/events.txt" | median)
@@ -72,6 +75,9 @@ print(f"{done} of {len(records)} ({100.0 * done / max(1, len(records)):.1f}%)")'
 tracked=$(tracked_share events)
 tracked_b2b=$(tracked_share events_b2b)
 b2b=$(cut -d' ' -f1 "$logs/events_b2b.txt" | median)
+tracked_full=$(tracked_share events_full)
+tracked_full_b2b=$(tracked_share events_full_b2b)
+b2b_full=$(cut -d' ' -f1 "$logs/events_full_b2b.txt" | median)
 
 printf 'ncclAllReduce host time per call, sim instant mode, median of %d interleaved runs\n' "$rounds"
 printf '  back to back (200 x 1000 calls):\n'
@@ -86,10 +92,11 @@ printf '    (plugin rows: the sim emits Coll and KernelCh on the calling thread 
 printf '     NCCL emits KernelCh and proxy events from its proxy thread)\n' 
 printf '  in steps (400 x 200 calls, 3 ms apart):\n'
 printf '    %-34s %8.1f ns\n' "without ncclwatch" "$base_paused"
-printf '    %-34s %8.1f ns  (+%.1f ns, budget 600)\n' "with ncclwatch, completion events" "$on" "$(awk "BEGIN{print $on - $base_paused}")"
-printf '  calls tracked to completion in the events run (last ring): %s\n' "$tracked"
-printf '  back to back with events (200 x 1000 calls, 100 ms poll): %.1f ns a call; tracked %s\n' \
-  "$b2b" "$tracked_b2b"
+printf '    %-34s %8.1f ns  (+%.1f ns, budget 600)\n' "with ncclwatch, one event a call" "$on" "$(awk "BEGIN{print $on - $base_paused}")"
+printf '    %-34s %8.1f ns  (+%.1f ns)\n' "with ncclwatch, NCCLWATCH_EVENTS=full" "$on_full" "$(awk "BEGIN{print $on_full - $base_paused}")"
+printf '  calls tracked to completion in the events runs (last ring): one event %s; full %s\n' "$tracked" "$tracked_full"
+printf '  back to back with events (200 x 1000 calls, 100 ms poll): one event %.1f ns a call, tracked %s; full %.1f ns, tracked %s\n' \
+  "$b2b" "$tracked_b2b" "$b2b_full" "$tracked_full_b2b"
 printf '  resident memory: %s KiB without, %s KiB recording (+%s), %s KiB with events (+%s)\n' \
   "$rss_base" "$rss_off" "$((rss_off - rss_base))" "$rss_on" "$((rss_on - rss_base))"
 # Where the events row's time goes on the sim: its driver calls themselves, measured alone.
@@ -109,12 +116,13 @@ if command -v valgrind >/dev/null; then
   i_base=$(per_call)
   i_off=$(per_call LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0 NCCLWATCH_PLUGIN=off)
   i_on=$(per_call LD_PRELOAD="$preload" NCCLWATCH_EVENTS=1)
+  i_full=$(per_call LD_PRELOAD="$preload" NCCLWATCH_EVENTS=full)
   i_base2=$(RANKS=2 per_call)
   i_null=$(RANKS=2 per_call NCCL_PROFILER_PLUGIN="$null_plugin")
   i_combined=$(RANKS=2 per_call LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0)
   i_plugin=$(RANKS=2 per_call NCCL_PROFILER_PLUGIN="$preload" NCCLWATCH_EVENTS=0)
-  printf '  instructions per call (callgrind, all threads): %s without, %s recording (+%s), %s with events (+%s, driver calls included)\n' \
-    "$i_base" "$i_off" "$((i_off - i_base))" "$i_on" "$((i_on - i_base))"
+  printf '  instructions per call (callgrind, all threads): %s without, %s recording (+%s), %s one event (+%s), %s full events (+%s; driver calls included)\n' \
+    "$i_base" "$i_off" "$((i_off - i_base))" "$i_on" "$((i_on - i_base))" "$i_full" "$((i_full - i_base))"
   printf '    2-rank communicator: %s without, %s with a null plugin, %s recording with its plugin (+%s over null), %s plugin only (+%s over null)\n' \
     "$i_base2" "$i_null" "$i_combined" "$((i_combined - i_null))" "$i_plugin" "$((i_plugin - i_null))"
 fi

@@ -44,6 +44,7 @@ ncclResult_t finishRootInit(ncclResult_t result, ncclComm_t comm, const ncclUniq
   CommCreation creation;
   creation.comm = comm;
   creation.hash = trace::rootCommHash(&id, sizeof id);
+  creation.magic = trace::uniqueIdMagic(&id);
   if (sharedId && accepted(result)) watchdog::offerCommHashForSecret(creation.hash);
   creation.nranks = nranks;
   creation.rank = rank;
@@ -64,19 +65,13 @@ ncclResult_t finishRootInit(ncclResult_t result, ncclComm_t comm, const ncclUniq
   return result;
 }
 
-// A split or shrink child of `parent`.
-void addChild(ncclComm_t child, CommEntry* parent, uint64_t hash, OpKind kind, int color,
-              int splitIndex, int shrinkIndex) {
+// A new communicator made from `parent` (a split, shrink or grow child; null for a grow's new
+// rank, which has no parent here): registered, and its Init recorded.
+void addChild(ncclComm_t child, CommEntry* parent, CommCreation creation) {
   Recorder* recorder = Recorder::get();
   if (recorder == nullptr || child == nullptr) return;
-  CommCreation creation;
   creation.comm = child;
-  creation.hash = hash;
   creation.parentHash = parent != nullptr ? parent->hash : 0;
-  creation.color = color;
-  creation.splitIndex = splitIndex;
-  creation.shrinkIndex = shrinkIndex;
-  creation.kind = kind;
   describeComm(child, &creation);
   recorder->writer().addRecordingSource(trace::kSourceInterposer);
   CommEntry* entry = recorder->add(creation);
@@ -86,8 +81,21 @@ void addChild(ncclComm_t child, CommEntry* parent, uint64_t hash, OpKind kind, i
   call.count = static_cast<uint64_t>(creation.nranks);
   call.rootOrPeer = creation.rank;
   call.countsInSequence = false;
-  call.commHash = hash;
+  call.commHash = creation.hash;
   recorder->finish(recorder->issue(entry, call), child, ncclSuccess);
+}
+
+// A split or shrink child: NCCL's bootstrap magic of a child is its own commHash.
+void addSplitChild(ncclComm_t child, CommEntry* parent, uint64_t hash, OpKind kind, int color,
+                   int splitIndex, int shrinkIndex) {
+  CommCreation creation;
+  creation.hash = hash;
+  creation.magic = hash;
+  creation.color = color;
+  creation.splitIndex = splitIndex;
+  creation.shrinkIndex = shrinkIndex;
+  creation.kind = kind;
+  addChild(child, parent, creation);
 }
 
 }  // namespace
@@ -135,8 +143,8 @@ ncclResult_t lifecycle_ncclCommSplit(decltype(&::pncclCommSplit) real, ncclComm_
   ncclResult_t result = recordOnComm(comm, OpKind::kSplit, color,
                                      [&] { return real(comm, color, key, newcomm, config); });
   if (accepted(result) && newcomm != nullptr && *newcomm != nullptr && parent != nullptr) {
-    addChild(*newcomm, parent, trace::splitCommHash(parent->hash, splitIndex, color),
-             OpKind::kSplit, color, splitIndex, 0);
+    addSplitChild(*newcomm, parent, trace::splitCommHash(parent->hash, splitIndex, color),
+                  OpKind::kSplit, color, splitIndex, 0);
   }
   return result;
 }
@@ -151,10 +159,51 @@ ncclResult_t lifecycle_ncclCommShrink(decltype(&::pncclCommShrink) real, ncclCom
     return real(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags);
   });
   if (accepted(result) && newcomm != nullptr && *newcomm != nullptr && parent != nullptr) {
-    addChild(*newcomm, parent, trace::shrinkCommHash(parent->hash), OpKind::kShrink, -1, 0,
-             shrinkIndex);
+    addSplitChild(*newcomm, parent, trace::shrinkCommHash(parent->hash), OpKind::kShrink, -1, 0,
+                  shrinkIndex);
   }
   return result;
+}
+
+GrowPlan planGrow(ncclComm_t comm, const ncclUniqueId* uniqueId) {
+  GrowPlan plan;
+  Recorder* recorder = nullptr;
+  try {
+    recorder = Recorder::get();
+  } catch (...) {
+    return plan;
+  }
+  if (recorder == nullptr) return plan;
+  plan.recording = true;
+  if (comm != nullptr) plan.parent = recorder->find(comm);
+  // Every existing rank's NCCL counts the grow among the parent's children (before making it),
+  // so a later split of the parent hashes with the count that includes it; finishGrow counts
+  // it once NCCL accepted the call (one refused at its argument checks does not count).
+  if (plan.parent != nullptr) plan.childCount = plan.parent->splitCount.load() + 1;
+  if (uniqueId != nullptr) {
+    plan.magic = trace::uniqueIdMagic(uniqueId);  // a new rank, or the existing root
+  } else if (plan.parent != nullptr && plan.parent->magic != 0) {
+    plan.magic = trace::growMagic(plan.parent->magic, plan.childCount);
+  }
+  return plan;
+}
+
+void finishGrow(const GrowPlan& plan, ncclResult_t result, ncclComm_t newcomm, int nRanks,
+                int rank) {
+  if (!plan.recording || !accepted(result)) return;
+  if (plan.parent != nullptr) plan.parent->splitCount.fetch_add(1);
+  if (newcomm == nullptr || plan.magic == 0) return;
+  try {
+    CommCreation creation;
+    creation.hash = trace::growCommHash(plan.magic, nRanks);
+    creation.magic = plan.magic;
+    creation.nranks = nRanks;
+    // Existing ranks pass rank -1 and keep their rank; new ranks are given theirs.
+    creation.rank = plan.parent != nullptr ? plan.parent->rank : rank;
+    creation.kind = OpKind::kGrow;
+    addChild(newcomm, plan.parent, creation);
+  } catch (...) {
+  }
 }
 
 ncclResult_t lifecycle_ncclCommFinalize(decltype(&::pncclCommFinalize) real, ncclComm_t comm) {

@@ -71,4 +71,20 @@ ncclResult_t lifecycle_ncclCommAbort(decltype(&::pncclCommAbort) real, ncclComm_
 ncclResult_t lifecycle_ncclCommRevoke(decltype(&::pncclCommRevoke) real, ncclComm_t comm,
                                       int revokeFlags);
 
+// ncclCommGrow (NCCL 2.29+; its wrapper is compiled against the newer nccl.h, lifecycle_newer.h)
+// around the real call: which communicator grows, and the grown one's NCCL magic (a new rank
+// and the existing root read it from the id, the other existing ranks derive it from the
+// parent's); then, when NCCL accepted the call, the grown communicator joins the registry
+// under NCCL's commHash. An unknown magic (a parent the registry does not hold) leaves the
+// grown communicator out, as one the table could not hold.
+struct GrowPlan {
+  bool recording = false;
+  CommEntry* parent = nullptr;
+  uint64_t magic = 0;
+  int childCount = 0;
+};
+GrowPlan planGrow(ncclComm_t comm, const ncclUniqueId* uniqueId);
+void finishGrow(const GrowPlan& plan, ncclResult_t result, ncclComm_t newcomm, int nRanks,
+                int rank);
+
 }  // namespace ncclwatch::interpose

@@ -192,6 +192,21 @@ bool envSwitch(const char* name, bool fallback) {
   return fallback;
 }
 
+// NCCLWATCH_EVENTS: on (one event per call, the default), full (a start event too), off.
+watchdog::EventMode eventMode() {
+  const char* text = envText("NCCLWATCH_EVENTS");
+  if (text == nullptr) return watchdog::EventMode::kEnd;
+  if (strcasecmp(text, "full") == 0) return watchdog::EventMode::kFull;
+  for (const char* on : {"1", "on", "yes", "true", "end"}) {
+    if (strcasecmp(text, on) == 0) return watchdog::EventMode::kEnd;
+  }
+  for (const char* off : {"0", "off", "no", "false"}) {
+    if (strcasecmp(text, off) == 0) return watchdog::EventMode::kOff;
+  }
+  std::fprintf(stderr, "[ncclwatch] NCCLWATCH_EVENTS=%s is not on, full or off; using on\n", text);
+  return watchdog::EventMode::kEnd;
+}
+
 trace::TraceMode traceMode() {
   const char* text = envText("NCCLWATCH_TRACE");
   if (text == nullptr || std::strcmp(text, "ring") == 0) return trace::TraceMode::kRing;
@@ -259,7 +274,7 @@ watchdog::AgentOptions agentOptionsFromEnvironment(const trace::ProcessInfo& pro
   options.rank = process.rank;
   options.world = process.world;
   options.localRank = process.localRank;
-  options.events = envSwitch("NCCLWATCH_EVENTS", true);
+  options.events = eventMode();
   options.pollMs = static_cast<int>(envCount("NCCLWATCH_POLL_MS", 1, 60000, kDefaultPollMs));
   options.thresholds.softFloorMs = static_cast<int64_t>(
       envCount("NCCLWATCH_WARN_MS", 1, 86'400'000, options.thresholds.softFloorMs));
@@ -486,6 +501,7 @@ CommEntry* Recorder::add(const CommCreation& creation) {
     std::atomic_ref(entry.hash).store(creation.hash, std::memory_order_relaxed);
     entry.abortable = creation.abortable;
     entry.parentHash = creation.parentHash;
+    entry.magic = creation.magic;
     entry.nranks = creation.nranks;
     entry.rank = creation.rank;
     entry.rollingHash.store(trace::kRollingSeed);
@@ -555,7 +571,7 @@ void markFailed(trace::RingWriter& writer, uint64_t index, ncclResult_t result) 
 }
 
 bool tracksCompletion(trace::OpKind op) {
-  return trace::isCollective(op) || trace::isPointToPoint(op);
+  return trace::isCollective(op) || trace::isPointToPoint(op) || trace::isOneSided(op);
 }
 
 bool batchHasRoom(const Batch& batch, uint64_t stream) {

@@ -25,9 +25,11 @@ struct CommEntry {
   std::atomic<uint64_t> seq{0};          // every operation issued on the comm
   std::atomic<uint64_t> collectives{0};  // NCCL's per-type counters
   std::atomic<uint64_t> pointToPoint{0};
-  std::atomic<int> splitCount{0};   // NCCL's per-parent split counter (NOCOLOR counts)
+  // NCCL's per-parent child counter: every ncclCommSplit (NOCOLOR included) and ncclCommGrow.
+  std::atomic<int> splitCount{0};
   std::atomic<int> shrinkCount{0};  // ours: NCCL gives two shrinks the same hash
   std::atomic<uint64_t> rollingHash{0};
+  uint64_t magic = 0;  // NCCL's bootstrap magic (trace/identity.h), for a grown child's hash
   // The key is a real ncclComm_t this process can abort (false: the plugin's own entry, keyed
   // by its profiler context: NCCL's plugin door never hands out the communicator).
   bool abortable = true;
@@ -40,6 +42,7 @@ struct CommCreation {
   ncclComm_t comm = nullptr;
   uint64_t hash = 0;
   uint64_t parentHash = 0;
+  uint64_t magic = 0;
   int nranks = 0;
   int rank = 0;
   int device = -1;

@@ -1,4 +1,4 @@
-// The NCCL API wrappers of libncclwatch.so, expanded from interpose/nccl_api.def. Each one
+// The NCCL 2.28 API wrappers of libncclwatch.so, expanded from interpose/nccl_api.def. Each one
 // forwards to NCCL's own pnccl<Name> and records the outermost calls. The wrappers are defined
 // under nccl.h's own prototypes, so a parameter list that drifts from the header fails to
 // compile, and the real function's type is decltype(&::pncclX).
@@ -9,78 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "interpose/forward.h"
-#include "interpose/lifecycle.h"
-#include "interpose/recorder.h"
-
-#define NCCLWATCH_EXPORT __attribute__((visibility("default")))
-#define NCCLWATCH_UNPACK(...) __VA_ARGS__
-
-namespace ni = ncclwatch::interpose;
-
-// Declares `real`, NCCL's p<name>, resolved once; returns `missing` when there is no NCCL.
-#define NCCLWATCH_RESOLVE(name, missing)                  \
-  static std::atomic<void*> cached{nullptr};              \
-  void* address = cached.load(std::memory_order_acquire); \
-  if (address == nullptr) {                               \
-    address = ni::resolveReal("p" #name);                 \
-    cached.store(address, std::memory_order_release);     \
-  }                                                       \
-  if (address == nullptr) {                               \
-    ni::reportMissingNccl(#name);                         \
-    return missing;                                       \
-  }                                                       \
-  auto real = reinterpret_cast<decltype(&::p##name)>(address)
-
-#define NCCL_FORWARD(ret, name, params, args)                              \
-  extern "C" NCCLWATCH_EXPORT ret name params {                            \
-    NCCLWATCH_RESOLVE(name, ni::missingNcclResult<ret>());                 \
-    ni::CallScope scope;                                                   \
-    ret returned = real args;                                              \
-    ni::afterForward(returned, !scope.outermost(), NCCLWATCH_UNPACK args); \
-    return returned;                                                       \
-  }
-
-#define NCCL_FORWARD_VOID(name)             \
-  extern "C" NCCLWATCH_EXPORT void name() { \
-    NCCLWATCH_RESOLVE(name, );              \
-    ni::CallScope scope;                    \
-    real();                                 \
-  }
-
-#define NCCL_COLLECTIVE(name, op, params, args, count, dtype, redop, root, comm, stream) \
-  extern "C" NCCLWATCH_EXPORT ncclResult_t name params {                                 \
-    NCCLWATCH_RESOLVE(name, ncclSystemError);                                            \
-    ni::CallScope scope;                                                                 \
-    if (!scope.outermost()) return real args;                                            \
-    ni::CallDescription call{ncclwatch::trace::OpKind::op,                               \
-                             static_cast<uint64_t>(count),                               \
-                             static_cast<int>(dtype),                                    \
-                             static_cast<int>(redop),                                    \
-                             static_cast<int>(root),                                     \
-                             reinterpret_cast<uint64_t>(stream),                         \
-                             reinterpret_cast<uint64_t>(__builtin_return_address(0))};   \
-    return ni::recordAndCall(comm, call, [&] { return real args; });                     \
-  }
-
-#define NCCL_P2P(name, op, params, args, count, dtype, peer, comm, stream) \
-  NCCL_COLLECTIVE(name, op, params, args, count, dtype, -1, peer, comm, stream)
-
-#define NCCL_LIFECYCLE(name, params, args)                    \
-  extern "C" NCCLWATCH_EXPORT ncclResult_t name params {      \
-    NCCLWATCH_RESOLVE(name, ncclSystemError);                 \
-    ni::CallScope scope;                                      \
-    if (!scope.outermost()) return real args;                 \
-    return ni::lifecycle_##name(real, NCCLWATCH_UNPACK args); \
-  }
-
-#define NCCL_GROUP(name, hook)                      \
-  extern "C" NCCLWATCH_EXPORT ncclResult_t name() { \
-    NCCLWATCH_RESOLVE(name, ncclSystemError);       \
-    ni::CallScope scope;                            \
-    if (!scope.outermost()) return real();          \
-    return ni::hook(real);                          \
-  }
+#include "interpose/wrapper_macros.h"
 
 // ncclResetDebugInit is deprecated in nccl.h, yet still exported: it is wrapped like the rest.
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"

@@ -59,7 +59,8 @@ const char* kindName(uint8_t kind) {
 // get GPU events (they are done when they return), so only communication says "untracked".
 std::string flagNotes(const CallRecord& record) {
   std::string notes;
-  bool communication = trace::isCollective(record.op) || trace::isPointToPoint(record.op);
+  bool communication = trace::isCollective(record.op) || trace::isPointToPoint(record.op) ||
+                       trace::isOneSided(record.op);
   if (record.flags & trace::kRecordInGroup) notes += " group";
   if (record.flags & trace::kRecordCaptured) notes += " captured";
   if (communication && (record.flags & trace::kRecordNoEvents)) {
@@ -67,6 +68,7 @@ std::string flagNotes(const CallRecord& record) {
   }
   if (record.flags & trace::kRecordFromPlugin) notes += " plugin";
   if (record.flags & trace::kRecordKernelTracked) notes += " kernel-tracked";
+  if (record.flags & trace::kRecordStartInferred) notes += " start-inferred";
   if (trace::isPythonSite(record.callSite)) {
     notes += " py#" + std::to_string(trace::pythonSiteNumber(record.callSite));
   }
@@ -257,7 +259,8 @@ void printTable(const TraceFile& file, std::ostream& out) {
   out << line;
   for (const CallRecord& r : file.records) {
     bool hasRedop = trace::hasReduction(r.op);
-    bool movesData = trace::isCollective(r.op) || trace::isPointToPoint(r.op);
+    bool movesData = trace::isCollective(r.op) || trace::isPointToPoint(r.op) ||
+                     r.op == trace::OpKind::kPutSignal;
     std::snprintf(
         line, sizeof line,
         "  %6" PRIu64 "  %-16s  %5" PRIu64 "  %-13s  %10" PRIu64
@@ -314,6 +317,7 @@ void printJson(const TraceFile& file, std::ostream& out) {
         << "\",\"captured\":" << ((r.flags & trace::kRecordCaptured) ? "true" : "false")
         << ",\"no_events\":" << ((r.flags & trace::kRecordNoEvents) ? "true" : "false")
         << ",\"in_group\":" << ((r.flags & trace::kRecordInGroup) ? "true" : "false")
+        << ",\"start_inferred\":" << ((r.flags & trace::kRecordStartInferred) ? "true" : "false")
         << ",\"fingerprint\":\"" << hex(r.fingerprint) << "\",\"stream\":\"" << hex(r.stream)
         << "\",\"issue_ns\":" << r.issueNs << ",\"start_ns\":" << r.startNs
         << ",\"complete_ns\":" << r.completeNs << ",\"result\":" << r.result

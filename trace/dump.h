@@ -13,9 +13,11 @@ namespace ncclwatch::trace {
 // What the local watchdog concluded about one communicator.
 struct DumpFinding {
   uint64_t commHash = 0;
-  uint64_t seq = 0;         // the oldest pending call
-  std::string op;           // its OpKind name
-  std::string state;        // "issued" (queued behind earlier GPU work) or "started"
+  uint64_t seq = 0;  // the oldest pending call
+  std::string op;    // its OpKind name
+  // "issued" (queued behind earlier GPU work), "started", or "reached" (started as inferred from
+  // stream order with one event per call: kRecordStartInferred)
+  std::string state;
   int64_t ageMs = 0;        // since it was issued
   int threadId = 0;         // the thread that issued it
   std::string explanation;  // one line

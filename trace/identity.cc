@@ -48,4 +48,27 @@ uint64_t shrinkCommHash(uint64_t parentHash) {
   return splitCommHash(parentHash, 0, 0);
 }
 
+uint64_t combineHash(uint64_t base, uint64_t value) {
+  CommHashState state;
+  state.absorb(&base, sizeof base);
+  state.absorb(&value, sizeof value);
+  return state.digest();
+}
+
+uint64_t uniqueIdMagic(const void* uniqueId) {
+  const auto* bytes = static_cast<const unsigned char*>(uniqueId);
+  uint64_t magic = 0;  // NCCL reads it as a native (little-endian) uint64_t
+  for (int i = 0; i < 8; ++i) magic |= static_cast<uint64_t>(bytes[i]) << (8 * i);
+  return magic;
+}
+
+uint64_t growMagic(uint64_t parentMagic, int childCount) {
+  // NCCL passes the int counter where hashCombine takes a uint64_t: it is widened first.
+  return combineHash(parentMagic, static_cast<uint64_t>(static_cast<int64_t>(childCount)));
+}
+
+uint64_t growCommHash(uint64_t magic, int nranks) {
+  return combineHash(magic, static_cast<uint64_t>(static_cast<int64_t>(nranks)));
+}
+
 }  // namespace ncclwatch::trace

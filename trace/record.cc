@@ -50,6 +50,14 @@ const char* opName(OpKind op) {
       return "Register";
     case OpKind::kDeregister:
       return "Deregister";
+    case OpKind::kGrow:
+      return "Grow";
+    case OpKind::kPutSignal:
+      return "PutSignal";
+    case OpKind::kSignal:
+      return "Signal";
+    case OpKind::kWaitSignal:
+      return "WaitSignal";
     case OpKind::kUnknown:
     case OpKind::kCount:
       break;

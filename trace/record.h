@@ -31,7 +31,12 @@ enum class OpKind : uint8_t {
   kRevoke,
   kRegister,
   kDeregister,
-  kCount  // keep last
+  // NCCL 2.29+ (values appended: older files keep theirs).
+  kGrow,        // ncclCommGrow, recorded on the communicator that grows
+  kPutSignal,   // one-sided: data into a peer's window, then a signal
+  kSignal,      // one-sided: a signal alone
+  kWaitSignal,  // waits on the stream for peers' signals
+  kCount        // keep last
 };
 
 // issued → started → completed, or failed / aborted. Values are part of the file format.
@@ -57,6 +62,10 @@ enum RecordFlags : uint8_t {
   // With kRecordNoEvents: tracking was on but this call found no free event pair (calls outran
   // the watchdog's recycling), so it was shed; the analysis names it as untracked.
   kRecordShed = 1 << 5,
+  // State started was inferred from stream order (one completion event per call): every earlier
+  // tracked call on its stream completed, yet work queued on the stream outside NCCL may still
+  // be ahead of it. Without the flag a started record's start was seen (its own start event).
+  kRecordStartInferred = 1 << 6,
 };
 
 // CallRecord::redop when the call's reduction is not known (profiler events do not carry it).
@@ -76,7 +85,12 @@ inline constexpr bool isPointToPoint(OpKind op) {
   return op == OpKind::kSend || op == OpKind::kRecv;
 }
 inline constexpr bool isLifecycle(OpKind op) {
-  return op >= OpKind::kInit && op <= OpKind::kRevoke;
+  return (op >= OpKind::kInit && op <= OpKind::kRevoke) || op == OpKind::kGrow;
+}
+// NCCL 2.29's one-sided operations: stream-ordered like a send, but no peer posts a matching
+// call, so they take no place in the communicator's sequence (seq 0).
+inline constexpr bool isOneSided(OpKind op) {
+  return op >= OpKind::kPutSignal && op <= OpKind::kWaitSignal;
 }
 
 // 128 bytes, naturally aligned, no padding holes: written with plain stores into a shared

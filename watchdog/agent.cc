@@ -93,10 +93,10 @@ Agent* Agent::start(trace::RingWriter& writer, const AgentOptions& options) {
   if (Agent* agent = current()) return agent;
   std::call_once(g_atforkOnce, [] { pthread_atfork(nullptr, nullptr, forgetAfterFork); });
   auto* agent = new Agent(writer, options);
-  if (options.events) {
+  if (options.events != EventMode::kOff) {
     const char* why = nullptr;
     if (const DriverApi* driver = loadDriverApi(&why)) {
-      agent->completion_ = std::make_unique<CompletionTracker>(*driver, writer);
+      agent->completion_ = std::make_unique<CompletionTracker>(*driver, writer, options.events);
     } else {
       std::fprintf(stderr, "[ncclwatch] GPU completion tracking off: %s\n", why);
     }
@@ -291,7 +291,10 @@ void Agent::checkHangs(int64_t now) {
     int64_t softMs = std::max(limits.softFloorMs, limits.softFactor * latencyMs);
     int64_t hardMs = std::max(limits.hardFloorMs, limits.hardFactor * latencyMs);
     Alarm& alarm = alarms_[comm.commHash];
-    const char* state = comm.oldestStarted ? "started" : "issued";
+    // One event per call: a start inferred from stream order is "reached", not "started".
+    const char* state = !comm.oldestStarted                               ? "issued"
+                        : (call.flags & trace::kRecordStartInferred) != 0 ? "reached"
+                                                                          : "started";
     if (ageMs >= softMs && alarm.warnedSeq != call.seq) {
       alarm.warnedSeq = call.seq;
       std::fprintf(stderr,

@@ -46,7 +46,7 @@ struct HangThresholds {
 
 struct AgentOptions {
   int pollMs = 100;
-  bool events = true;  // GPU completion events (NCCLWATCH_EVENTS)
+  EventMode events = EventMode::kEnd;  // GPU completion events (NCCLWATCH_EVENTS)
   HangThresholds thresholds;
   HangAction onHang = HangAction::kWarn;
   int stackSignalOffset = 3;                  // SIGRTMIN + this captures native stacks

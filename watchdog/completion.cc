@@ -15,13 +15,16 @@ CUstream asStream(uint64_t stream) {
   return reinterpret_cast<CUstream>(stream);
 }
 
+constexpr auto byRingIndex = [](const auto& a, const auto& b) { return a.ringIndex < b.ringIndex; };
+
 // Pool creation is rare (a new context) and never on the hot path.
 std::mutex g_poolCreation;
 
 }  // namespace
 
-CompletionTracker::CompletionTracker(const DriverApi& driver, trace::RingWriter& writer)
-    : driver_(driver), writer_(writer) {
+CompletionTracker::CompletionTracker(const DriverApi& driver, trace::RingWriter& writer,
+                                     EventMode mode)
+    : driver_(driver), writer_(writer), mode_(mode) {
   inflight_.reserve(1024);
   blockedStreams_.reserve(kMaxBlocked);
 }
@@ -114,7 +117,8 @@ Ticket CompletionTracker::recordBefore(uint64_t stream, bool* shed) {
   }
   Ticket ticket = (static_cast<uint32_t>(slot) << 16) | index;
   pairOf(ticket).generation.fetch_add(1, std::memory_order_relaxed);
-  if (driver_.eventRecord(pairOf(ticket).before, asStream(stream)) != CUDA_SUCCESS) {
+  if (mode_ == EventMode::kFull &&
+      driver_.eventRecord(pairOf(ticket).before, asStream(stream)) != CUDA_SUCCESS) {
     counters_.recordErrors.fetch_add(1, std::memory_order_relaxed);
     poolOf(ticket)->free.push(index);
     return kNoTicket;
@@ -184,7 +188,7 @@ void CompletionTracker::queryPair(EventPair& pair) {
       pair.failed = true;
     }
   }
-  if (!pair.beforeDone && !pair.failed) {
+  if (mode_ == EventMode::kFull && !pair.beforeDone && !pair.failed) {
     CUresult before = driver_.eventQuery(pair.before);
     if (before == CUDA_SUCCESS) pair.beforeDone = true;
   }
@@ -220,6 +224,11 @@ size_t CompletionTracker::poll() {
     }
     inflight_.push_back(pending);
   }
+  // Stream order is read off ring order below. Calls are submitted nearly in ring order, but a
+  // group's records reach the queue at its GroupEnd, after calls of other threads.
+  if (!std::is_sorted(inflight_.begin(), inflight_.end(), byRingIndex)) {
+    std::stable_sort(inflight_.begin(), inflight_.end(), byRingIndex);
+  }
   std::vector<uint64_t> aborted;
   for (uint64_t hash; aborts_.pop(&hash);) aborted.push_back(hash);
 
@@ -241,16 +250,30 @@ size_t CompletionTracker::poll() {
       release(pending.ticket);
       continue;
     }
-    const bool blocked = std::any_of(
-        blockedStreams_.begin(), blockedStreams_.end(),
-        [&](const auto& b) { return b.first == pending.stream && b.second < pending.ringIndex; });
+    // The stream's first unfinished call this pass, if it is known; calls sharing its pair (a
+    // group's calls on that stream) stand at the head of the stream with it.
+    const BlockedStream* head = nullptr;
+    bool blocked = false;
+    for (const BlockedStream& b : blockedStreams_) {
+      if (b.stream == pending.stream && b.ringIndex < pending.ringIndex) {
+        head = &b;
+        blocked = b.ticket != pending.ticket;
+        break;
+      }
+    }
     if (blocked && pair.queriedPass != pass_) {
       inflight_[kept++] = pending;
       continue;
     }
     queryPair(pair);
-    if (!pair.afterDone && !pair.failed && !blocked && blockedStreams_.size() < kMaxBlocked) {
-      blockedStreams_.emplace_back(pending.stream, pending.ringIndex);
+    bool atHead = false;
+    if (!pair.afterDone && !pair.failed && !blocked) {
+      if (head != nullptr) {
+        atHead = true;
+      } else if (blockedStreams_.size() < kMaxBlocked) {
+        blockedStreams_.push_back({pending.stream, pending.ringIndex, pending.ticket});
+        atHead = true;
+      }
     }
     if (pair.afterDone || pair.failed) {
       if (pending.updatesState && !pair.failed) noteCompleted(pending, now);
@@ -262,9 +285,15 @@ size_t CompletionTracker::poll() {
       release(pending.ticket);
       continue;
     }
-    if (pair.beforeDone && !pending.started) {
+    // Full mode sees the start; one-event mode infers it once every earlier tracked call on
+    // the stream completed (flagged: work queued outside NCCL may still be ahead of it).
+    bool startedNow = mode_ == EventMode::kFull ? pair.beforeDone : atHead;
+    if (startedNow && !pending.started) {
       pending.started = true;
       if (pending.updatesState) {
+        if (mode_ != EventMode::kFull) {
+          writer_.updateFlags(pending.ringIndex, trace::kRecordStartInferred, 0);
+        }
         writer_.updateState(pending.ringIndex, trace::RecordState::kStarted, now, 0);
       }
     }

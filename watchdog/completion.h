@@ -1,7 +1,12 @@
-// GPU completion of recorded calls. Each tracked call gets a pair of pooled, timing-disabled
-// CUDA events: "before" is recorded on the call's stream ahead of NCCL's work and "after" behind
-// it. The watchdog thread polls them: before complete → the call could start (everything ahead
-// of it on the stream finished); after complete → the call finished on the GPU.
+// GPU completion of recorded calls. Each tracked call gets pooled, timing-disabled CUDA events on
+// its stream; the watchdog thread polls them. Two modes (NCCLWATCH_EVENTS):
+//  - one event per call (the default): "after", recorded behind NCCL's work. Complete → the call
+//    finished on the GPU. Started is inferred from stream order: once every earlier tracked call
+//    on the same stream completed, the stream has reached this call, unless work queued on the
+//    stream outside NCCL (copies, kernels, waits on other streams' events) is still ahead of it;
+//    such records carry kRecordStartInferred, and the texts say "reached", not "started".
+//  - full: "before" is recorded ahead of NCCL's work as well. Complete → everything ahead of the
+//    call on its stream finished: started is seen, not inferred. One more driver call per call.
 //
 // Application threads only take pairs from a lock-free free list and push to a lock-free queue;
 // every driver query, state change and pool growth happens on the watchdog thread.
@@ -24,6 +29,12 @@ namespace ncclwatch::watchdog {
 
 using Ticket = uint32_t;  // a pooled event pair: (context slot << 16) | pair index
 inline constexpr Ticket kNoTicket = UINT32_MAX;
+
+enum class EventMode : uint8_t {
+  kOff,   // no completion tracking
+  kEnd,   // one event per tracked call, behind it; started is inferred from stream order
+  kFull,  // two events per tracked call: started is seen
+};
 
 enum class StreamCheck : uint8_t {
   kTrackable,    // events may be recorded on it
@@ -61,7 +72,8 @@ class CompletionTracker {
   static constexpr uint32_t kGrowPairs = 256;     // the least the poller adds to a low pool
   static constexpr size_t kQueueCapacity = 32768;
 
-  CompletionTracker(const DriverApi& driver, trace::RingWriter& writer);
+  CompletionTracker(const DriverApi& driver, trace::RingWriter& writer,
+                    EventMode mode = EventMode::kEnd);
   ~CompletionTracker();
   CompletionTracker(const CompletionTracker&) = delete;
   CompletionTracker& operator=(const CompletionTracker&) = delete;
@@ -71,9 +83,9 @@ class CompletionTracker {
 
   // ---- application threads (hot path: no allocation, no lock, no I/O) ----
   StreamCheck checkStream(uint64_t stream) const;
-  // Takes a pair for the current context and records its "before" event on `stream`. kNoTicket
-  // when none: `*shed` then says whether it was for want of a free pair (the call outran the
-  // poller), as opposed to an unknown context or a driver error.
+  // Takes a pair for the current context and, in full mode, records its "before" event on
+  // `stream`. kNoTicket when none: `*shed` then says whether it was for want of a free pair (the
+  // call outran the poller), as opposed to an unknown context or a driver error.
   Ticket recordBefore(uint64_t stream, bool* shed = nullptr);
   // Records the "after" event behind the call's work; false (pair given back) on failure.
   bool recordAfter(Ticket ticket, uint64_t stream);
@@ -97,6 +109,7 @@ class CompletionTracker {
   // never invalidate another thread's global-mode stream capture.
   void enterPollingThread() const;
 
+  EventMode mode() const { return mode_; }
   const CompletionCounters& counters() const { return counters_; }
   // Every communicator that ever had a tracked call, as of the last poll (watchdog thread).
   const std::vector<CommProgress>& progress() const { return progress_; }
@@ -143,6 +156,7 @@ class CompletionTracker {
 
   const DriverApi& driver_;
   trace::RingWriter& writer_;
+  const EventMode mode_;
   std::unique_ptr<ContextPool> pools_[kMaxContexts];
   std::atomic<uint32_t> poolCount_{0};
   std::atomic<CUcontext> wantedContext_{nullptr};  // a context with no pool yet, for the poller
@@ -154,7 +168,12 @@ class CompletionTracker {
   std::vector<Pending> inflight_;
   // Within one pass: (stream, ring index) of each stream's first unfinished call.
   static constexpr size_t kMaxBlocked = 64;
-  std::vector<std::pair<uint64_t, uint64_t>> blockedStreams_;
+  struct BlockedStream {
+    uint64_t stream;
+    uint64_t ringIndex;
+    Ticket ticket;
+  };
+  std::vector<BlockedStream> blockedStreams_;
   std::vector<CommProgress> progress_;
   uint64_t pass_ = 0;
   CommProgress& progressOf(uint64_t commHash);

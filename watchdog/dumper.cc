@@ -35,6 +35,11 @@ const char* stateInWords(const std::string& state) {
     return "started, not completed: everything ahead of it on its stream finished, so it waits "
            "inside the collective (a peer that never arrived, a mismatch, or a stalled network)";
   }
+  if (state == "reached") {
+    return "reached, not completed: every earlier NCCL call on its stream completed, so it most "
+           "likely waits inside the collective (one event per call: work queued on the stream "
+           "outside NCCL could still be ahead of it; NCCLWATCH_EVENTS=full sees the start)";
+  }
   return state.c_str();
 }
 

@@ -9,12 +9,22 @@
 //   ncclWinGetUserPtr     the window's user buffer.
 //   ncclGetPeerDevicePointer  the own rank's window address; other ranks' need collective
 //                         windows, which the sim does not model (ncclInvalidUsage).
+//   nccl*Config (2.32)    the plain collective, through the same path (matching, profiler events);
+//                         config NULL is the plain call; a config not made with
+//                         NCCL_COLLCONFIG_INITIALIZER is ncclInvalidArgument; the tuning fields
+//                         mean nothing to the sim; launchCompletionEvent is recorded on the
+//                         stream just before the collective is enqueued (NCCL's behaviour
+//                         before CUDA 12.3), so it completes when the collective's host task
+//                         starts; inside a group that is at the call, not at ncclGroupEnd.
 //   ncclCommGetUniqueId, ncclCommGrow, ncclPutSignal, ncclSignal, ncclWaitSignal,
 //   ncclGetLsaMultimemDevicePointer   not modelled: ncclInvalidUsage, with the reason in
 //                         ncclGetLastError.
 #include <nccl.h>
 #include <nccl_device.h>
 
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
 #include <mutex>
 #include <string>
 #include <unordered_set>
@@ -48,7 +58,116 @@ ncclResult_t notModelled(const char* caller, const char* what) {
   return result(nb::fail(ncclInvalidUsage, (std::string(caller) + ": " + what).c_str()));
 }
 
+// The checks and the launch-completion event of an nccl*Config call, then the plain collective.
+ncclResult_t issueWithConfig(nb::Collective kind, const void* sendbuff, void* recvbuff,
+                             size_t count, ncclDataType_t datatype, ncclRedOp_t op, int root,
+                             ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config,
+                             const char* caller) {
+  if (config != nullptr) {
+    if (config->magic != NCCL_API_MAGIC || config->size < offsetof(ncclCollConfig_t, ext)) {
+      return result(nb::fail(
+          ncclInvalidArgument,
+          (std::string(caller) + ": config was not initialized with NCCL_COLLCONFIG_INITIALIZER")
+              .c_str()));
+    }
+    constexpr size_t kEventEnd =
+        offsetof(ncclCollConfig_t, launchCompletionEvent) + sizeof(cudaEvent_t);
+    if (config->size >= kEventEnd && config->launchCompletionEvent != nullptr) {
+      if (int r = nb::checkComm(comm, caller)) return result(r);
+      if (cudaEventRecord(config->launchCompletionEvent, stream) != cudaSuccess) {
+        return result(
+            nb::fail(ncclUnhandledCudaError,
+                     (std::string(caller) + ": cannot record launchCompletionEvent").c_str()));
+      }
+    }
+  }
+  return result(nb::issueCollective(kind, sendbuff, recvbuff, count, datatype, op, root, comm,
+                                    stream, caller));
+}
+
 }  // namespace
+
+// ---- per-collective-config collectives ---------------------------------------------------
+
+NCCL_API(ncclResult_t, ncclAllReduceConfig, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream,
+         const ncclCollConfig_t* config);
+ncclResult_t ncclAllReduceConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                 ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                 cudaStream_t stream, const ncclCollConfig_t* config) {
+  return issueWithConfig(nb::Collective::kAllReduce, sendbuff, recvbuff, count, datatype, op, 0,
+                         comm, stream, config, "ncclAllReduceConfig");
+}
+
+NCCL_API(ncclResult_t, ncclBroadcastConfig, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream,
+         const ncclCollConfig_t* config);
+ncclResult_t ncclBroadcastConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                 ncclDataType_t datatype, int root, ncclComm_t comm,
+                                 cudaStream_t stream, const ncclCollConfig_t* config) {
+  return issueWithConfig(nb::Collective::kBroadcast, sendbuff, recvbuff, count, datatype, ncclSum,
+                         root, comm, stream, config, "ncclBroadcastConfig");
+}
+
+NCCL_API(ncclResult_t, ncclReduceConfig, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream,
+         const ncclCollConfig_t* config);
+ncclResult_t ncclReduceConfig(const void* sendbuff, void* recvbuff, size_t count,
+                              ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
+                              cudaStream_t stream, const ncclCollConfig_t* config) {
+  return issueWithConfig(nb::Collective::kReduce, sendbuff, recvbuff, count, datatype, op, root,
+                         comm, stream, config, "ncclReduceConfig");
+}
+
+NCCL_API(ncclResult_t, ncclAllGatherConfig, const void* sendbuff, void* recvbuff, size_t sendcount,
+         ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
+         const ncclCollConfig_t* config);
+ncclResult_t ncclAllGatherConfig(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                 ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
+                                 const ncclCollConfig_t* config) {
+  return issueWithConfig(nb::Collective::kAllGather, sendbuff, recvbuff, sendcount, datatype,
+                         ncclSum, 0, comm, stream, config, "ncclAllGatherConfig");
+}
+
+NCCL_API(ncclResult_t, ncclReduceScatterConfig, const void* sendbuff, void* recvbuff,
+         size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+         cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclReduceScatterConfig(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                     cudaStream_t stream, const ncclCollConfig_t* config) {
+  return issueWithConfig(nb::Collective::kReduceScatter, sendbuff, recvbuff, recvcount, datatype,
+                         op, 0, comm, stream, config, "ncclReduceScatterConfig");
+}
+
+NCCL_API(ncclResult_t, ncclAlltoAllConfig, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
+         const ncclCollConfig_t* config);
+ncclResult_t ncclAlltoAllConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
+                                const ncclCollConfig_t* config) {
+  return issueWithConfig(nb::Collective::kAlltoAll, sendbuff, recvbuff, count, datatype, ncclSum, 0,
+                         comm, stream, config, "ncclAlltoAllConfig");
+}
+
+NCCL_API(ncclResult_t, ncclGatherConfig, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream,
+         const ncclCollConfig_t* config);
+ncclResult_t ncclGatherConfig(const void* sendbuff, void* recvbuff, size_t count,
+                              ncclDataType_t datatype, int root, ncclComm_t comm,
+                              cudaStream_t stream, const ncclCollConfig_t* config) {
+  return issueWithConfig(nb::Collective::kGather, sendbuff, recvbuff, count, datatype, ncclSum,
+                         root, comm, stream, config, "ncclGatherConfig");
+}
+
+NCCL_API(ncclResult_t, ncclScatterConfig, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream,
+         const ncclCollConfig_t* config);
+ncclResult_t ncclScatterConfig(const void* sendbuff, void* recvbuff, size_t count,
+                               ncclDataType_t datatype, int root, ncclComm_t comm,
+                               cudaStream_t stream, const ncclCollConfig_t* config) {
+  return issueWithConfig(nb::Collective::kScatter, sendbuff, recvbuff, count, datatype, ncclSum,
+                         root, comm, stream, config, "ncclScatterConfig");
+}
 
 // ---- memory statistics, suspend and resume -------------------------------------------------
 

@@ -16,4 +16,20 @@ int commRank(void* comm);
 // ncclInvalidArgument when `window` is not a live window.
 int windowRange(void* window, void** comm, void** buffer, size_t* bytes, const char* caller);
 
+// The collectives, in the order of the sim's CollKind (ops.cc checks it).
+enum class Collective : unsigned {
+  kAllReduce,
+  kBroadcast,
+  kReduce,
+  kAllGather,
+  kReduceScatter,
+  kAlltoAll,
+  kGather,
+  kScatter,
+};
+// Issues a collective exactly as the plain ncclX does (same checks, matching, profiler events);
+// dtype and redop are ncclDataType_t and ncclRedOp_t values, stream a cudaStream_t.
+int issueCollective(Collective kind, const void* sendbuff, void* recvbuff, size_t count, int dtype,
+                    int redop, int root, void* comm, void* stream, const char* caller);
+
 }  // namespace ncclsim::newer

@@ -12,6 +12,7 @@
 #include "api_macros.h"
 #include "cudasim_ext.h"
 #include "internal.h"
+#include "newer_bridge.h"
 #include "plugin/abi/profiler_abi.h"
 
 namespace ncclsim {
@@ -1032,3 +1033,31 @@ ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int
                       ncclComm_t comm, cudaStream_t stream) {
   return issueP2p(OpKind::kRecv, recvbuff, count, datatype, peer, comm, stream, "ncclRecv");
 }
+
+// The nccl*Config collectives of newer_api.cc (compiled against another nccl.h) reach the same
+// path as the plain calls through this bridge.
+namespace ncclsim::newer {
+
+static_assert(
+    static_cast<unsigned>(Collective::kAllReduce) == static_cast<unsigned>(CollKind::kAllReduce) &&
+    static_cast<unsigned>(Collective::kBroadcast) == static_cast<unsigned>(CollKind::kBroadcast) &&
+    static_cast<unsigned>(Collective::kReduce) == static_cast<unsigned>(CollKind::kReduce) &&
+    static_cast<unsigned>(Collective::kAllGather) == static_cast<unsigned>(CollKind::kAllGather) &&
+    static_cast<unsigned>(Collective::kReduceScatter) ==
+        static_cast<unsigned>(CollKind::kReduceScatter) &&
+    static_cast<unsigned>(Collective::kAlltoAll) == static_cast<unsigned>(CollKind::kAlltoAll) &&
+    static_cast<unsigned>(Collective::kGather) == static_cast<unsigned>(CollKind::kGather) &&
+    static_cast<unsigned>(Collective::kScatter) == static_cast<unsigned>(CollKind::kScatter));
+
+int issueCollective(Collective kind, const void* sendbuff, void* recvbuff, size_t count, int dtype,
+                    int redop, int root, void* comm, void* stream, const char* caller) {
+  const auto coll = static_cast<CollKind>(static_cast<unsigned>(kind));
+  // The plain calls pass ncclSum where the collective has no reduction, 0 where it has no root.
+  const auto reduction = collKindReduces(coll) ? static_cast<ncclRedOp_t>(redop) : ncclSum;
+  return ncclsim::issueCollective(coll, sendbuff, recvbuff, count,
+                                  static_cast<ncclDataType_t>(dtype), reduction,
+                                  collKindHasRoot(coll) ? root : 0, static_cast<ncclComm*>(comm),
+                                  static_cast<cudaStream_t>(stream), caller);
+}
+
+}  // namespace ncclsim::newer

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -84,6 +85,108 @@ TEST(ExportSurface, EveryHostFunctionOfRealNcclIsWrapped) {
   EXPECT_EQ(checked, 41);
 }
 
+// The NCCL functions a list of interpose/ names: the first nccl name of each NCCL_* line.
+std::set<std::string> listedFunctions(const std::string& defPath) {
+  std::ifstream in(defPath);
+  std::set<std::string> names;
+  const std::regex name(R"(\bnccl[A-Z][A-Za-z0-9]*\b)");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("NCCL_", 0) != 0) continue;
+    std::smatch found;
+    if (std::regex_search(line, found, name)) names.insert(found[0]);
+  }
+  return names;
+}
+
+// The device-API host helpers of NCCL 2.28-2.32 (nccl_device/host.h) that set up what a kernel
+// then does: neither list wraps them (see the top of interpose/nccl_api_newer.def).
+const std::regex kDeviceApiHelper(
+    "^nccl(DevComm|Team|Lsa|Gin|LLA2A|Cft).*|^ncclGet[A-Za-z]*Device(Pointer|LeInfo)$|"
+    "^ncclResetDebugInitInternal$");
+
+TEST(ExportSurface, EveryNewerHostFunctionOfTheWheelIsListedAndWrapped) {
+  std::set<std::string> ours = exportedNames(kPreload);
+  std::set<std::string> newer = listedFunctions(NCCLWATCH_NEWER_API_DEF);
+  ASSERT_EQ(newer.size(), 35u) << "could not read " << NCCLWATCH_NEWER_API_DEF;
+  if (!NCCLWATCH_HAS_NEWER_API) {
+    // Built without NCCL 2.32's nccl.h: the list is left out, and none of it is exported.
+    for (const std::string& name : newer) EXPECT_EQ(ours.count(name), 0u) << name;
+    GTEST_SKIP() << "no NCCL 2.32 nccl.h in this build: the 2.29-2.32 list is left out";
+  }
+  std::set<std::string> wheel = exportedNames(NCCLWATCH_WHEEL_NCCL);
+  ASSERT_FALSE(wheel.empty()) << "could not read " << NCCLWATCH_WHEEL_NCCL;
+  int checked = 0;
+  for (const std::string& name : newer) {
+    EXPECT_TRUE(wheel.count(name)) << name << " is listed, but NCCL 2.32.3 does not export it";
+    EXPECT_TRUE(ours.count(name)) << name << " is listed, but libncclwatch.so does not export it";
+    ++checked;
+  }
+  EXPECT_EQ(checked, 35);
+  // Every nccl* function of 2.32.3 is in one of the two lists or is a device-API helper.
+  std::set<std::string> older = listedFunctions(NCCLWATCH_API_DEF);
+  int helpers = 0;
+  for (const std::string& name : wheel) {
+    if (name.rfind("nccl", 0) != 0 || older.count(name) || newer.count(name)) continue;
+    EXPECT_TRUE(std::regex_match(name, kDeviceApiHelper))
+        << name << " is exported by NCCL 2.32.3 but neither wrapped nor a device-API helper";
+    ++helpers;
+  }
+  EXPECT_GT(helpers, 0);
+}
+
+// The nccl* functions that PyTorch's libtorch_cuda.so imports (from the build's torch venv when
+// it has one), or else those that PyTorch 2.15 was found to import beyond NCCL 2.28 (the set
+// sim/nccl/newer_api.cc implements for it).
+std::set<std::string> ncclImportsOfPyTorch(std::string* source) {
+  std::error_code error;
+  const std::filesystem::path lib = std::filesystem::path(NCCLWATCH_TORCH_VENV) / "lib";
+  for (const auto& python : std::filesystem::directory_iterator(lib, error)) {
+    std::filesystem::path torch = python.path() / "site-packages/torch/lib/libtorch_cuda.so";
+    if (!std::filesystem::exists(torch)) continue;
+    std::istringstream lines(command("nm -D --undefined-only " + torch.string() +
+                                     " | awk '{print $2}' | sed 's/@.*//'"));
+    std::set<std::string> names;
+    for (std::string name; std::getline(lines, name);) {
+      if (name.rfind("nccl", 0) == 0) names.insert(name);
+    }
+    *source = torch.string();
+    return names;
+  }
+  *source = "PyTorch 2.15's known imports (no torch venv in this build)";
+  return {"ncclCommGrow",
+          "ncclCommSuspend",
+          "ncclCommResume",
+          "ncclCommGetUniqueId",
+          "ncclCommMemStats",
+          "ncclPutSignal",
+          "ncclSignal",
+          "ncclWaitSignal",
+          "ncclWinGetUserPtr",
+          "ncclGetPeerDevicePointer",
+          "ncclGetLsaMultimemDevicePointer"};
+}
+
+TEST(ExportSurface, EveryNcclHostFunctionPyTorchImportsIsWrapped) {
+  if (!NCCLWATCH_HAS_NEWER_API) GTEST_SKIP() << "no NCCL 2.32 nccl.h in this build";
+  std::string source;
+  std::set<std::string> imported = ncclImportsOfPyTorch(&source);
+  ASSERT_FALSE(imported.empty()) << source;
+  std::set<std::string> listed = listedFunctions(NCCLWATCH_API_DEF);
+  listed.merge(listedFunctions(NCCLWATCH_NEWER_API_DEF));
+  std::set<std::string> ours = exportedNames(kPreload);
+  // Only the device-API helpers that 2.28 already left to NCCL (ncclDevCommCreate...) may be
+  // missing: PyTorch's window pointer queries (ncclGet*DevicePointer) must be wrapped.
+  const std::regex deviceApiOf228("^nccl(DevComm|Team|Lsa|Gin|LLA2A).*");
+  int checked = 0;
+  for (const std::string& name : imported) {
+    if (std::regex_match(name, deviceApiOf228)) continue;
+    ++checked;
+    EXPECT_TRUE(listed.count(name)) << name << " (imported by " << source << ") is in no list";
+    EXPECT_TRUE(ours.count(name)) << name << " (imported by " << source << ") is not exported";
+  }
+  std::printf("checked %d nccl* imports of %s\n", checked, source.c_str());
+}
+
 // In a sanitizer build libncclwatch.so is instrumented: the sanitizer's runtime must come first
 // in the initial library list, so it is preloaded ahead of it.
 std::string preloadList() {
@@ -143,6 +246,61 @@ TEST(Recording, BcastIsRecordedOnce) {
   EXPECT_EQ(counts[OpKind::kInit], 1);
   EXPECT_EQ(counts[OpKind::kDestroy], 1);
   EXPECT_EQ(files[0].header.cleanShutdown, 1u);
+}
+
+// NCCL 2.29-2.32's calls on the sim: ncclAllReduceConfig is recorded like ncclAllReduce (op,
+// count, type, reduction, its place in the sequence); ncclCommGrow, which the sim does not
+// model, is forwarded and its error reaches the program unchanged, recorded as a failed Grow
+// with no grown communicator; ncclWaitSignal (not modelled either) is recorded outside the
+// sequence with the signals it waits for.
+TEST(Recording, NewerApiCallsAreRecordedAndTheirResultsUnchanged) {
+  if (!NCCLWATCH_HAS_NEWER_API) GTEST_SKIP() << "no NCCL 2.32 nccl.h in this build";
+  std::string logs = testsupport::freshDirectory("newer_api");
+  CheckedJob job(preloaded(NCCLWATCH_NEWER_API_PROBE, 1, logs));
+  ASSERT_TRUE(job.waitExit(30s));
+  const std::string output = job.output(0);
+  ASSERT_EQ(job.exitStatus(0), 0) << output;
+  EXPECT_NE(output.find("allreduce-config=0\n"), std::string::npos) << output;
+  EXPECT_NE(output.find("grow=5 newcomm-null=1 error=ncclCommGrow: growing a communicator is "
+                        "not modelled by the sim"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("wait-signal=5\n"), std::string::npos) << output;
+
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
+  ASSERT_EQ(files.size(), 1u);
+  const TraceFile& file = files[0];
+  ASSERT_EQ(file.comms.size(), 1u) << "a failed grow registers no communicator";
+  std::map<OpKind, std::vector<const CallRecord*>> byOp;
+  for (const CallRecord& record : file.records) byOp[record.op].push_back(&record);
+  ASSERT_EQ(byOp[OpKind::kAllReduce].size(), 1u);
+  const CallRecord& allReduce = *byOp[OpKind::kAllReduce][0];
+  EXPECT_EQ(allReduce.seq, 1u);
+  EXPECT_EQ(allReduce.count, 1000u);
+  EXPECT_EQ(allReduce.dtype, 9);  // ncclBfloat16
+  EXPECT_EQ(allReduce.redop, 2);  // ncclMax
+  EXPECT_EQ(allReduce.state, RecordState::kCompleted);
+  ASSERT_EQ(byOp[OpKind::kGrow].size(), 1u);
+  const CallRecord& grow = *byOp[OpKind::kGrow][0];
+  EXPECT_EQ(grow.commHash, allReduce.commHash);
+  EXPECT_EQ(grow.seq, 2u);
+  EXPECT_EQ(grow.count, 2u);
+  EXPECT_EQ(grow.state, RecordState::kFailed);
+  EXPECT_EQ(grow.result, 5);  // ncclInvalidUsage, as the sim returned it
+  ASSERT_EQ(byOp[OpKind::kWaitSignal].size(), 1u);
+  const CallRecord& wait = *byOp[OpKind::kWaitSignal][0];
+  EXPECT_EQ(wait.seq, 0u) << "one-sided operations stay out of the sequence";
+  EXPECT_EQ(wait.count, 3u);
+  EXPECT_EQ(wait.rootOrPeer, 0);
+  EXPECT_EQ(wait.state, RecordState::kFailed);
+  EXPECT_EQ(wait.result, 5);
+
+  std::string shown = command(std::string(NCCLWATCH_BINARY) + " show " + file.path);
+  EXPECT_TRUE(std::regex_search(shown, std::regex(R"(\s1\s+AllReduce\s+1000\s+bfloat16\s+max\s)")))
+      << shown;
+  EXPECT_TRUE(std::regex_search(shown, std::regex(R"(\s2\s+Grow\s+2\s.*\sfailed\s)"))) << shown;
+  EXPECT_TRUE(std::regex_search(shown, std::regex(R"(\s0\s+WaitSignal\s+3\s.*\sfailed\s)")))
+      << shown;
 }
 
 // "A child never writes into its parent's ring; an exec'd child gets its own." fork_probe makes

@@ -24,11 +24,25 @@ std::map<std::string, char> definedSymbols(const std::string& library) {
 }
 
 // The functions after 2.28.9 that the sim implements (sim/nccl/newer_api.cc), by their NCCL names.
-const char* const kNewerApi[] = {
-    "ncclCommGetUniqueId",      "ncclCommGrow",     "ncclCommMemStats",
-    "ncclCommResume",           "ncclCommSuspend",  "ncclGetLsaMultimemDevicePointer",
-    "ncclGetPeerDevicePointer", "ncclPutSignal",    "ncclSignal",
-    "ncclWaitSignal",           "ncclWinGetUserPtr"};
+const char* const kNewerApi[] = {"ncclAllGatherConfig",
+                                 "ncclAllReduceConfig",
+                                 "ncclAlltoAllConfig",
+                                 "ncclBroadcastConfig",
+                                 "ncclCommGetUniqueId",
+                                 "ncclCommGrow",
+                                 "ncclCommMemStats",
+                                 "ncclCommResume",
+                                 "ncclCommSuspend",
+                                 "ncclGatherConfig",
+                                 "ncclGetLsaMultimemDevicePointer",
+                                 "ncclGetPeerDevicePointer",
+                                 "ncclPutSignal",
+                                 "ncclReduceConfig",
+                                 "ncclReduceScatterConfig",
+                                 "ncclScatterConfig",
+                                 "ncclSignal",
+                                 "ncclWaitSignal",
+                                 "ncclWinGetUserPtr"};
 
 TEST(ExportShape, MatchesRealLibncclPlusTheNewerApi) {
   const auto real = definedSymbols(REAL_NCCL_PATH);

@@ -31,6 +31,26 @@ TEST(CommIdentity, SplitAndShrinkChildrenMatchHandComputedVectors) {
   EXPECT_EQ(shrinkCommHash(parent), shrinkCommHash(parent));
 }
 
+// NCCL 2.29+'s grown communicators (vectors from the same independent script).
+TEST(CommIdentity, GrownCommunicatorMatchesHandComputedVectors) {
+  EXPECT_EQ(combineHash(1, 2), 0xf969483a83291cbfull);
+  unsigned char counting[128];
+  for (int i = 0; i < 128; ++i) counting[i] = static_cast<unsigned char>(i);
+  // A root's magic is its id's first 8 bytes, read little-endian.
+  const uint64_t rootMagic = uniqueIdMagic(counting);
+  EXPECT_EQ(rootMagic, 0x0706050403020100ull);
+  // Existing ranks: the root's first child (counter 1) grown to 4 ranks.
+  const uint64_t magic = growMagic(rootMagic, 1);
+  EXPECT_EQ(magic, 0x38503679d5396e63ull);
+  EXPECT_EQ(growCommHash(magic, 4), 0xf1c65f34274afaccull);
+  // A new rank reads the same magic from the grow id that ncclCommGetUniqueId made.
+  unsigned char growId[128] = {};
+  std::memcpy(growId, &magic, sizeof magic);
+  EXPECT_EQ(growCommHash(uniqueIdMagic(growId), 4), growCommHash(magic, 4));
+  // NCCL widens its int counter: -1 is all ones, not 2^32 - 1.
+  EXPECT_EQ(growMagic(rootMagic, -1), 0xd34f6aa4c9680522ull);
+}
+
 TEST(CommIdentity, AgreesWithTheSimOnRandomIds) {
   std::mt19937_64 random(7);
   for (int trial = 0; trial < 200; ++trial) {
@@ -105,6 +125,16 @@ TEST(Record, LayoutIsTheFileFormat) {
   EXPECT_FALSE(isCollective(OpKind::kSend));
   EXPECT_TRUE(isPointToPoint(OpKind::kRecv));
   EXPECT_TRUE(isLifecycle(OpKind::kSplit));
+  EXPECT_TRUE(isLifecycle(OpKind::kGrow));
+  EXPECT_FALSE(isLifecycle(OpKind::kRegister));
+  EXPECT_TRUE(isOneSided(OpKind::kPutSignal));
+  EXPECT_TRUE(isOneSided(OpKind::kWaitSignal));
+  EXPECT_FALSE(isOneSided(OpKind::kSend) || isOneSided(OpKind::kGrow));
+  EXPECT_STREQ(opName(OpKind::kWaitSignal), "WaitSignal");
+  // Appended values: files written before NCCL 2.29's ops keep theirs.
+  EXPECT_EQ(static_cast<int>(OpKind::kDeregister), 21);
+  EXPECT_EQ(static_cast<int>(OpKind::kGrow), 22);
+  EXPECT_EQ(static_cast<int>(OpKind::kWaitSignal), 25);
   for (int op = 0; op < static_cast<int>(OpKind::kCount); ++op) {
     EXPECT_NE(opName(static_cast<OpKind>(op)), nullptr);
   }

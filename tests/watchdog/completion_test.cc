@@ -22,6 +22,7 @@ using ncclwatch::trace::RecordState;
 using ncclwatch::watchdog::BoundedQueue;
 using ncclwatch::watchdog::CompletionTracker;
 using ncclwatch::watchdog::DriverApi;
+using ncclwatch::watchdog::EventMode;
 using ncclwatch::watchdog::kNoTicket;
 using ncclwatch::watchdog::StreamCheck;
 using ncclwatch::watchdog::Ticket;
@@ -92,9 +93,12 @@ class CompletionTest : public testing::Test {
             testing::UnitTest::GetInstance()->current_test_info()->name() + ".ncclwatch";
     std::string error;
     ASSERT_TRUE(writer_.open(path_, 1024, {}, &error)) << error;
-    tracker_ = std::make_unique<CompletionTracker>(api_, writer_);
+    tracker_ = std::make_unique<CompletionTracker>(api_, writer_, mode());
     tracker_->prepareCurrentContext();
   }
+  // The tests of this fixture watch both events of a pair (NCCLWATCH_EVENTS=full); the default
+  // one-event mode has its own fixture below.
+  virtual EventMode mode() const { return EventMode::kFull; }
   void TearDown() override {
     tracker_.reset();
     writer_.close();
@@ -284,6 +288,81 @@ TEST_F(CompletionTest, CapturedStreamsAreReportedAndRecordErrorsCounted) {
 TEST_F(CompletionTest, PollingThreadUsesThreadLocalCaptureMode) {
   tracker_->enterPollingThread();
   EXPECT_EQ(fake_.threadMode, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+}
+
+// One event per call (the default): no start event is recorded; a call is "started" (flagged
+// inferred) once every earlier tracked call on its stream completed.
+class OneEventCompletionTest : public CompletionTest {
+ protected:
+  EventMode mode() const override { return EventMode::kEnd; }
+};
+
+TEST_F(OneEventCompletionTest, OneDriverRecordPerCallAndStartInferredFromStreamOrder) {
+  size_t eventsBefore = 0;
+  for (const auto& event : fake_.events) eventsBefore += event.done ? 0 : 1;
+  EXPECT_EQ(eventsBefore, 0u);
+  uint64_t first = trackedCall(21);
+  uint64_t second = trackedCall(21);
+  size_t pending = 0;
+  for (const auto& event : fake_.events) pending += event.done ? 0 : 1;
+  EXPECT_EQ(pending, 2u) << "one event per call, not two";
+
+  EXPECT_EQ(tracker_->poll(), 2u);
+  // The first call heads its stream: reached, flagged inferred. The second waits behind it.
+  CallRecord head = read(first);
+  EXPECT_EQ(head.state, RecordState::kStarted);
+  EXPECT_NE(head.flags & ncclwatch::trace::kRecordStartInferred, 0);
+  EXPECT_EQ(read(second).state, RecordState::kIssued);
+
+  // The first completes (its event is the stream's older one): the second now heads the stream.
+  completeBeforeOnly(0, 21);
+  EXPECT_EQ(tracker_->poll(), 1u);
+  EXPECT_EQ(read(first).state, RecordState::kCompleted);
+  CallRecord next = read(second);
+  EXPECT_EQ(next.state, RecordState::kStarted);
+  EXPECT_NE(next.flags & ncclwatch::trace::kRecordStartInferred, 0);
+  drain(21);
+  EXPECT_EQ(tracker_->poll(), 0u);
+  EXPECT_EQ(read(second).state, RecordState::kCompleted);
+}
+
+// A call stuck on one stream leaves another stream's calls free to head theirs; a group's calls
+// that share one event on a stream head it together.
+TEST_F(OneEventCompletionTest, StreamsAreIndependentAndAGroupHeadsItsStreamTogether) {
+  uint64_t stuck = trackedCall(31);
+  uint64_t behind = trackedCall(31);
+  uint64_t group[2] = {appendIssued(), appendIssued()};
+  Ticket ticket = tracker_->recordBefore(32);
+  ASSERT_NE(ticket, kNoTicket);
+  ASSERT_TRUE(tracker_->recordAfter(ticket, 32));
+  tracker_->submit(ticket, group, 42, 32, true);
+  EXPECT_EQ(tracker_->poll(), 4u);
+  auto records = snapshot();
+  EXPECT_EQ(records[stuck].state, RecordState::kStarted);
+  EXPECT_EQ(records[behind].state, RecordState::kIssued);
+  for (uint64_t index : group) {
+    EXPECT_EQ(records[index].state, RecordState::kStarted) << index;
+    EXPECT_NE(records[index].flags & ncclwatch::trace::kRecordStartInferred, 0);
+  }
+}
+
+// Full mode never flags a start as inferred: it saw it.
+TEST_F(CompletionTest, FullModeStartsAreSeenNotInferred) {
+  uint64_t index = trackedCall(41);
+  completeBeforeOnly(0, 41);
+  tracker_->poll();
+  CallRecord started = read(index);
+  EXPECT_EQ(started.state, RecordState::kStarted);
+  EXPECT_EQ(started.flags & ncclwatch::trace::kRecordStartInferred, 0);
+}
+
+// A record failure in one-event mode comes at the one record, after the call.
+TEST_F(OneEventCompletionTest, ARecordErrorGivesThePairBack) {
+  Ticket ticket = tracker_->recordBefore(12);
+  ASSERT_NE(ticket, kNoTicket);
+  fake_.failRecords = 1;
+  EXPECT_FALSE(tracker_->recordAfter(ticket, 12));
+  EXPECT_EQ(tracker_->counters().recordErrors.load(), 1u);
 }
 
 TEST(BoundedQueue, FullAndEmptyAreReportedNotWaitedOn) {
