@@ -288,7 +288,8 @@ void JobAnalysis::restsOnTiming(Verdict& v) const {
   v.doubts.push_back(text);
 }
 
-// Each class's first rank with a dump says where it was: the newest dump's frames of the thread
+// Each class's first rank with a dump says where it was: the frames, in its dump taken on the
+// hang (hangDumpOf: not a later SIGABRT/SIGTERM dump of its teardown), of the thread
 // that issued the class's call (ranks of one class made the same call, so one speaks for all).
 void JobAnalysis::addStackTops() {
   std::unordered_map<int, const Proc*> withDump;  // rank -> its process, when it has a dump
@@ -303,7 +304,7 @@ void JobAnalysis::addStackTops() {
         if (found == withDump.end()) continue;
         const Proc& proc = *found->second;
         rankClass.stackTop =
-            stackTop(proc.file->dumps.back(), rankClass.call.threadId, proc.file->header.pid);
+            stackTop(*hangDumpOf(*proc.file), rankClass.call.threadId, proc.file->header.pid);
         if (!rankClass.stackTop.empty()) break;
       }
     }

@@ -1,6 +1,7 @@
 #include "analysis/stack_tree.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <map>
 #include <string_view>
@@ -260,6 +261,261 @@ std::string nativeTop(const trace::DumpThread& thread, size_t frames) {
   }
   return text;
 }
+constexpr std::string_view kEvalLoop = "_PyEval_EvalFrameDefault";
+
+// Index (innermost first) of the innermost eval loop frame; frames.size() when none.
+size_t innermostEval(const trace::DumpThread& thread) {
+  for (size_t i = 0; i < thread.frames.size(); ++i) {
+    if (thread.frames[i].function == kEvalLoop) return i;
+  }
+  return thread.frames.size();
+}
+
+// "libcuda.so.1" -> "libcuda".
+std::string moduleShortName(const std::string& module) {
+  std::string base(baseName(module));
+  if (base.empty()) return "?";
+  size_t so = base.find(".so");
+  return so == std::string::npos || so == 0 ? base : base.substr(0, so);
+}
+
+// Template argument lists longer than a few words become "<…>": in a folded item the name
+// says where, not how it was instantiated.
+std::string collapseTemplates(const std::string& text) {
+  constexpr size_t kLongArguments = 24;
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const bool opens = text[i] == '<' && !(out.size() >= 8 && out.ends_with("operator")) &&
+                       !out.ends_with("operator<");
+    if (!opens) {
+      out += text[i];
+      continue;
+    }
+    int depth = 0;
+    size_t close = std::string::npos;
+    for (size_t k = i; k < text.size(); ++k) {
+      if (text[k] == '<') ++depth;
+      if (text[k] == '>' && --depth == 0) {
+        close = k;
+        break;
+      }
+    }
+    if (close == std::string::npos || close - i - 1 <= kLongArguments) {
+      out += text[i];
+      continue;
+    }
+    out += "<\u2026>";
+    i = close;
+  }
+  return out;
+}
+
+// A function's name without its parameter list, long template arguments shortened.
+std::string shortFunction(const trace::DumpFrame& frame) {
+  if (frame.function.empty()) {
+    return moduleShortName(frame.module) + "+" + hexText(frame.moduleOffset);
+  }
+  std::string text = readableNames(frame.function);
+  // Drop the outermost trailing "(...)" (and what follows: " const").
+  int depth = 0;
+  for (size_t i = text.size(); i-- > 0;) {
+    if (text[i] == ')') ++depth;
+    if (text[i] == '(' && --depth == 0) {
+      if (i > 0) text.resize(i);
+      break;
+    }
+  }
+  return collapseTemplates(text);
+}
+
+// libc, the loader, libstdc++, libgcc: how any code waits, never what it waits for.
+bool isCRuntimeModule(const std::string& module) {
+  std::string base(baseName(module));
+  for (const char* prefix : {"libc.so", "libc-", "libpthread", "ld-linux", "libstdc++", "libgcc_s",
+                             "[vdso]", "linux-vdso"}) {
+    if (base.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+enum class FrameClass { kUser, kInterpreter, kPyTorch, kRuntime };
+
+FrameClass classify(const trace::DumpFrame& frame) {
+  if (isRuntimeModule(frame.module) || frame.function.rfind("ncclwatch::", 0) == 0) {
+    return FrameClass::kRuntime;
+  }
+  if (const char* framework = frameworkOf(frame.module)) {
+    return std::string_view(framework) == "Python" ? FrameClass::kInterpreter
+                                                   : FrameClass::kPyTorch;
+  }
+  return FrameClass::kUser;
+}
+
+// An API a program calls: NCCL's (ncclAllReduce), CUDA runtime's (cudaMemcpy) or driver's.
+bool isApiEntry(const std::string& function) {
+  for (std::string_view prefix : {"nccl", "cuda", "cu"}) {
+    if (function.size() > prefix.size() && function.compare(0, prefix.size(), prefix) == 0 &&
+        std::isupper(static_cast<unsigned char>(function[prefix.size()]))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Folds a run of native frames (outermost first) of one class into path items.
+void foldRun(std::span<const trace::DumpFrame* const> run, FrameClass kind, bool guessed,
+             std::vector<std::string>* path) {
+  if (run.empty()) return;
+  const std::string mark = guessed ? " (placed by guess)" : "";
+  if (kind == FrameClass::kRuntime) {
+    if (isApiEntry(run.front()->function)) {
+      path->push_back(shortFunction(*run.front()) + mark);
+      run = run.subspan(1);
+      if (run.empty()) return;
+    }
+    // Named after its innermost named frame outside the C runtime (the sim's or NCCL's wait,
+    // not libc's futex), else its innermost named frame.
+    std::vector<std::string> modules;
+    const trace::DumpFrame* innermostNamed = run.back();
+    const trace::DumpFrame* innermostOutsideLibc = nullptr;
+    for (const trace::DumpFrame* frame : run) {
+      std::string module = moduleShortName(frame->module);
+      if (std::find(modules.begin(), modules.end(), module) == modules.end()) {
+        modules.push_back(module);
+      }
+      if (frame->function.empty()) continue;
+      innermostNamed = frame;
+      // std:: templates inlined into the runtime's code are how it waits, too.
+      if (!isCRuntimeModule(frame->module) && frame->function.rfind("std::", 0) != 0) {
+        innermostOutsideLibc = frame;
+      }
+    }
+    if (innermostOutsideLibc != nullptr) innermostNamed = innermostOutsideLibc;
+    std::string text =
+        "[" + std::to_string(run.size()) + (run.size() == 1 ? " frame in " : " frames in ");
+    for (size_t i = 0; i < modules.size(); ++i) text += (i ? ", " : "") + modules[i];
+    path->push_back(text + ": " + shortFunction(*innermostNamed) + "]" + mark);
+    return;
+  }
+  const char* name = kind == FrameClass::kPyTorch ? "PyTorch" : "Python";
+  std::string text = std::string("[") + name;
+  if (run.size() > 1) text += ", " + std::to_string(run.size()) + " frames";
+  path->push_back(text + ": " + shortFunction(*run.back()) + "]" + mark);
+}
+
+}  // namespace
+
+const trace::DumpPythonThread* pythonThreadOf(const trace::Dump& dump,
+                                              const trace::DumpThread& thread) {
+  if (thread.pthreadId == 0) return nullptr;
+  for (const trace::DumpPythonThread& python : dump.pythonThreads) {
+    if (python.threadId == thread.pthreadId && !python.frames.empty()) return &python;
+  }
+  return nullptr;
+}
+
+MixedStack mixedStack(const trace::DumpThread& native, const trace::DumpPythonThread& python,
+                      FrameKey by) {
+  MixedStack mixed;
+  // Outermost first, both.
+  std::vector<const trace::DumpFrame*> frames;
+  for (auto it = native.frames.rbegin(); it != native.frames.rend(); ++it) frames.push_back(&*it);
+  std::vector<const trace::DumpPythonFrame*> pyFrames;
+  for (auto it = python.frames.rbegin(); it != python.frames.rend(); ++it) {
+    pyFrames.push_back(&*it);
+  }
+  std::vector<size_t> evals;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    if (frames[i]->function == kEvalLoop) evals.push_back(i);
+  }
+  mixed.evalFrames = static_cast<int>(evals.size());
+  mixed.pythonFrames = static_cast<int>(pyFrames.size());
+  for (auto it = pyFrames.rbegin(); it != pyFrames.rend(); ++it) {
+    if (!isLibraryPython((*it)->file)) {
+      mixed.userLine = pythonFrameLabel(**it);
+      break;
+    }
+  }
+  if (evals.empty() || pyFrames.empty()) return mixed;
+  mixed.spliced = true;
+  mixed.exact = evals.size() == pyFrames.size();
+  // Which Python frames each eval frame runs: [first, last) into pyFrames, aligned from the
+  // innermost; the outermost matched loop takes every frame left over outside.
+  const size_t matched = std::min(evals.size(), pyFrames.size());
+  const size_t firstMatched = evals.size() - matched;  // index into evals
+  std::vector<std::pair<size_t, size_t>> runs(evals.size(), {0, 0});
+  for (size_t k = firstMatched; k < evals.size(); ++k) {
+    const size_t fromInside = evals.size() - 1 - k;  // 0 for the innermost loop
+    const size_t last = pyFrames.size() - fromInside;
+    runs[k] = {k == firstMatched ? 0 : last - 1, last};
+  }
+  const size_t outermostEval = evals.front();
+  const size_t innermostEvalIndex = evals.back();
+  const size_t guessFrom = evals[firstMatched];
+  // Interpreter frames inside the innermost loop are call machinery (cfunction_call,
+  // method_vectorcall) unless nothing but the runtime lies further in: then the thread is in the
+  // interpreter itself (waiting for the GIL) and they are shown.
+  size_t innermostNotInterpreter = innermostEvalIndex;
+  for (size_t i = innermostEvalIndex + 1; i < frames.size(); ++i) {
+    FrameClass kind = classify(*frames[i]);
+    if (kind == FrameClass::kUser || kind == FrameClass::kPyTorch) innermostNotInterpreter = i;
+  }
+
+  std::vector<const trace::DumpFrame*> run;
+  FrameClass runKind = FrameClass::kUser;
+  bool runGuessed = false;
+  auto flush = [&] {
+    foldRun(run, runKind, runGuessed, &mixed.path);
+    run.clear();
+  };
+  size_t evalOrdinal = 0;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const trace::DumpFrame& frame = *frames[i];
+    if (frame.function == kEvalLoop) {
+      flush();
+      auto [first, last] = runs[evalOrdinal++];
+      for (size_t p = first; p < last; ++p) mixed.path.push_back(pythonFrameLabel(*pyFrames[p]));
+      continue;
+    }
+    FrameClass kind = classify(frame);
+    const bool outside = i < outermostEval;
+    const bool betweenLoops = i > outermostEval && i < innermostEvalIndex;
+    if ((kind == FrameClass::kInterpreter && i < innermostNotInterpreter) ||
+        (kind == FrameClass::kRuntime && outside)) {
+      continue;  // the interpreter's and the C runtime's machinery around Python code
+    }
+    const bool guessed = !mixed.exact && betweenLoops && i > guessFrom;
+    if (guessed) mixed.guessed = true;
+    if (kind == FrameClass::kUser) {
+      flush();
+      mixed.path.push_back(frameLabel(frame, by) + (guessed ? " (placed by guess)" : ""));
+      continue;
+    }
+    if (!run.empty() && (kind != runKind || guessed != runGuessed)) flush();
+    runKind = kind;
+    runGuessed = guessed;
+    run.push_back(&frame);
+  }
+  flush();
+  return mixed;
+}
+
+namespace {
+
+// The Python thread a stack top names: the thread's own when the dump joins them, else the
+// current one (the last marked current, else the first).
+const trace::DumpPythonThread* topPythonThread(const trace::Dump& dump,
+                                               const trace::DumpThread* thread) {
+  if (thread != nullptr) {
+    if (const trace::DumpPythonThread* own = pythonThreadOf(dump, *thread)) return own;
+  }
+  const trace::DumpPythonThread* python = nullptr;
+  for (const trace::DumpPythonThread& candidate : dump.pythonThreads) {
+    if (python == nullptr || candidate.current) python = &candidate;
+  }
+  return python;
+}
+
 }  // namespace
 
 std::string stackTop(const trace::Dump& dump, int threadId, int pid, size_t frames) {
@@ -271,10 +527,16 @@ std::string stackTop(const trace::Dump& dump, int threadId, int pid, size_t fram
   for (const trace::DumpThread& candidate : dump.threads) {
     if (thread == nullptr && candidate.tid == key) thread = &candidate;
   }
-  std::string native = thread != nullptr ? nativeTop(*thread, frames) : std::string();
-  const trace::DumpPythonThread* python = nullptr;
-  for (const trace::DumpPythonThread& candidate : dump.pythonThreads) {
-    if (python == nullptr || candidate.current) python = &candidate;
+  const trace::DumpPythonThread* python = topPythonThread(dump, thread);
+  std::string native;
+  if (thread != nullptr && python != nullptr && python == pythonThreadOf(dump, *thread) &&
+      innermostEval(*thread) < thread->frames.size()) {
+    // Joined: the frames from the innermost eval loop out are the Python frames'.
+    trace::DumpThread inside = *thread;
+    inside.frames.resize(innermostEval(*thread));
+    native = nativeTop(inside, frames);
+  } else if (thread != nullptr) {
+    native = nativeTop(*thread, frames);
   }
   if (python == nullptr || python->frames.empty()) return native;
   // The user's own Python line leads: the innermost frame outside installed packages (the
@@ -335,22 +597,41 @@ StackReport mergeStacks(std::span<const RankDump> input, const StackOptions& opt
     } else {
       note.thread = threadText(*key);
     }
+    // A thread's path: mixed when it has a Python stack to splice in, else native.
+    auto threadPath = [&](const trace::DumpThread& thread, MixedStack* mixed) {
+      const trace::DumpPythonThread* own = options.mixed ? pythonThreadOf(dump, thread) : nullptr;
+      if (own != nullptr) *mixed = mixedStack(thread, *own, options.by);
+      if (!mixed->spliced) {
+        nativePath(native, thread, options.by, &path);
+        return;
+      }
+      path.clear();
+      for (std::string& label : mixed->path) {
+        std::string keyText = label;
+        path.push_back(native.intern(std::move(keyText), std::move(label)));
+      }
+    };
     if (options.allThreads) {
       // Non-key threads first, so that each merges independently of the key thread's end node.
       for (const trace::DumpThread& thread : dump.threads) {
         if (&thread == key) continue;
-        nativePath(native, thread, options.by, &path);
+        MixedStack mixed;
+        threadPath(thread, &mixed);
         native.add(r->rank, path);
       }
     }
     if (key != nullptr) {
-      nativePath(native, *key, options.by, &path);
+      MixedStack mixed;
+      threadPath(*key, &mixed);
+      if (mixed.spliced) report.mixedRanks.push_back(r->rank);
+      if (mixed.guessed) report.guessedRanks.push_back(r->rank);
       uint32_t end = native.add(r->rank, path);
       auto [it, inserted] = classOf.try_emplace(end, classes.size());
       if (inserted) {
         StackClass c;
         c.representative = r->rank;
         c.thread = key->name;
+        c.userLine = mixed.userLine;
         c.path.reserve(path.size());
         for (uint32_t id : path) c.path.push_back(native.label(id));
         classes.emplace_back(end, std::move(c));
@@ -386,6 +667,13 @@ StackReport mergeStacks(std::span<const RankDump> input, const StackOptions& opt
   return report;
 }
 
+const trace::Dump* hangDumpOf(const trace::TraceFile& file) {
+  for (auto it = file.dumps.rbegin(); it != file.dumps.rend(); ++it) {
+    if (it->trigger == "hang" || it->trigger == "collector") return &*it;
+  }
+  return file.dumps.empty() ? nullptr : &file.dumps.back();
+}
+
 std::map<int, const trace::TraceFile*> newestByRank(std::span<const trace::TraceFile> files) {
   std::map<int, const trace::TraceFile*> newest;
   for (const trace::TraceFile& file : files) {
@@ -408,7 +696,7 @@ StackReport stackReport(std::span<const trace::TraceFile> files, const Report& a
     RankDump r;
     r.rank = rank;
     if (!file->dumps.empty()) {
-      r.dump = &file->dumps.back();
+      r.dump = hangDumpOf(*file);
       r.keyThread = keyThreadOf(*r.dump, file->header.pid);
     }
     ranks.push_back(r);
@@ -481,7 +769,7 @@ void printStackTree(const StackTree& tree, std::ostream& out) {
 
 void printStacksText(const StackReport& report, std::ostream& out) {
   out << "Stacks of " << report.ranks << (report.ranks == 1 ? " rank" : " ranks")
-      << ", newest dump of each, merged by "
+      << ", each rank's newest dump taken on the hang (else its newest), merged by "
       << (report.options.by == FrameKey::kModule ? "module+offset" : "function") << "; "
       << (report.options.allThreads ? "all threads"
                                     : "the thread that issued the hung call, else the main thread")
@@ -500,6 +788,9 @@ void printStacksText(const StackReport& report, std::ostream& out) {
     if (!c.path.empty()) {
       out << "  at ";
       size_t from = c.path.size() > 3 ? c.path.size() - 3 : 0;
+      const bool userLineShown =
+          std::find(c.path.begin() + from, c.path.end(), c.userLine) != c.path.end();
+      if (!c.userLine.empty() && !userLineShown) out << c.userLine << " \u2026 ";
       for (size_t k = from; k < c.path.size(); ++k) out << (k > from ? " > " : "") << c.path[k];
     }
     out << "\n";
@@ -517,8 +808,21 @@ void printStacksText(const StackReport& report, std::ostream& out) {
     out << "No dump: " << (report.noDump.size() == 1 ? "rank " : "ranks ")
         << formatRanks(report.noDump) << " (their stacks are not in the trees)\n";
   }
-  out << "\nNative stacks, outermost frame first"
-      << (report.options.allThreads ? " (all threads):\n" : " (the thread that matters):\n");
+  if (report.mixedRanks.empty()) {
+    out << "\nNative stacks, outermost frame first"
+        << (report.options.allThreads ? " (all threads):\n" : " (the thread that matters):\n");
+  } else {
+    out << "\nMixed stacks, outermost frame first"
+        << (report.options.allThreads ? " (all threads)" : " (the thread that matters)")
+        << ": Python frames where the interpreter runs them (ranks "
+        << formatRanks(report.mixedRanks) << "), runtime and PyTorch frames folded";
+    if (!report.guessedRanks.empty()) {
+      out << "; where ranks " << formatRanks(report.guessedRanks)
+          << " ran several Python frames in one interpreter loop, frames marked \"placed by "
+             "guess\" may sit elsewhere among the Python frames";
+    }
+    out << " (--no-mixed: native only):\n";
+  }
   if (report.native.empty()) {
     out << "  none\n";
   } else {
@@ -535,13 +839,20 @@ void printStacksText(const StackReport& report, std::ostream& out) {
 void printStacksJson(const StackReport& report, std::ostream& out) {
   out << "{\"by\":\"" << (report.options.by == FrameKey::kModule ? "module" : "function")
       << "\",\"all_threads\":" << (report.options.allThreads ? "true" : "false")
-      << ",\"ranks\":" << report.ranks << ",\"classes\":[";
+      << ",\"mixed\":" << (report.options.mixed ? "true" : "false") << ",\"ranks\":" << report.ranks
+      << ",\"mixed_ranks\":";
+  jsonRanks(out, report.mixedRanks);
+  out << ",\"guessed_ranks\":";
+  jsonRanks(out, report.guessedRanks);
+  out << ",\"classes\":[";
   for (size_t i = 0; i < report.classes.size(); ++i) {
     const StackClass& c = report.classes[i];
     out << (i ? "," : "") << "{\"ranks\":\"" << formatRanks(c.ranks) << "\",\"rank_list\":";
     jsonRanks(out, c.ranks);
     out << ",\"representative\":" << c.representative << ",\"thread\":";
     jsonString(out, c.thread);
+    out << ",\"user_line\":";
+    jsonString(out, c.userLine);
     out << ",\"path\":[";
     for (size_t k = 0; k < c.path.size(); ++k) {
       if (k) out << ',';

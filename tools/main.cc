@@ -109,7 +109,7 @@ Exit code: 0 no finding (stragglers are information), 1 findings, 2 usage or I/O
 
 void addStacks(CLI::App& app, int& exitCode) {
   CLI::App* stacks = app.add_subcommand(
-      "stacks", "STAT-style merged stack tree of every rank's newest dump, classes first");
+      "stacks", "STAT-style merged stack tree of every rank's dump of the hang, classes first");
   static ncclwatch::stacks::Options options;
   stacks
       ->add_option("dir", options.directory,
@@ -122,9 +122,13 @@ void addStacks(CLI::App& app, int& exitCode) {
   stacks->add_flag("--json", options.json, "print one JSON document");
   stacks->add_flag("--all-threads", options.allThreads,
                    "merge every thread, not only the one that issued the hung call");
+  stacks->add_flag("--no-mixed", options.noMixed,
+                   "keep native and Python stacks in two trees, native frames unfolded");
   stacks->footer(R"(Prints the equivalence classes (ranks whose thread that matters has the same
 stack) with a representative rank each, the suspects ordered by how far behind their last call
-is, then the native and the Python trees (outermost frame first, rank sets like [0-4,6-7]).
+is, then the native and the Python trees (outermost frame first, rank sets like [0-4,6-7]). A
+thread that runs Python code gets a mixed stack: its Python frames where the interpreter runs
+them, runtime and PyTorch frames folded (--no-mixed: native frames only).
 Exit code: 0 printed, 1 no rank has a dump, 2 usage or I/O error.)");
   stacks->callback(
       [&exitCode] { exitCode = ncclwatch::stacks::run(options, std::cout, std::cerr); });

@@ -343,6 +343,22 @@ struct StopTimes {
 
 enum class Taken { kTaken, kGone, kRefused };
 
+// The pthread_self() of a thread stopped by ptrace, which CPython uses as the thread's id: on
+// x86-64 glibc keeps the thread's control block at the thread pointer and pthread_self()
+// returns that address, i.e. fs_base. 0 elsewhere (aarch64's pthread_self() sits an
+// implementation-defined distance below TPIDR_EL0) or when the registers cannot be read.
+uint64_t pthreadIdOfStopped(pid_t tid) {
+#if defined(__x86_64__)
+  user_regs_struct regs{};
+  iovec io{&regs, sizeof regs};
+  if (ptrace(PTRACE_GETREGSET, tid, NT_PRSTATUS, &io) != 0) return 0;
+  return regs.fs_base;
+#else
+  (void)tid;
+  return 0;
+#endif
+}
+
 // One thread: unwound where it sleeps, or stopped, unwound and detached at once. kRefused with
 // `why` when ptrace is refused (already traced by gdb or strace, or not permitted): the agent's
 // signal route then takes every thread rather than leave this one out.
@@ -370,6 +386,7 @@ Taken takeThread(Dwfl* dwfl, Target& target, pid_t tid, const Options& options,
     thread->syscall = "did not stop for ptrace; " + taskFile(target.pid, tid, "syscall");
     return Taken::kTaken;
   }
+  thread->pthreadId = pthreadIdOfStopped(tid);
   dwfl_getthread_frames(dwfl, tid, onFrame, stack);
   ptrace(PTRACE_DETACH, tid, nullptr, reinterpret_cast<void*>(static_cast<intptr_t>(signal)));
   int64_t stoppedNs = monotonicNs() - start;

@@ -300,8 +300,13 @@ void writeStacks(const analysis::StackReport& stacks, std::ostream& out) {
   }
   std::ostringstream tree;
   analysis::printStackTree(stacks.native, tree);
-  out << "<p>Native stacks, outermost frame first; each line shows the ranks that went through "
-         "that frame.</p>\n<pre>"
+  out << (stacks.mixedRanks.empty()
+              ? std::string("<p>Native stacks")
+              : "<p>Mixed stacks (ranks " + escapeHtml(analysis::formatRanks(stacks.mixedRanks)) +
+                    "): Python frames where the interpreter runs them, runtime and PyTorch "
+                    "frames folded")
+      << ", outermost frame first; each line shows the ranks that went through that frame.</p>\n"
+         "<pre>"
       << (stacks.native.empty() ? std::string("none") : escapeHtml(tree.str())) << "</pre>\n";
   if (!stacks.python.empty()) {
     std::ostringstream py;

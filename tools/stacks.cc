@@ -19,6 +19,7 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
     return 2;
   }
   stackOptions.allThreads = options.allThreads;
+  stackOptions.mixed = !options.noMixed;
   cli::Loaded loaded;
   if (!cli::loadTraces(options.directory, "stacks", err, &loaded)) return 2;
   std::vector<trace::TraceFile>& files = loaded.files;

@@ -1,6 +1,7 @@
-// `ncclwatch stacks DIR`: the newest dump of every rank's trace merged into one STAT-style tree
-// (analysis/stack_tree.h): equivalence classes with representative ranks first, suspects by how
-// far behind they are, then the native and Python trees. Text or JSON.
+// `ncclwatch stacks DIR`: each rank's dump taken on the hang (else its newest) merged into one
+// STAT-style tree (analysis/stack_tree.h): equivalence classes with representative ranks first,
+// suspects by how far behind they are, then the tree of the thread that matters (mixed Python
+// and native frames where a thread runs Python) and the Python tree. Text or JSON.
 #pragma once
 #include <ostream>
 #include <string>
@@ -15,6 +16,7 @@ struct Options {
   std::string by = "function";  // "function" or "module" (module+offset)
   bool json = false;
   bool allThreads = false;
+  bool noMixed = false;      // native and Python stacks apart (analysis::StackOptions::mixed)
   double quietSeconds = 10;  // as inspect's --quiet, for the verdicts that order suspects
 };
 

@@ -72,6 +72,7 @@ std::string formatDump(const Dump& dump) {
     field(out, thread.name);
     field(out, thread.wchan);
     field(out, thread.syscall);
+    if (thread.pthreadId != 0) field(out, thread.pthreadId, true);
     for (const DumpFrame& frame : thread.frames) {
       out += "\nframe";
       field(out, frame.pc, true);
@@ -145,9 +146,11 @@ bool parseDump(std::string_view text, Dump* dump, std::string* problem) {
       finding.state = f[4];
       finding.explanation = f[7];
       dump->findings.push_back(std::move(finding));
-    } else if (kind == "thread" && need(6)) {
+    } else if (kind == "thread" && (need(6) || need(7))) {
+      // The 7th field (pthread id) is optional: dumps written before it existed have 6.
       DumpThread thread;
-      if (!number(f[1], &thread.tid) || (f[2] != "0" && f[2] != "1")) {
+      if (!number(f[1], &thread.tid) || (f[2] != "0" && f[2] != "1") ||
+          (f.size() == 7 && !number(f[6], &thread.pthreadId, 16))) {
         return fail("bad thread line");
       }
       thread.answered = f[2] == "1";

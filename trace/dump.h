@@ -41,6 +41,11 @@ struct DumpFrame {
 
 struct DumpThread {
   int tid = 0;
+  // The thread's pthread_self() (glibc: the address of its thread control block), which is the
+  // id CPython gives the thread's Python stack (DumpPythonThread::threadId): the join between a
+  // native and a Python stack. 0 when unknown (a thread that did not answer, a dump written
+  // before the field existed).
+  uint64_t pthreadId = 0;
   std::string name;
   bool answered = false;  // native frames taken by the thread itself
   std::string wchan;      // for threads that did not answer

@@ -94,6 +94,7 @@ void captureWithSignal(trace::Dump& dump, const DumpBounds& bounds) {
     thread.tid = stack.tid;
     thread.name = stack.name;
     thread.answered = stack.answered;
+    thread.pthreadId = stack.pthreadId;
     thread.wchan = stack.wchan;
     thread.syscall = stack.syscall;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <link.h>
 #include <linux/futex.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <ucontext.h>
@@ -177,6 +178,7 @@ struct Buffer {
   std::atomic<bool> inUse{false};
   int count = 0;
   bool truncated = false;
+  uintptr_t pthreadId = 0;  // the answering thread's pthread_self()
   uintptr_t pcs[kMaxFrames];
   unw_context_t registers;  // kRegisters: the interrupted thread's, in libunwind's layout
 };
@@ -461,6 +463,8 @@ void serveRequest(int self, void* context) {
     return;
   }
   Buffer& buffer = g_buffers[g_request.buffer.load(std::memory_order_relaxed)];
+  // glibc's pthread_self() reads the thread pointer (no lock, no call out): safe here.
+  buffer.pthreadId = static_cast<uintptr_t>(pthread_self());
   const uintptr_t pc = interruptedPc(context);
   if (altStackTooSmall()) {
     // Unwinding needs ~10 KiB of stack: on a small sigaltstack (a sanitizer's, a runtime's)
@@ -615,6 +619,7 @@ bool requestStack(int tid, int signalNumber, std::chrono::milliseconds timeout, 
               std::min<std::chrono::nanoseconds>(left, std::chrono::milliseconds(50)));
   }
   slot.answered = true;
+  slot.pthreadId = buffer.pthreadId;
   slot.frameCount = buffer.count;
   slot.truncated = buffer.truncated;
   std::copy(buffer.pcs, buffer.pcs + buffer.count, slot.pcs);
@@ -716,6 +721,7 @@ bool StackSampler::install(int signalNumber, std::string* error) {
     (void)getpid();
     (void)interruptedPc(nullptr);
     (void)altStackTooSmall();
+    (void)pthread_self();
   }
   struct sigaction previous;
   std::memset(&previous, 0, sizeof(previous));
@@ -762,6 +768,7 @@ CaptureResult StackSampler::captureAll(std::span<ThreadStack> slots,
     ThreadStack& slot = slots[0];
     resetSlot(slot, self);
     slot.answered = true;
+    slot.pthreadId = static_cast<uintptr_t>(pthread_self());
     bool truncated = false;
     slot.frameCount = unwindSelf(slot.pcs, kMaxFrames, 0, 1, &truncated);
     slot.truncated = truncated;

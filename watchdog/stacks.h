@@ -24,8 +24,11 @@ inline constexpr int kMaxFrames = 64;
 
 struct ThreadStack {
   int tid = 0;
-  char name[16] = {};      // /proc/self/task/<tid>/comm
-  bool answered = false;   // true: pcs hold the thread's stack, taken by the thread itself
+  char name[16] = {};     // /proc/self/task/<tid>/comm
+  bool answered = false;  // true: pcs hold the thread's stack, taken by the thread itself
+  // Its pthread_self(), read by the thread itself with its stack (0 when it did not answer):
+  // CPython names the thread's Python stack by this id, so the two stacks can be joined.
+  uintptr_t pthreadId = 0;
   bool truncated = false;  // the stack had more than kMaxFrames frames
   int frameCount = 0;
   // pcs[0] is the exact interrupted pc; every later one is a return address.

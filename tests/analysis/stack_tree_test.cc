@@ -1,11 +1,14 @@
 // The STAT-style stack merge on synthetic dumps: prefix tree with rank sets on every edge,
 // equivalence classes with representatives, the thread that matters, function versus
-// module+offset keys, ranks without dumps, Python trees, JSON, and the HTML page's escaping.
+// module+offset keys, ranks without dumps, Python trees, mixed Python/native stacks (one
+// against golden/stacks_mixed.txt), JSON, and the HTML page's escaping.
 #include "analysis/stack_tree.h"
 
 #include <gtest/gtest.h>
 #include <simdjson.h>
 
+#include <cstdlib>
+#include <fstream>
 #include <sstream>
 
 #include "report.h"
@@ -252,6 +255,269 @@ TEST(StackTop, ANativeProgramShowsItsOwnFrames) {
              {frame("main", 0x10, "/app/train"), frame("Trainer::step", 0x20, "/app/train"),
               frame("ncclAllReduce", 0x30, "/usr/lib/libnccl.so.2")}));
   EXPECT_EQ(ncclwatch::analysis::stackTop(dump, 7, 7), "Trainer::step \u2190 main");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mixed stacks: a PyTorch rank's main thread as the ptrace route dumps it (CPython 3.11: the
+// script's frames call each other inside one eval loop; PyTorch's logging decorator calls
+// all_reduce through C, hence a second loop), with its Python stack under the same pthread id.
+
+constexpr uint64_t kMainPthread = 0x7f3a1c2b5740;
+const std::string kPython = "/usr/bin/python3.11";
+const std::string kLibPython = "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0";
+const std::string kLibc = "/lib/x86_64-linux-gnu/libc.so.6";
+const std::string kTorchPython = "/venv/lib/python3.11/site-packages/torch/lib/libtorch_python.so";
+const std::string kTorchCuda = "/venv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so";
+const std::string kNccl = "/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2";
+const std::string kC10d = "/venv/lib/python3.11/site-packages/torch/distributed/";
+
+// Outermost first; `between` goes between the two eval loops (none: the interpreter's own).
+std::vector<DumpFrame> torchNative(std::vector<DumpFrame> between, const std::string& wait) {
+  std::vector<DumpFrame> frames = {frame("_start", 0x10, kPython),
+                                   frame("__libc_start_main", 0x20, kLibc),
+                                   frame("main", 0x30, kPython),
+                                   frame("Py_RunMain", 0x40, kLibPython),
+                                   frame("_PyRun_AnyFileObject", 0x50, kLibPython),
+                                   frame("run_eval_code_obj", 0x60, kLibPython),
+                                   frame("PyEval_EvalCode", 0x70, kLibPython),
+                                   frame("_PyEval_EvalFrameDefault", 0x80, kLibPython),
+                                   frame("PyObject_Call", 0x90, kLibPython)};
+  frames.insert(frames.end(), between.begin(), between.end());
+  std::vector<DumpFrame> inner = {
+      frame("_PyFunction_Vectorcall", 0xa0, kLibPython),
+      frame("_PyEval_Vector", 0xb0, kLibPython),
+      frame("_PyEval_EvalFrameDefault", 0x80, kLibPython),
+      frame("cfunction_call", 0xc0, kLibPython),
+      frame("pybind11::cpp_function::dispatcher(_object*, _object*, _object*)", 0xd0, kTorchPython),
+      frame("c10d::ProcessGroupNCCL::allreduce(std::vector<at::Tensor, std::allocator<at::Tensor> "
+            ">&, c10d::AllreduceOptions const&)",
+            0xe0, kTorchCuda),
+      frame(
+          "c10d::ProcessGroupNCCL::collective<c10d::ProcessGroupNCCL::allreduce_impl(at::Tensor&, "
+          "char const*, c10d::AllreduceOptions const&)::{lambda()#1}>(...)",
+          0xf0, kTorchCuda),
+      frame("ncclAllReduce", 0x100, "/opt/ncclwatch/lib/libncclwatch.so"),
+      frame("ncclAllReduce", 0x110, kNccl),
+      frame(wait, 0x120, kNccl),
+      frame("pthread_cond_wait", 0x130, kLibc),
+      frame("__futex_abstimed_wait_common", 0x140, kLibc)};
+  frames.insert(frames.end(), inner.begin(), inner.end());
+  return frames;
+}
+
+ncclwatch::trace::DumpPythonThread torchPython(uint64_t id, int trainLine) {
+  ncclwatch::trace::DumpPythonThread python;
+  python.threadId = id;
+  python.frames = {// innermost first, as CPython prints them
+                   {kC10d + "distributed_c10d.py", 2501, "all_reduce"},
+                   {kC10d + "c10d_logger.py", 83, "wrapper"},
+                   {"/home/me/train.py", trainLine, "train"},
+                   {"/home/me/train.py", 55, "main"},
+                   {"/home/me/train.py", 60, "<module>"}};
+  return python;
+}
+
+Dump torchDump(int pid, int trainLine, const std::string& wait) {
+  Dump d;
+  d.trigger = "hang";
+  d.pythonNote = "CPython's _Py_DumpTracebackThreads";
+  DumpThread main = thread(pid, "python", torchNative({}, wait));
+  main.pthreadId = kMainPthread;
+  d.threads.push_back(main);
+  DumpThread loader = thread(pid + 1, "pt_data_worker", {frame("start_thread", 0x10, kLibc)});
+  loader.pthreadId = 0x7f3a00001000;
+  d.threads.push_back(loader);
+  // A data loader's Python thread, listed as current: the join, not "current", picks the stack.
+  ncclwatch::trace::DumpPythonThread other;
+  other.threadId = 0x7f3a00001000;
+  other.current = true;
+  other.frames = {{"/home/me/data.py", 12, "prefetch"}};
+  d.pythonThreads.push_back(other);
+  d.pythonThreads.push_back(torchPython(kMainPthread, trainLine));
+  return d;
+}
+
+std::string expectedGolden(const std::string& name, const std::string& got) {
+  std::string path = std::string(NCCLWATCH_GOLDEN_DIR) + "/" + name;
+  if (std::getenv("NCCLWATCH_UPDATE_GOLDEN") != nullptr) std::ofstream(path) << got;
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Fewer eval loops than Python frames: the script's frames share the outer loop, the
+// interpreter's frames are hidden, PyTorch's and the runtime's fold. Nothing visible lies
+// between the loops, so nothing is a guess.
+TEST(MixedStack, SplicesPythonFramesAtTheirEvalLoopsAndFolds) {
+  Dump d = torchDump(100, 40, "ncclsim::waitForPeers(int)");
+  const ncclwatch::trace::DumpPythonThread* own =
+      ncclwatch::analysis::pythonThreadOf(d, d.threads[0]);
+  ASSERT_NE(own, nullptr);
+  EXPECT_EQ(own->threadId, kMainPthread);
+  ncclwatch::analysis::MixedStack mixed = ncclwatch::analysis::mixedStack(d.threads[0], *own);
+  ASSERT_TRUE(mixed.spliced);
+  EXPECT_EQ(mixed.evalFrames, 2);
+  EXPECT_EQ(mixed.pythonFrames, 5);
+  EXPECT_FALSE(mixed.exact);
+  EXPECT_FALSE(mixed.guessed);
+  EXPECT_EQ(mixed.userLine, "/home/me/train.py:40 train");  // not PyTorch's frames
+  EXPECT_EQ(mixed.path,
+            (std::vector<std::string>{
+                "/home/me/train.py:60 <module>", "/home/me/train.py:55 main",
+                "/home/me/train.py:40 train", kC10d + "c10d_logger.py:83 wrapper",
+                kC10d + "distributed_c10d.py:2501 all_reduce",
+                "[PyTorch, 3 frames: c10d::ProcessGroupNCCL::collective<\u2026>]", "ncclAllReduce",
+                "[4 frames in libnccl, libc: ncclsim::waitForPeers]"}));
+}
+
+// A thread without a pthread id (an old dump), or whose Python stack is not in the dump, keeps
+// its native path.
+TEST(MixedStack, NoJoinNoSplice) {
+  Dump d = torchDump(100, 40, "ncclsim::waitForPeers(int)");
+  d.threads[0].pthreadId = 0;
+  EXPECT_EQ(ncclwatch::analysis::pythonThreadOf(d, d.threads[0]), nullptr);
+  std::vector<RankDump> ranks = {{0, &d, 100}};
+  StackReport report = ncclwatch::analysis::mergeStacks(ranks, {});
+  EXPECT_TRUE(report.mixedRanks.empty());
+  EXPECT_EQ(report.classes[0].path.front(), "_start");
+  std::ostringstream text;
+  ncclwatch::analysis::printStacksText(report, text);
+  EXPECT_NE(text.str().find("\nNative stacks, outermost frame first"), std::string::npos);
+}
+
+// As many eval loops as Python frames (every call went through C): exact, and a native frame
+// between loops (a C extension calling back into Python) sits between its two Python frames.
+TEST(MixedStack, OneEvalLoopPerPythonFrameIsExact) {
+  DumpThread native =
+      thread(7, "main",
+             {frame("main", 0x10, kPython), frame("_PyEval_EvalFrameDefault", 0x80, kLibPython),
+              frame("callback_into_python", 0x30, "/app/ext.so"),
+              frame("_PyEval_EvalFrameDefault", 0x80, kLibPython),
+              frame("slow_native_work", 0x40, "/app/ext.so")});
+  ncclwatch::trace::DumpPythonThread python;
+  python.frames = {{"b.py", 2, "inner"}, {"a.py", 1, "outer"}};
+  ncclwatch::analysis::MixedStack mixed = ncclwatch::analysis::mixedStack(native, python);
+  EXPECT_TRUE(mixed.exact);
+  EXPECT_FALSE(mixed.guessed);
+  EXPECT_EQ(mixed.path, (std::vector<std::string>{"a.py:1 outer", "callback_into_python",
+                                                  "b.py:2 inner", "slow_native_work"}));
+}
+
+// Fewer loops than frames with a native frame between the loops: where it sits among the Python
+// frames is a guess, and the label says so.
+TEST(MixedStack, ANativeFrameBetweenSharedLoopsIsMarkedAsAGuess) {
+  DumpThread native = thread(
+      7, "main",
+      {frame("_PyEval_EvalFrameDefault", 0x80, kLibPython),
+       frame("callback_into_python", 0x30, "/app/ext.so"),
+       frame("_PyEval_EvalFrameDefault", 0x80, kLibPython), frame("work", 0x40, "/app/ext.so")});
+  ncclwatch::trace::DumpPythonThread python;
+  python.frames = {{"c.py", 3, "leaf"}, {"b.py", 2, "middle"}, {"a.py", 1, "outer"}};
+  ncclwatch::analysis::MixedStack mixed = ncclwatch::analysis::mixedStack(native, python);
+  EXPECT_FALSE(mixed.exact);
+  EXPECT_TRUE(mixed.guessed);
+  EXPECT_EQ(mixed.path, (std::vector<std::string>{"a.py:1 outer", "b.py:2 middle",
+                                                  "callback_into_python (placed by guess)",
+                                                  "c.py:3 leaf", "work"}));
+}
+
+// A thread waiting for the GIL: the interpreter's frames inside the innermost loop are where it
+// is, so they show (folded).
+TEST(MixedStack, AThreadInsideTheInterpreterShowsItsFrames) {
+  DumpThread native =
+      thread(7, "main",
+             {frame("_PyEval_EvalFrameDefault", 0x80, kLibPython),
+              frame("PyEval_RestoreThread", 0x10, kLibPython), frame("take_gil", 0x20, kLibPython),
+              frame("pthread_cond_timedwait", 0x30, kLibc)});
+  ncclwatch::trace::DumpPythonThread python;
+  python.frames = {{"a.py", 1, "outer"}};
+  EXPECT_EQ(ncclwatch::analysis::mixedStack(native, python).path,
+            (std::vector<std::string>{"a.py:1 outer", "[Python, 2 frames: take_gil]",
+                                      "[1 frame in libc: pthread_cond_timedwait]"}));
+}
+
+// The merged tree of four PyTorch ranks, rank 2 at another line of the script and waiting
+// elsewhere in NCCL: one path from the script's line to the NCCL wait, against the golden text.
+TEST(MixedStack, MergedTreeMatchesTheGolden) {
+  std::vector<Dump> dumps;
+  for (int r = 0; r < 4; ++r) {
+    dumps.push_back(torchDump(100 + 10 * r, r == 2 ? 44 : 40,
+                              r == 2 ? "ncclsim::waitForRoot(int)" : "ncclsim::waitForPeers(int)"));
+  }
+  std::vector<RankDump> ranks;
+  for (int r = 0; r < 4; ++r) ranks.push_back({r, &dumps[r], 100 + 10 * r});
+  StackReport report = ncclwatch::analysis::mergeStacks(ranks, {});
+  EXPECT_EQ(report.mixedRanks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_TRUE(report.guessedRanks.empty());
+  ASSERT_EQ(report.classes.size(), 2u);
+  EXPECT_EQ(report.classes[1].ranks, (std::vector<int>{2}));
+  std::ostringstream text;
+  ncclwatch::analysis::printStacksText(report, text);
+  EXPECT_EQ(text.str(), expectedGolden("stacks_mixed.txt", text.str()));
+
+  // --no-mixed: the native tree as before, the Python tree beside it.
+  StackOptions apart;
+  apart.mixed = false;
+  StackReport separate = ncclwatch::analysis::mergeStacks(ranks, apart);
+  EXPECT_TRUE(separate.mixedRanks.empty());
+  EXPECT_EQ(separate.classes[0].path.front(), "_start");
+  EXPECT_NE(treeText(separate.python).find("[0-3] /home/me/data.py:12 prefetch\n"),
+            std::string::npos)
+      << treeText(separate.python);
+
+  std::ostringstream json;
+  ncclwatch::analysis::printStacksJson(report, json);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(json.str());
+  EXPECT_EQ(int64_t(doc["mixed_ranks"].at(3)), 3);
+  EXPECT_EQ(std::string_view(doc["native"]["children"].at(0)["label"]),
+            "/home/me/train.py:60 <module>");
+}
+
+// After `run --abort` a rank dumps again on its SIGTERM, torn down: the stacks (and the HTML
+// page's tree) come from its dump taken on the hang, mixed.
+TEST(MixedStack, StacksUseTheDumpTakenOnTheHangAndThePageShowsTheMixedTree) {
+  ncclwatch::trace::TraceFile file;
+  file.usable = true;
+  file.header.rank = 0;
+  file.header.world = 1;
+  file.header.pid = 100;
+  Dump hang = torchDump(100, 40, "ncclsim::waitForPeers(int)");
+  hang.trigger = "collector";
+  Dump teardown;
+  teardown.trigger = "sigterm";
+  teardown.threads.push_back(thread(100, "python", {frame("main"), frame("Py_FinalizeEx")}));
+  file.dumps = {hang, teardown};
+  EXPECT_EQ(ncclwatch::analysis::hangDumpOf(file), &file.dumps[0]);
+  std::vector<ncclwatch::trace::TraceFile> files = {file};
+  ncclwatch::analysis::Options options;
+  options.probeProcesses = false;
+  auto report = ncclwatch::analysis::analyze(files, options);
+  auto stacks = ncclwatch::analysis::stackReport(files, report, {});
+  EXPECT_EQ(stacks.mixedRanks, (std::vector<int>{0}));
+  EXPECT_EQ(stacks.notes[0].trigger, "collector");
+  std::ostringstream page;
+  ncclwatch::report::writeHtml(files, report, stacks, page);
+  EXPECT_NE(page.str().find("Mixed stacks (ranks 0)"), std::string::npos) << page.str();
+  EXPECT_NE(page.str().find("/home/me/train.py:40 train"), std::string::npos) << page.str();
+  // Without a dump taken on the hang, the newest.
+  file.dumps = {teardown};
+  EXPECT_EQ(ncclwatch::analysis::hangDumpOf(file), &file.dumps[0]);
+}
+
+// The stack top names the thread's own Python stack (not the data loader's, listed as current)
+// and the native frames inside its innermost loop.
+TEST(StackTop, UsesTheThreadsOwnPythonStackWhenTheDumpJoinsThem) {
+  Dump d = torchDump(100, 40, "ncclsim::waitForPeers(int)");
+  EXPECT_EQ(ncclwatch::analysis::stackTop(d, 100, 100),
+            "py: /home/me/train.py:40 train (in distributed_c10d.py:2501 all_reduce) | "
+            "[PyTorch: c10d::ProcessGroupNCCL::collective<c10d::ProcessGroupNCCL::allreduce_impl("
+            "at::Tensor&, char const*, c10d::AllreduceOptions const&)::{lambda()#1}>(...)]");
+  d.threads[0].pthreadId = 0;  // no join: the current Python thread, as before
+  EXPECT_EQ(ncclwatch::analysis::stackTop(d, 100, 100).rfind("py: /home/me/data.py:12 prefetch", 0),
+            0u)
+      << ncclwatch::analysis::stackTop(d, 100, 100);
 }
 
 }  // namespace

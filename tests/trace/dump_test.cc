@@ -28,6 +28,7 @@ Dump sampleDump() {
   thread.tid = 4242;
   thread.name = "train_loop";
   thread.answered = true;
+  thread.pthreadId = 0x7f1122334455;
   thread.frames.push_back(
       {0x7f0000001000, "runStep(int)", 0x1f, "/bin/train", 0x6109, "be11", "", 0, false, ""});
   thread.frames.push_back({0x7f0000002000, "", 0, "", 0, "", "", 0, false, ""});
@@ -63,9 +64,13 @@ TEST(DumpText, RoundTripsEveryField) {
   EXPECT_EQ(parsed.threads[0].frames[0].function, "runStep(int)");
   EXPECT_EQ(parsed.threads[0].frames[0].moduleOffset, 0x6109u);
   EXPECT_EQ(parsed.threads[0].frames[0].buildId, "be11");
+  EXPECT_EQ(parsed.threads[0].pthreadId, 0x7f1122334455u);
   EXPECT_FALSE(parsed.threads[1].answered);
   EXPECT_EQ(parsed.threads[1].wchan, "futex_do_wait");
+  EXPECT_EQ(parsed.threads[1].pthreadId, 0u);  // unknown: the field is left out
   ASSERT_EQ(parsed.pythonThreads.size(), 1u);
+  // The join: the native thread's pthread id is the Python thread's id.
+  EXPECT_EQ(parsed.pythonThreads[0].threadId, parsed.threads[0].pthreadId);
   EXPECT_TRUE(parsed.pythonThreads[0].current);
   EXPECT_EQ(parsed.pythonThreads[0].frames[1].line, -1);
   EXPECT_EQ(parsed.pythonThreads[0].frames[0].function, "train_step");
@@ -82,6 +87,26 @@ TEST(DumpText, ADumpWithoutAStackRouteReads) {
   ASSERT_TRUE(parseDump(text, &parsed, &problem)) << problem;
   EXPECT_TRUE(parsed.stackRoute.empty());
   EXPECT_EQ(parsed.threads.size(), 2u);
+}
+
+// Dumps written before thread lines carried the pthread id (6 fields) still read, with the id
+// unknown; a malformed id is named.
+TEST(DumpText, ThreadLinesWithoutAPthreadIdRead) {
+  std::string text =
+      "ncclwatch-dump 1\ntrigger\thang\nthread\t4242\t1\ttrain\t\t\n"
+      "frame\t7f00\tf\t0\t/bin/x\t10\tbe11\npython\tnone\nend\n";
+  Dump parsed;
+  std::string problem;
+  ASSERT_TRUE(parseDump(text, &parsed, &problem)) << problem;
+  ASSERT_EQ(parsed.threads.size(), 1u);
+  EXPECT_EQ(parsed.threads[0].tid, 4242);
+  EXPECT_EQ(parsed.threads[0].pthreadId, 0u);
+  EXPECT_EQ(parsed.threads[0].frames.size(), 1u);
+  std::string withId = "ncclwatch-dump 1\nthread\t4242\t1\ttrain\t\t\t7f00aa\nend\n";
+  ASSERT_TRUE(parseDump(withId, &parsed, &problem)) << problem;
+  EXPECT_EQ(parsed.threads[0].pthreadId, 0x7f00aau);
+  EXPECT_FALSE(
+      parseDump("ncclwatch-dump 1\nthread\t4242\t1\ttrain\t\t\tzz\nend\n", &parsed, &problem));
 }
 
 TEST(DumpText, BadTextIsNamedByLine) {

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -91,11 +92,20 @@ class ThreadGroup {
     std::atomic<int> tid{0};
     threads_.emplace_back([this, &tid, name, body] {
       pthread_setname_np(pthread_self(), name.c_str());
+      {
+        std::lock_guard<std::mutex> lock(idsLock_);
+        pthreadIds_[currentTid()] = static_cast<uintptr_t>(pthread_self());
+      }
       tid.store(currentTid());
       body(&stop_);
     });
     while (tid.load() == 0) std::this_thread::yield();
     return tid.load();
+  }
+  // What pthread_self() returned in the thread of `tid`.
+  uintptr_t pthreadIdOf(int tid) {
+    std::lock_guard<std::mutex> lock(idsLock_);
+    return pthreadIds_[tid];
   }
   void stopAll() {
     stop_.store(true);
@@ -106,6 +116,8 @@ class ThreadGroup {
  private:
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
+  std::mutex idsLock_;
+  std::map<int, uintptr_t> pthreadIds_;
 };
 
 const ThreadStack* find(const std::vector<ThreadStack>& slots, size_t count, int tid) {
@@ -176,7 +188,11 @@ TEST(StackSampler, EachThreadShowsTheFunctionItIsParkedIn) {
     EXPECT_EQ(std::string(stack->name).rfind("nw-", 0), 0u) << stack->name;
     // The handler's own frames are not part of the stack: it starts where the signal hit.
     EXPECT_FALSE(stackHasFunction(*stack, "serveRequest")) << describe(*stack);
+    // Its pthread id, read in the thread itself: what CPython names its Python stack by.
+    EXPECT_EQ(stack->pthreadId, group.pthreadIdOf(tid)) << function;
+    EXPECT_NE(stack->pthreadId, 0u) << function;
   }
+  EXPECT_EQ(slots[0].pthreadId, static_cast<uintptr_t>(pthread_self()));
   std::printf("%s\n", describe(*find(slots, result.count, alpha)).c_str());
 }
 
