@@ -113,6 +113,8 @@ CallDesc describeCall(const CallRecord& r) {
   d.rootOrPeer = r.rootOrPeer;
   d.p2pSeq = r.p2pSeq;
   d.state = r.state;
+  d.startInferred =
+      r.state == trace::RecordState::kStarted && (r.flags & trace::kRecordStartInferred) != 0;
   d.callSite = r.callSite;
   d.threadId = r.threadId;
   d.commHash = r.commHash;

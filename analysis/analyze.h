@@ -44,6 +44,9 @@ struct CallDesc {
   int rootOrPeer = -1;
   uint64_t p2pSeq = 0;
   trace::RecordState state = trace::RecordState::kEmpty;
+  // Started as inferred from stream order (one completion event per call, kRecordStartInferred):
+  // said "reached", since work queued on the stream outside NCCL may still be ahead of it.
+  bool startInferred = false;
   uint64_t callSite = 0;  // a return address, or a Python site (trace::isPythonSite)
   std::string issuedAt;   // the Python line that issued it ("train.py:88 step"), when known
   int threadId = 0;       // the thread that issued it

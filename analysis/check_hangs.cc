@@ -266,7 +266,7 @@ void JobAnalysis::checkDeadAndMissing() {
 // wait for. It is not there for its peers yet.
 bool JobAnalysis::heldBehindAnEarlierCall(int p, uint32_t index) const {
   const CallRecord& r = procs_[p].rec(index);
-  if (r.state != RecordState::kIssued || !isPending(r)) return false;
+  if (startSeen(r) || !isPending(r)) return false;
   const auto& records = procs_[p].file->records;
   for (uint32_t i = 0; i < records.size(); ++i) {
     const CallRecord& o = records[i];
@@ -307,8 +307,13 @@ bool JobAnalysis::cycleThroughAHeldHost(const Comm& comm, const RankClass& waiti
     if (i == kNone) return false;  // a member that never issued it: that is missing, not this
     const CallRecord& theirs = procs_[m.proc].rec(i);
     // Finished there, or started and waiting in it as x is: not what holds x.
-    if (!isPending(theirs) || theirs.state == RecordState::kStarted) continue;
-    if (!heldBehindAnEarlierCall(m.proc, i)) return false;
+    if (!isPending(theirs) || startSeen(theirs)) continue;
+    if (!heldBehindAnEarlierCall(m.proc, i)) {
+      // Reached (a start inferred from stream order) with nothing earlier pending: it waits in
+      // the call as x's peers do.
+      if (theirs.state == RecordState::kStarted) continue;
+      return false;
+    }
     if (std::find(waiting.ranks.begin(), waiting.ranks.end(), procs_[m.proc].rank) ==
         waiting.ranks.end()) {
       return false;
@@ -343,8 +348,12 @@ bool JobAnalysis::cycleThroughAHeldHost(const Comm& comm, const RankClass& waiti
   RankClass queuedClass;
   queuedClass.ranks = queuedRanks;
   queuedClass.call = describe(procs_[queued[0]], queuedIndex);
-  queuedClass.call.note = "issued, never started: queued behind its #" +
-                          std::to_string(waiting.call.seq) + " on comm " + hashText(comm.hash);
+  queuedClass.call.note =
+      std::string(queuedClass.call.startInferred
+                      ? "issued, and reached as far as its stream's NCCL calls show, yet held "
+                        "behind its #"
+                      : "issued, never started: queued behind its #") +
+      std::to_string(waiting.call.seq) + " on comm " + hashText(comm.hash);
   RankClass waitingClass = waiting;
   waitingClass.call.note = "waits here for rank " + std::to_string(procs_[x].rank);
   v.classes = {std::move(heldClass), std::move(queuedClass), std::move(waitingClass)};

@@ -214,7 +214,7 @@ void JobAnalysis::checkGraph() {
     bool deadMember = false;
     for (const Member& m : comm->members) deadMember |= deadRanks_.count(m.proc) > 0;
     if (deadMember) continue;
-    bool same = true, anyStarted = false, allStarted = true;
+    bool same = true, anyStarted = false, allStarted = true, anyInferred = false;
     uint64_t k0 = 0;
     std::vector<int> notStarted;
     int64_t since = 0;
@@ -225,6 +225,7 @@ void JobAnalysis::checkGraph() {
       bool started = r.state == RecordState::kStarted;
       anyStarted |= started;
       allStarted &= started;
+      anyInferred |= started && !startSeen(r);
       if (!started) notStarted.push_back(procs_[m.proc].rank);
       since = std::max(since, procs_[m.proc].wall(r.issueNs));
     }
@@ -242,12 +243,18 @@ void JobAnalysis::checkGraph() {
     RankClass all;
     for (const Member& m : comm->members) all.ranks.push_back(procs_[m.proc].rank);
     all.call = call;
-    all.call.note = allStarted ? "started, never completed" : "issued";
+    // One event per call: a start inferred from stream order is "reached".
+    all.call.note = !allStarted   ? "issued"
+                    : anyInferred ? "reached, never completed"
+                                  : "started, never completed";
     v.classes.push_back(std::move(all));
     v.divergenceNs = since;
     if (allStarted) {
-      v.explanation = "every rank issued and started " + callText(call) + " #" +
-                      std::to_string(call.seq) +
+      v.explanation = "every rank issued and " +
+                      std::string(anyInferred ? "reached (every earlier NCCL call on its stream "
+                                                "completed; NCCLWATCH_EVENTS=full sees the start) "
+                                              : "started ") +
+                      callText(call) + " #" + std::to_string(call.seq) +
                       " and none completed it: the network or a GPU "
                       "stalled (check NCCL_DEBUG=INFO logs, link errors, Xid messages)";
     } else {
@@ -316,7 +323,9 @@ void JobAnalysis::checkStuckP2p(const Comm& comm,
     rc.call = describe(proc, side.second);
     rc.call.rootOrPeer = globalRank(comm, rc.call.rootOrPeer);
     bool started = rc.call.state == RecordState::kStarted;
-    rc.call.note = started ? "started, never completed" : "issued, never started";
+    rc.call.note = !started                ? "issued, never started"
+                   : rc.call.startInferred ? "reached, never completed"
+                                           : "started, never completed";
     if (!started) notStarted.push_back(proc.rank);
     v.seq = std::min(v.seq, rc.call.seq);
     since = std::max(since, proc.wall(proc.rec(side.second).issueNs));

@@ -97,7 +97,8 @@ void jsonCall(std::string& out, const CallDesc& d) {
   jsonString(out, d.redop >= 0 ? redopText(d.redop) : "");
   out += ",\"root_or_peer\":" + std::to_string(d.rootOrPeer);
   out += ",\"p2p_seq\":" + std::to_string(d.p2pSeq);
-  out += ",\"state\":\"" + std::string(trace::stateName(d.state)) + "\"";
+  out +=
+      ",\"state\":\"" + std::string(d.startInferred ? "reached" : trace::stateName(d.state)) + "\"";
   out += ",\"comm\":";
   if (d.commHash != 0) {
     out += "\"" + hashText(d.commHash) + "\"";
@@ -328,7 +329,8 @@ void printVerdictText(const Verdict& v, std::ostream& out, const TextStyle& styl
         line += " on " + shortHash(rc.call.commHash);
       }
       if (rc.call.state != trace::RecordState::kEmpty) {
-        line += std::string(" (") + trace::stateName(rc.call.state) + ")";
+        line += std::string(" (") +
+                (rc.call.startInferred ? "reached" : trace::stateName(rc.call.state)) + ")";
       }
       if (!rc.call.issuedAt.empty()) {
         line += " issued at " + readableNames(rc.call.issuedAt);

@@ -54,6 +54,12 @@ inline bool isPending(const CallRecord& r) {
   if (trace::isLifecycle(r.op)) return r.state == RecordState::kIssued;
   return isTracked(r);
 }
+// Started, and the events saw it start (NCCLWATCH_EVENTS=full, the plugin's kernel events): not
+// a start inferred from stream order (one event per call), behind which work queued on the
+// stream outside NCCL, such as a wait on another stream's event, may still hold the call.
+inline bool startSeen(const CallRecord& r) {
+  return r.state == RecordState::kStarted && (r.flags & trace::kRecordStartInferred) == 0;
+}
 // A call NCCL refused or reported failed (not "in progress").
 inline bool isFailed(const CallRecord& r) {
   return r.state == RecordState::kFailed && r.result != 0 && r.result != 7;

@@ -61,7 +61,7 @@ std::string normalize(const std::string& text) {
   out =
       std::regex_replace(out, std::regex("[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]+\\.[0-9]{3}"), "TIME");
   out = std::regex_replace(out, std::regex("^Job [^:]+:"), "Job JOB:");
-  out = std::regex_replace(out, std::regex("\\((issued|started)\\)"), "(pending)");
+  out = std::regex_replace(out, std::regex("\\((issued|started|reached)\\)"), "(pending)");
   // Where each rank waits inside NCCL (the profiler plugin, on by default under LD_PRELOAD)
   // depends on how far each rank got when killed: tests/e2e/plugin_e2e_test.cc checks it.
   out = std::regex_replace(out, std::regex("  in NCCL: [^\n]*\n"), "");
