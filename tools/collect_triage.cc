@@ -7,7 +7,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "analysis/describe.h"
 #include "load.h"
@@ -151,6 +155,11 @@ bool Triage::frame(int processIndex, wire::Frame& frame) {
         if (comm.commHash == 0 || comm.nranks <= 0) continue;
         file.comms.push_back(comm);
         triage_.addComm(comm);
+        // A job being aborted for a dead rank: a communicator reported now is aborted too.
+        if (abortingJobs_.count(file.header.jobId) != 0 &&
+            abortsAsked_.insert({index, comm.commHash}).second) {
+          pendingAborts_.push_back({index, comm.commHash, steadyNs()});
+        }
       }
       wanted_ = true;
       break;
@@ -253,6 +262,16 @@ void Triage::report(const analysis::Verdict& verdict, const analysis::JobReport&
         if (!culprit || std::string(file.header.jobId) != job.jobId) continue;
         for (const trace::CommInfo& comm : file.comms) toAbort.insert(comm.commHash);
       }
+      // A rank that died soon after creating communicators may never have sent the collector
+      // its newer comm table, nor its partners theirs: the job cannot go on without the dead
+      // rank, so every communicator of the job is aborted, those reported later included
+      // (frame(), kComms). Else the dead rank's partners in a communicator the collector never
+      // heard of wait in it for ever.
+      abortingJobs_.insert(job.jobId);
+      for (const trace::TraceFile& file : files_) {
+        if (std::string(file.header.jobId) != job.jobId) continue;
+        for (const trace::CommInfo& comm : file.comms) toAbort.insert(comm.commHash);
+      }
     }
   }
   // The aborts go out a little after the dump requests: a rank that aborts fails and exits at
@@ -268,7 +287,9 @@ void Triage::report(const analysis::Verdict& verdict, const analysis::JobReport&
       connections_->send(static_cast<size_t>(process.connection), frame);
     }
     for (const trace::CommInfo& comm : files_[i].comms) {
-      if (toAbort.count(comm.commHash)) pendingAborts_.push_back({i, comm.commHash, abortAt});
+      if (toAbort.count(comm.commHash) && abortsAsked_.insert({i, comm.commHash}).second) {
+        pendingAborts_.push_back({i, comm.commHash, abortAt});
+      }
     }
   }
 }

@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "analysis/analyze.h"
@@ -109,6 +110,10 @@ class Triage : public FrameSink {
     int64_t dueNs;
   };
   std::vector<PendingAbort> pendingAborts_;
+  std::set<std::pair<size_t, uint64_t>> abortsAsked_;  // (process, comm) aborts already asked
+  // Jobs aborted whole (a dead rank under --abort): communicators their processes report later
+  // are aborted as they arrive.
+  std::set<std::string> abortingJobs_;
 };
 
 }  // namespace ncclwatch::collect

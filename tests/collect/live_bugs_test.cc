@@ -36,11 +36,13 @@ using testsupport::readFile;
 // `launchFlags` "--keep-going": the ranks a failed rank leaves behind stay blocked, as under a
 // launcher that does not notice; the collector's abort is what ends them.
 testsupport::Output runJob(const std::string& logs, const std::string& runFlags,
-                           const std::string& loopArgs, const std::string& launchFlags = "") {
+                           const std::string& loopArgs, const std::string& launchFlags = "",
+                           const std::string& env = "") {
   std::string loop = testsupport::buildDir() + "/examples/train_loop";
-  return testsupport::command("LD_LIBRARY_PATH=" + testsupport::simLibDir() + " timeout 120 " +
-                              kCli + " run " + runFlags + " --dir " + logs + " -- " + kCli +
-                              " launch " + launchFlags + " -n 8 -- " + loop + " " + loopArgs);
+  return testsupport::command(env + " LD_LIBRARY_PATH=" + testsupport::simLibDir() +
+                              " timeout 120 " + kCli + " run " + runFlags + " --dir " + logs +
+                              " -- " + kCli + " launch " + launchFlags + " -n 8 -- " + loop + " " +
+                              loopArgs);
 }
 
 class LiveBug : public ::testing::TestWithParam<Expect> {};
@@ -102,6 +104,22 @@ INSTANTIATE_TEST_SUITE_P(Bugs, LiveBug,
                            std::string bug = info.param.bug;
                            return bug.substr(0, bug.find(':'));
                          });
+
+// A rank that crashes before its agent sent the collector the communicators it split off (the
+// agents' first exchange after the splits comes 2 s later here) still frees its partners there:
+// the collector aborts every communicator fewer ranks reported than it has members. Before, the
+// ranks of the crashed rank's tensor-parallel group stayed blocked in it until the test's bound.
+TEST(LiveDeadRank, PartnersInCommunicatorsItNeverReportedAreFreed) {
+  std::string logs = testsupport::freshDirectory("live-dead-unreported");
+  testsupport::Output out = runJob(logs, "--abort", "--steps 4 --quiet --bug crash:rank=3,step=2",
+                                   "--keep-going", "NCCLWATCH_POLL_MS=2000");
+  EXPECT_NE(out.status, 124) << "still hanging when the test's bound ran out\n" << out.text;
+  EXPECT_NE(out.status, 0) << out.text;
+  std::string verdicts = readFile(logs + "/verdicts.jsonl");
+  EXPECT_NE(verdicts.find("\"kind\":\"dead_rank\""), std::string::npos) << verdicts;
+  EXPECT_NE(verdicts.find("\"culprits\":[3]"), std::string::npos) << verdicts;
+  std::filesystem::remove_all(logs);
+}
 
 // A transfer that stalls on one rank's stream (the sim's stall fault on rank 3's call #8 of the
 // world, a send/receive of its ring exchange): once the job has been quiet for the collector's
