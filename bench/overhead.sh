@@ -121,8 +121,30 @@ if command -v valgrind >/dev/null; then
   i_null=$(RANKS=2 per_call NCCL_PROFILER_PLUGIN="$null_plugin")
   i_combined=$(RANKS=2 per_call LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0)
   i_plugin=$(RANKS=2 per_call NCCL_PROFILER_PLUGIN="$preload" NCCLWATCH_EVENTS=0)
-  printf '  instructions per call (callgrind, all threads): %s without, %s recording (+%s), %s one event (+%s), %s full events (+%s; driver calls included)\n' \
+  printf '  instructions per call (callgrind, all threads, 20k minus 10k calls): %s without, %s recording (+%s), %s one event (+%s), %s full events (+%s; driver calls and pool growth included: the poller'"'"'s share varies between runs)\n' \
     "$i_base" "$i_off" "$((i_off - i_base))" "$i_on" "$((i_on - i_base))" "$i_full" "$((i_full - i_base))"
+  # On the application thread alone, repeatable: the wrapper's inclusive instructions minus the
+  # sim's own ncclAllReduce under it, per call, in one run of 20k calls.
+  app_thread() {  # [env...]
+    local out; out=$(mktemp)
+    env LD_LIBRARY_PATH="$PWD/$build/sim/lib" NCCLSIM_INSTANT=1 NCCLWATCH_DIR="$logs/cg" \
+      NCCLWATCH_POLL_MS=20 LD_PRELOAD="$preload" "$@" valgrind --tool=callgrind \
+      --callgrind-out-file="$out" "$loop" 20 1000 0 1 >/dev/null 2>&1
+    callgrind_annotate --inclusive=yes --tree=calling "$out" 2>/dev/null | python3 -c '
+import re, sys
+text = sys.stdin.read()
+def inclusive(pattern):  # the largest inclusive count of a function entry ("*" lines)
+    found = re.findall(r"^\s*([0-9,]+) \([^)]*\)\s+\*\s+\S*" + pattern, text, re.M)
+    return max((int(v.replace(",", "")) for v in found), default=0)
+calls = re.findall(r">\s+\S*nccl_api.def:ncclAllReduce \(([0-9,]+)x\)", text)
+n = max((int(v.replace(",", "")) for v in calls), default=0)
+wrapper, sim = inclusive(r"nccl_api.def:ncclAllReduce\b"), inclusive(r"ops.cc:ncclAllReduce\b")
+print((wrapper - sim) // n if n else "?")'
+    rm -f "$out"
+  }
+  printf '  instructions per call on the calling thread (callgrind, the wrapper minus the sim'"'"'s NCCL): recording %s, one event %s, full %s\n' \
+    "$(app_thread NCCLWATCH_EVENTS=0 NCCLWATCH_PLUGIN=off)" "$(app_thread NCCLWATCH_EVENTS=1 NCCLWATCH_PLUGIN=off)" \
+    "$(app_thread NCCLWATCH_EVENTS=full NCCLWATCH_PLUGIN=off)"
   printf '    2-rank communicator: %s without, %s with a null plugin, %s recording with its plugin (+%s over null), %s plugin only (+%s over null)\n' \
     "$i_base2" "$i_null" "$i_combined" "$((i_combined - i_null))" "$i_plugin" "$((i_plugin - i_null))"
 fi
