@@ -156,7 +156,7 @@ bool Triage::frame(int processIndex, wire::Frame& frame) {
         file.comms.push_back(comm);
         triage_.addComm(comm);
         // A job being aborted for a dead rank: a communicator reported now is aborted too.
-        if (abortingJobs_.count(file.header.jobId) != 0 &&
+        if (abortingProcesses_.count(index) != 0 &&
             abortsAsked_.insert({index, comm.commHash}).second) {
           pendingAborts_.push_back({index, comm.commHash, steadyNs()});
         }
@@ -264,13 +264,15 @@ void Triage::report(const analysis::Verdict& verdict, const analysis::JobReport&
       }
       // A rank that died soon after creating communicators may never have sent the collector
       // its newer comm table, nor its partners theirs: the job cannot go on without the dead
-      // rank, so every communicator of the job is aborted, those reported later included
-      // (frame(), kComms). Else the dead rank's partners in a communicator the collector never
-      // heard of wait in it for ever.
-      abortingJobs_.insert(job.jobId);
-      for (const trace::TraceFile& file : files_) {
-        if (std::string(file.header.jobId) != job.jobId) continue;
-        for (const trace::CommInfo& comm : file.comms) toAbort.insert(comm.commHash);
+      // rank, so every communicator of the job is aborted, those its processes report later
+      // included (frame(), kComms). Else the dead rank's partners in a communicator the
+      // collector never heard of wait in it for ever.
+      for (size_t i = 0; i < files_.size(); ++i) {
+        if (std::string(files_[i].header.jobId) != job.jobId) continue;
+        // The processes of the job now, not of a later attempt under the same job id (an
+        // elastic restart): those start over.
+        abortingProcesses_.insert(i);
+        for (const trace::CommInfo& comm : files_[i].comms) toAbort.insert(comm.commHash);
       }
     }
   }

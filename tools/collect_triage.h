@@ -111,9 +111,9 @@ class Triage : public FrameSink {
   };
   std::vector<PendingAbort> pendingAborts_;
   std::set<std::pair<size_t, uint64_t>> abortsAsked_;  // (process, comm) aborts already asked
-  // Jobs aborted whole (a dead rank under --abort): communicators their processes report later
-  // are aborted as they arrive.
-  std::set<std::string> abortingJobs_;
+  // Processes of a job aborted whole (a dead rank under --abort): communicators they report
+  // later are aborted as they arrive.
+  std::set<size_t> abortingProcesses_;
 };
 
 }  // namespace ncclwatch::collect
