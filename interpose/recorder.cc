@@ -177,16 +177,27 @@ unsigned long envCount(const char* name, unsigned long low, unsigned long high,
   return value;
 }
 
-// on/off settings: 1/on/yes/true or 0/off/no/false.
+// An on/off word: 1/on/yes/true or 0/off/no/false; false when `text` is neither.
+bool parseSwitch(const char* text, bool* on) {
+  for (const char* word : {"1", "on", "yes", "true"}) {
+    if (strcasecmp(text, word) == 0) {
+      *on = true;
+      return true;
+    }
+  }
+  for (const char* word : {"0", "off", "no", "false"}) {
+    if (strcasecmp(text, word) == 0) {
+      *on = false;
+      return true;
+    }
+  }
+  return false;
+}
+
 bool envSwitch(const char* name, bool fallback) {
   const char* text = envText(name);
   if (text == nullptr) return fallback;
-  for (const char* on : {"1", "on", "yes", "true"}) {
-    if (strcasecmp(text, on) == 0) return true;
-  }
-  for (const char* off : {"0", "off", "no", "false"}) {
-    if (strcasecmp(text, off) == 0) return false;
-  }
+  if (bool on; parseSwitch(text, &on)) return on;
   std::fprintf(stderr, "[ncclwatch] %s=%s is not on or off; using %s\n", name, text,
                fallback ? "on" : "off");
   return fallback;
@@ -197,12 +208,9 @@ watchdog::EventMode eventMode() {
   const char* text = envText("NCCLWATCH_EVENTS");
   if (text == nullptr) return watchdog::EventMode::kEnd;
   if (strcasecmp(text, "full") == 0) return watchdog::EventMode::kFull;
-  for (const char* on : {"1", "on", "yes", "true", "end"}) {
-    if (strcasecmp(text, on) == 0) return watchdog::EventMode::kEnd;
-  }
-  for (const char* off : {"0", "off", "no", "false"}) {
-    if (strcasecmp(text, off) == 0) return watchdog::EventMode::kOff;
-  }
+  if (strcasecmp(text, "end") == 0) return watchdog::EventMode::kEnd;
+  if (bool on; parseSwitch(text, &on))
+    return on ? watchdog::EventMode::kEnd : watchdog::EventMode::kOff;
   std::fprintf(stderr, "[ncclwatch] NCCLWATCH_EVENTS=%s is not on, full or off; using on\n", text);
   return watchdog::EventMode::kEnd;
 }

@@ -251,17 +251,11 @@ void Triage::report(const analysis::Verdict& verdict, const analysis::JobReport&
                        std::to_string(verdict.seq) + ": " + verdict.explanation;
   // With --abort, the communicators the verdict involves are aborted on every rank that has
   // them, so that nobody stays blocked in them: the verdict's own, and for a dead rank every
-  // communicator it belonged to (its partners wait in those too).
+  // communicator of the job (the dead rank's among them: its partners wait in those).
   std::set<uint64_t> toAbort;
   if (options_.abortOnVerdict && verdict.kind != analysis::VerdictKind::kStraggler) {
     toAbort.insert(verdict.comm.hash);
     if (verdict.kind == analysis::VerdictKind::kDeadRank) {
-      for (const trace::TraceFile& file : files_) {
-        bool culprit = std::find(verdict.culprits.begin(), verdict.culprits.end(),
-                                 file.header.rank) != verdict.culprits.end();
-        if (!culprit || std::string(file.header.jobId) != job.jobId) continue;
-        for (const trace::CommInfo& comm : file.comms) toAbort.insert(comm.commHash);
-      }
       // A rank that died soon after creating communicators may never have sent the collector
       // its newer comm table, nor its partners theirs: the job cannot go on without the dead
       // rank, so every communicator of the job is aborted, those its processes report later
