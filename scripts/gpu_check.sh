@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# The checks that need a real GPU and a real NCCL, in one short run (docs/gpu-check.md).
+#   scripts/gpu_check.sh pack [BUILD_DIR] [DEST]   here: copy the built binaries (and the CLI's
+#                                                  shared libraries) into DEST (default .gpu)
+#   scripts/gpu_check.sh run [PREFIX] [OUT]        on the GPU machine: PREFIX is a packed folder
+#                                                  (default .gpu); the log and traces go to OUT
+# The GPU machine needs the CUDA 13 runtime, python3 with PyTorch and its NCCL wheel. Every step
+# is bounded by `timeout` and says PASS/FAIL/INFO on one line; the run exits 0 even when a
+# step fails, so that the log comes back whole.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+verb=${1:-}
+if [ "$verb" = pack ]; then
+  build=${2:-build}
+  dest=${3:-.gpu}
+  rm -rf "$dest"
+  mkdir -p "$dest"/{bin,lib,examples,bench,deps}
+  cp "$build/bin/ncclwatch" "$dest/bin/"
+  strip --strip-debug "$dest/bin/ncclwatch"  # 37 MB of debug info; the device call carries 64 MiB
+  cp "$build/lib/libncclwatch.so" "$dest/lib/"
+  cp "$build"/examples/{allreduce_loop,train_loop,nccl_probe} "$dest/examples/"
+  cp "$build"/bench/{overhead_loop,driver_cost,libnull_profiler_plugin.so} "$dest/bench/"
+  # The CLI's libraries that a machine without Debian's packages may lack.
+  for lib in $(ldd "$build/bin/ncclwatch" | awk '/=>/ {print $3}'); do
+    case "$(basename "$lib")" in
+      libc.so* | libm.so* | libstdc++* | libgcc_s* | libz.so*) ;;
+      *) cp -L "$lib" "$dest/deps/" ;;
+    esac
+  done
+  du -sh "$dest"
+  exit 0
+fi
+if [ "$verb" != run ]; then
+  echo "usage: scripts/gpu_check.sh pack [BUILD_DIR] [DEST] | run [PREFIX] [OUT]" >&2
+  exit 2
+fi
+prefix=$(realpath "${2:-.gpu}")
+out=$(realpath -m "${3:-/tmp/gpu_check}")
+mkdir -p "$out"
+cli="$prefix/bin/ncclwatch"
+preload="$prefix/lib/libncclwatch.so"
+say() { echo "[gpu_check] $*"; }
+
+nvidia-smi -L 2>&1 | head -2
+nccl_dir=$(python3 - <<'EOF' 2>/dev/null
+import glob, os, site
+for root in site.getsitepackages():
+    for path in glob.glob(os.path.join(root, "nvidia", "**", "libnccl.so.2"), recursive=True):
+        print(os.path.dirname(path)); raise SystemExit
+EOF
+)
+cudart_dir=$(dirname "$(ldconfig -p | awk '/libcudart.so.13 / {print $NF; exit}')" 2>/dev/null)
+[ -n "$cudart_dir" ] && [ "$cudart_dir" != . ] ||
+  cudart_dir=$(dirname "$(find / -xdev -name 'libcudart.so.13' 2>/dev/null | head -1)")
+# NCCLWATCH_GPU_CHECK_LIBS first: a dry run on the sim (build/sim/lib) checks the script itself.
+export LD_LIBRARY_PATH="${NCCLWATCH_GPU_CHECK_LIBS:+$NCCLWATCH_GPU_CHECK_LIBS:}$nccl_dir:$cudart_dir:$prefix/deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+say "INFO nccl from $nccl_dir; cudart from $cudart_dir"
+python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version(), torch.cuda.get_device_name(0))'
+timeout 60 "$prefix/examples/nccl_probe" 2>&1 | tail -5
+
+states() {  # TRACE: "OP:STATE" counts of its records, and the doors it was seen through
+  "$cli" show --json "$1" | python3 -c '
+import collections, json, sys
+records = json.load(sys.stdin)["records"]
+def key(r):
+    flags = "".join("/" + f for f in ("no_events", "start_inferred", "from_plugin") if r.get(f))
+    return r["op"] + ":" + r["state"] + flags
+print(dict(collections.Counter(key(r) for r in records)))'
+  "$cli" show "$1" | grep "^seen through"
+}
+
+# 1. The preload door with its profiler-plugin role, on real NCCL: every call completes through
+# real CUDA events, and NCCL's own commId (NCCL_DEBUG=INFO) is the hash we computed.
+say "step 1: LD_PRELOAD on real NCCL, 500 allreduces"
+rm -rf "$out/preload"
+NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV LD_PRELOAD="$preload" NCCLWATCH_DIR="$out/preload" \
+  timeout 120 "$prefix/examples/allreduce_loop" --iters 500 >"$out/preload.log" 2>&1
+echo "rc=$?"
+grep -E "commId|rofiler|ncclwatch|allreduce_loop" "$out/preload.log" | head -12
+trace=$(ls "$out"/preload/*.ncclwatch 2>/dev/null | head -1)
+if [ -n "$trace" ]; then
+  "$cli" show "$trace" | sed -n '1,14p'
+  states "$trace"
+  nccl_hash=$(sed -n 's/.*commId 0x\([0-9a-f]*\).*/\1/p' "$out/preload.log" | head -1)
+  ours=$("$cli" show "$trace" | awk '/^communicators:/ {getline; getline; print $1; exit}')
+  if [ -n "$nccl_hash" ] && [ "$(printf %016x 0x$nccl_hash)" = "$ours" ]; then
+    say "PASS commHash: NCCL says $nccl_hash, ncclwatch computed $ours"
+  else
+    say "FAIL commHash: NCCL says '${nccl_hash}', ncclwatch computed '$ours'"
+  fi
+else
+  say "FAIL no trace file"
+fi
+
+# 2. The plugin door alone: NCCL_PROFILER_PLUGIN loads the library, no LD_PRELOAD.
+say "step 2: NCCL_PROFILER_PLUGIN only"
+rm -rf "$out/plugin"
+NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCL_PROFILER_PLUGIN="$preload" NCCLWATCH_DIR="$out/plugin" \
+  timeout 120 "$prefix/examples/allreduce_loop" --iters 100 >"$out/plugin.log" 2>&1
+echo "rc=$?"
+grep -iE "profiler|ncclwatch|allreduce_loop" "$out/plugin.log" | head -8
+trace=$(ls "$out"/plugin/*.ncclwatch 2>/dev/null | head -1)
+[ -n "$trace" ] && { "$cli" show "$trace" | sed -n '1,12p'; states "$trace"; } || say "INFO no trace from the plugin door"
+
+# 3. Host time per call on the real driver, with vs without, interleaved rounds; tracked share.
+say "step 3: overhead_loop, 3 interleaved rounds"
+loop() {  # NAME SHAPE [env...]
+  local name=$1 shape=$2; shift 2
+  env NCCLWATCH_DIR="$out/ov/$name" "$@" timeout 60 "$prefix/bench/overhead_loop" $shape |
+    sed -n 's/.*median_ns=\([0-9.]*\).*/\1/p' >>"$out/ov/$name.txt"
+}
+rm -rf "$out/ov"; mkdir -p "$out/ov"
+for round in 1 2 3; do
+  loop base "200 1000"
+  loop recording "200 1000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0 NCCLWATCH_PLUGIN=off
+  loop events_b2b "200 1000" LD_PRELOAD="$preload"
+  loop events_full_b2b "200 1000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=full
+  loop base_paused "100 200 3000"
+  loop events "100 200 3000" LD_PRELOAD="$preload"
+  loop events_full "100 200 3000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=full
+done
+for name in base recording events_b2b events_full_b2b base_paused events events_full; do
+  printf '  %-16s median ns per call over rounds: %s\n' "$name" "$(sort -n "$out/ov/$name.txt" | tr '\n' ' ')"
+done
+for name in events_b2b events_full_b2b events events_full; do
+  trace=$(ls "$out/ov/$name"/*.ncclwatch 2>/dev/null | head -1)
+  [ -n "$trace" ] && printf '  %-16s %s\n' "$name" "$(states "$trace" | head -1)"
+done
+timeout 60 "$prefix/bench/driver_cost" 2>&1 | sed 's/^/  /'
+
+# 4. Real torchrun and ProcessGroupNCCL under `ncclwatch run`; then a collective held behind a
+# sleeping kernel, in both event modes: the job's exit code stays 0 and the texts stay honest.
+for mode in on full; do
+  say "step 4 ($mode): ncclwatch run -- torchrun, 200 all_reduces and one held 6 s behind a kernel"
+  rm -rf "$out/torch_$mode"
+  NCCLWATCH_EVENTS=$mode NCCLWATCH_WARN_MS=1500 NCCLWATCH_HANG_MS=3000 NCCLWATCH_ON_HANG=dump \
+    timeout 150 "$cli" run --dir "$out/torch_$mode" -- \
+    python3 -m torch.distributed.run --nproc_per_node=1 scripts/gpu_check_torch.py --stall-s 6 \
+    >"$out/torch_$mode.log" 2>&1
+  rc=$?
+  grep -vE "^\s*$" "$out/torch_$mode.log" | grep -iE "ncclwatch|rank 0|error|Traceback" | cut -c1-220 | head -30
+  [ "$rc" = 0 ] && say "PASS torch ($mode): exit 0" || say "FAIL torch ($mode): exit $rc"
+  trace=$(ls "$out/torch_$mode"/*.ncclwatch 2>/dev/null | head -1)
+  [ -n "$trace" ] && states "$trace"
+  "$cli" inspect "$out/torch_$mode" 2>&1 | head -25
+done
+
+# 5. train_loop on one rank, under `run`, on the real stack.
+say "step 5: train_loop -n 1 under ncclwatch run"
+timeout 120 "$cli" run --dir "$out/train" -- "$cli" launch -n 1 -- "$prefix/examples/train_loop" --steps 3 \
+  >"$out/train.log" 2>&1
+rc=$?
+tail -5 "$out/train.log"
+[ "$rc" = 0 ] && say "PASS train_loop: exit 0" || say "FAIL train_loop: exit $rc"
+tar -C "$out" -czf "$out/../gpu_check_traces.tgz" . 2>/dev/null && mv "$out/../gpu_check_traces.tgz" "$out/" || true
+say "done"
