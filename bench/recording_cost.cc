@@ -38,8 +38,8 @@ void BM_FingerprintAndRollingHash(benchmark::State& state) {
   uint64_t count = 1024;
   for (auto _ : state) {
     benchmark::DoNotOptimize(count);
-    uint64_t print = ncclwatch::trace::fingerprint(
-        {ncclwatch::trace::OpKind::kAllReduce, count, 7, 0, -1});
+    uint64_t print =
+        ncclwatch::trace::fingerprint({ncclwatch::trace::OpKind::kAllReduce, count, 7, 0, -1});
     rolling = ncclwatch::trace::rollingHash(rolling, print);
     benchmark::DoNotOptimize(rolling);
   }

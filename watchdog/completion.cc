@@ -353,9 +353,10 @@ size_t CompletionTracker::poll() {
       // Calls found it empty: they outrun this pool by more than a pass, so it quadruples (at
       // least 4 x what they lacked). On an H200, back-to-back one-rank allreduces at ~1.2 M
       // calls/s shed up to 8% of a 0.2 s run while the pool doubled its way up from 256.
-      uint64_t step = recentMisses > 0
-                          ? std::max<uint64_t>({kGrowPairs, 4 * recentMisses, 3 * uint64_t{created}})
-                          : std::max<uint64_t>(kGrowPairs, created);
+      uint64_t step =
+          recentMisses > 0
+              ? std::max<uint64_t>({kGrowPairs, 4 * recentMisses, 3 * uint64_t{created}})
+              : std::max<uint64_t>(kGrowPairs, created);
       grow(pool, static_cast<uint32_t>(step));
     }
   }
