@@ -121,8 +121,12 @@ rounds=${GPU_CHECK_ROUNDS:-3}
 say "step 3: overhead_loop, $rounds interleaved rounds"
 loop() {  # NAME SHAPE [env...]
   local name=$1 shape=$2; shift 2
-  env NCCLWATCH_DIR="$out/ov/$name" "$@" timeout 60 "$prefix/bench/overhead_loop" $shape |
-    sed -n 's/.*median_ns=\([0-9.]*\).*/\1/p' >>"$out/ov/$name.txt"
+  env NCCLWATCH_DIR="$out/ov/$name" "$@" timeout 60 "$prefix/bench/overhead_loop" $shape \
+    2>>"$out/ov/$name.err" | sed -n 's/.*median_ns=\([0-9.]*\).*/\1/p' >>"$out/ov/$name.txt"
+}
+shed() {  # NAME: calls shed over all its runs (the library's own stderr line), of all calls
+  awk '/were not tracked/ {n += $2; m += $4} END {printf "%d of %d calls shed over every run", n, m}' \
+    "$out/ov/$1.err"
 }
 # A packed lib-base/ (an older libncclwatch.so) is measured beside the current one.
 base_lib="$prefix/lib-base/libncclwatch.so"
@@ -146,8 +150,9 @@ for name in $names; do
 done
 for name in events_b2b events_full_b2b events events_full; do
   trace=$(ls "$out/ov/$name"/*.ncclwatch 2>/dev/null | head -1)
-  [ -n "$trace" ] && printf '  %-16s %s\n' "$name" "$(states "$trace" | head -1)"
+  [ -n "$trace" ] && printf '  %-16s last ring %s; %s\n' "$name" "$(states "$trace" | head -1)" "$(shed "$name")"
 done
+[ -f "$base_lib" ] && for name in events_b2b_old events_old; do printf '  %-16s %s\n' "$name" "$(shed "$name")"; done
 timeout 60 "$prefix/bench/driver_cost" 2>&1 | sed 's/^/  /'
 [ -x "$prefix/bench/recording_cost" ] &&
   timeout 120 "$prefix/bench/recording_cost" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true 2>&1 | sed 's/^/  /'
