@@ -22,9 +22,24 @@ std::mutex g_poolCreation;
 
 }  // namespace
 
+namespace {
+// The pool slot of the stream this thread recorded on last (per tracker): a stream belongs to
+// one context for life, so a thread issuing on the same stream again needs no cuCtxGetCurrent
+// and no search. The default streams (legacy 0/1, per-thread 2) follow the current device and
+// are never cached. Keyed by the tracker's serial, so that a tracker made later at the same
+// address never sees another's slots.
+__thread uint64_t t_cachedStream __attribute__((tls_model("initial-exec"))) = 0;
+__thread uint64_t t_cachedTracker __attribute__((tls_model("initial-exec"))) = 0;
+__thread int t_cachedSlot __attribute__((tls_model("initial-exec"))) = -1;
+std::atomic<uint64_t> g_trackerSerials{0};
+}  // namespace
+
 CompletionTracker::CompletionTracker(const DriverApi& driver, trace::RingWriter& writer,
                                      EventMode mode)
-    : driver_(driver), writer_(writer), mode_(mode) {
+    : driver_(driver),
+      writer_(writer),
+      mode_(mode),
+      serial_(g_trackerSerials.fetch_add(1, std::memory_order_relaxed) + 1) {
   inflight_.reserve(1024);
   blockedStreams_.reserve(kMaxBlocked);
 }
@@ -105,9 +120,23 @@ StreamCheck CompletionTracker::checkStream(uint64_t stream) const {
   return status == CU_STREAM_CAPTURE_STATUS_NONE ? StreamCheck::kTrackable : StreamCheck::kCaptured;
 }
 
+int CompletionTracker::slotForStream(uint64_t stream) {
+  constexpr uint64_t kLastDefaultStream = 2;  // cudaStreamLegacy 1, cudaStreamPerThread 2
+  if (stream > kLastDefaultStream && t_cachedStream == stream && t_cachedTracker == serial_) {
+    return t_cachedSlot;
+  }
+  int slot = slotForCurrentContext(false);
+  if (slot >= 0 && stream > kLastDefaultStream) {
+    t_cachedStream = stream;
+    t_cachedTracker = serial_;
+    t_cachedSlot = slot;
+  }
+  return slot;
+}
+
 Ticket CompletionTracker::recordBefore(uint64_t stream, bool* shed) {
   if (shed != nullptr) *shed = false;
-  int slot = slotForCurrentContext(false);
+  int slot = slotForStream(stream);
   if (slot < 0) return kNoTicket;
   uint32_t index = 0;
   ContextPool& pool = *pools_[slot];
@@ -127,7 +156,10 @@ Ticket CompletionTracker::recordBefore(uint64_t stream, bool* shed) {
     Triggers::wake();
   }
   Ticket ticket = (static_cast<uint32_t>(slot) << 16) | index;
-  pairOf(ticket).generation.fetch_add(1, std::memory_order_relaxed);
+  // The pair is this thread's alone until it is submitted: a plain increment, no locked
+  // instruction (each costs ~8 ns more than a plain one on an H200 host, bench/recording_cost).
+  std::atomic<uint32_t>& generation = pairOf(ticket).generation;
+  generation.store(generation.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   if (mode_ == EventMode::kFull &&
       driver_.eventRecord(pairOf(ticket).before, asStream(stream)) != CUDA_SUCCESS) {
     counters_.recordErrors.fetch_add(1, std::memory_order_relaxed);
@@ -158,10 +190,9 @@ void CompletionTracker::submit(Ticket ticket, std::span<const uint64_t> ringIndi
   uint32_t lost = 0;
   for (uint64_t ringIndex : ringIndices) {
     uint32_t generation = pair.generation.load(std::memory_order_relaxed);
-    if (queue_.push(
+    // Counted by the poller as it takes them (one locked instruction less per call here).
+    if (!queue_.push(
             Pending{ringIndex, commHash, stream, ticket, generation, updatesState, false})) {
-      counters_.tracked.fetch_add(1, std::memory_order_relaxed);
-    } else {
       ++lost;
       // The poller will never hear of it: its record says it is untracked, not pending.
       if (updatesState) {
@@ -227,6 +258,8 @@ void CompletionTracker::noteCompleted(const Pending& pending, int64_t now) {
 size_t CompletionTracker::poll() {
   ++pass_;
   for (Pending pending; queue_.pop(&pending);) {
+    counters_.tracked.store(counters_.tracked.load(std::memory_order_relaxed) + 1,
+                            std::memory_order_relaxed);  // the poller is its only writer
     EventPair& pair = pairOf(pending.ticket);
     if (pair.seenGeneration != pending.generation) {  // a new use of the pair: forget the old
       pair.seenGeneration = pending.generation;
