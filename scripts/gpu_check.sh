@@ -76,43 +76,37 @@ print(dict(collections.Counter(key(r) for r in records)))'
   "$cli" show "$1" | grep "^seen through"
 }
 
+allreduce_run() {  # NAME ITERS [env...]: allreduce_loop with NCCL's INFO log; sets $trace
+  local name=$1 iters=$2
+  shift 2
+  rm -rf "${out:?}/$name"
+  env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCLWATCH_DIR="$out/$name" "$@" \
+    timeout 120 "$prefix/examples/allreduce_loop" --iters "$iters" >"$out/$name.log" 2>&1
+  echo "rc=$?"
+  grep -iE "commId|profiler|ncclwatch|allreduce_loop" "$out/$name.log" | head -12
+  trace=$(ls "$out/$name"/*.ncclwatch 2>/dev/null | head -1)
+  [ -n "$trace" ] && { "$cli" show "$trace" | sed -n '1,14p'; states "$trace"; }
+}
+
 # 1. The preload door with its profiler-plugin role, on real NCCL: every call completes through
 # real CUDA events, and NCCL's own commId (NCCL_DEBUG=INFO) is the hash we computed.
 if want 1; then
-say "step 1: LD_PRELOAD on real NCCL, 500 allreduces"
-rm -rf "$out/preload"
-NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV LD_PRELOAD="$preload" NCCLWATCH_DIR="$out/preload" \
-  timeout 120 "$prefix/examples/allreduce_loop" --iters 500 >"$out/preload.log" 2>&1
-echo "rc=$?"
-grep -E "commId|rofiler|ncclwatch|allreduce_loop" "$out/preload.log" | head -12
-trace=$(ls "$out"/preload/*.ncclwatch 2>/dev/null | head -1)
-if [ -n "$trace" ]; then
-  "$cli" show "$trace" | sed -n '1,14p'
-  states "$trace"
+  say "step 1: LD_PRELOAD on real NCCL, 500 allreduces"
+  allreduce_run preload 500 LD_PRELOAD="$preload"
   nccl_hash=$(sed -n 's/.*commId 0x\([0-9a-f]*\).*/\1/p' "$out/preload.log" | head -1)
-  ours=$("$cli" show "$trace" | awk '/^communicators:/ {getline; getline; print $1; exit}')
-  if [ -n "$nccl_hash" ] && [ "$(printf %016x 0x$nccl_hash)" = "$ours" ]; then
+  ours=$([ -n "$trace" ] && "$cli" show "$trace" | awk '/^communicators:/ {getline; getline; print $1; exit}')
+  if [ -n "$nccl_hash" ] && [ "$(printf %016x "0x$nccl_hash")" = "$ours" ]; then
     say "PASS commHash: NCCL says $nccl_hash, ncclwatch computed $ours"
   else
     say "FAIL commHash: NCCL says '${nccl_hash}', ncclwatch computed '$ours'"
   fi
-else
-  say "FAIL no trace file"
-fi
-
 fi
 
 # 2. The plugin door alone: NCCL_PROFILER_PLUGIN loads the library, no LD_PRELOAD.
 if want 2; then
-say "step 2: NCCL_PROFILER_PLUGIN only"
-rm -rf "$out/plugin"
-NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCL_PROFILER_PLUGIN="$preload" NCCLWATCH_DIR="$out/plugin" \
-  timeout 120 "$prefix/examples/allreduce_loop" --iters 100 >"$out/plugin.log" 2>&1
-echo "rc=$?"
-grep -iE "profiler|ncclwatch|allreduce_loop" "$out/plugin.log" | head -8
-trace=$(ls "$out"/plugin/*.ncclwatch 2>/dev/null | head -1)
-[ -n "$trace" ] && { "$cli" show "$trace" | sed -n '1,12p'; states "$trace"; } || say "INFO no trace from the plugin door"
-
+  say "step 2: NCCL_PROFILER_PLUGIN only"
+  allreduce_run plugin 100 NCCL_PROFILER_PLUGIN="$preload"
+  [ -n "$trace" ] || say "INFO no trace from the plugin door"
 fi
 
 # 3. Host time per call on the real driver, with vs without, interleaved rounds; tracked share.
