@@ -109,7 +109,10 @@ void CompletionTracker::prepareCurrentContext() {
   int slot = slotForCurrentContext(true);
   if (slot < 0) return;
   std::lock_guard<std::mutex> lock(growMutex_);
-  if (pools_[slot]->created.load() == 0) grow(*pools_[slot], kInitialPairs);
+  if (pools_[slot]->created.load() == 0) {
+    grow(*pools_[slot], kInitialPairs);
+    Triggers::wake();  // the watchdog thread tops the pool up to kWarmPairs in the background
+  }
 }
 
 StreamCheck CompletionTracker::checkStream(uint64_t stream) const {
@@ -381,15 +384,20 @@ size_t CompletionTracker::poll() {
     pool.wokePoller.store(false, std::memory_order_relaxed);
     uint32_t created = pool.created.load(std::memory_order_relaxed);
     bool low = pool.free.size() < created / 4 + 8;
-    if ((recentMisses > 0 || low) && created < kPairsPerContext &&
+    bool warming = created < kWarmPairs;
+    if ((recentMisses > 0 || low || warming) && created < kPairsPerContext &&
         driver_.ctxSetCurrent(pool.context.load()) == CUDA_SUCCESS) {
       // Calls found it empty: they outrun this pool by more than a pass, so it quadruples (at
       // least 4 x what they lacked). On an H200, back-to-back one-rank allreduces at ~1.2 M
       // calls/s shed up to 8% of a 0.2 s run while the pool doubled its way up from 256.
+      // A new pool is topped up to kWarmPairs at once, here on the watchdog thread: the real
+      // driver's cuEventCreate takes about a microsecond, so a ramp made while calls already
+      // outrun the pool sheds the first tens of milliseconds of a back-to-back burst.
       uint64_t step =
           recentMisses > 0
               ? std::max<uint64_t>({kGrowPairs, 4 * recentMisses, 3 * uint64_t{created}})
               : std::max<uint64_t>(kGrowPairs, created);
+      if (warming) step = std::max<uint64_t>(step, kWarmPairs - created);
       grow(pool, static_cast<uint32_t>(step));
     }
   }

@@ -72,6 +72,8 @@ class CompletionTracker {
   // back-to-back calls on an H200 (~1.2 M a second) do not exhaust before the first poll.
   static constexpr uint32_t kInitialPairs = 1024;
   static constexpr uint32_t kGrowPairs = 256;  // the least the poller adds to a low pool
+  // What the watchdog thread tops a new pool up to on its next pass, unasked.
+  static constexpr uint32_t kWarmPairs = 4096;
   static constexpr size_t kQueueCapacity = 32768;
 
   CompletionTracker(const DriverApi& driver, trace::RingWriter& writer,

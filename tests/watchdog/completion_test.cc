@@ -228,6 +228,16 @@ TEST_F(CompletionTest, AnEmptyPoolIsCountedAndGrownByThePoller) {
   EXPECT_EQ(tracker_->counters().noPair.load(), 1u);
 }
 
+// A new pool is topped up in the background: after the watchdog's next pass, a burst of
+// kWarmPairs calls finds an event each with none shed, though none has completed yet.
+TEST_F(CompletionTest, TheWatchdogTopsANewPoolUpBeforeABurst) {
+  tracker_->poll();
+  for (uint32_t i = 0; i < CompletionTracker::kWarmPairs; ++i) {
+    ASSERT_NE(tracker_->recordBefore(8), kNoTicket) << i;
+  }
+  EXPECT_EQ(tracker_->counters().noPair.load(), 0u);
+}
+
 // Back-to-back calls: more in flight than the whole first pool. The calls that found it empty
 // are counted and said to be shed (the poller was woken for them), the pool quadruples at the
 // next poll, and the poller asks to come back within a millisecond while the pressure lasts.
