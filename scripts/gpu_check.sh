@@ -119,7 +119,8 @@ loop() {  # NAME SHAPE [env...]
     2>>"$out/ov/$name.err" | sed -n 's/.*median_ns=\([0-9.]*\).*/\1/p' >>"$out/ov/$name.txt"
 }
 shed() {  # NAME: calls shed over all its runs (the library's own stderr line), of all calls
-  awk '/were not tracked/ {n += $2; m += $4} END {printf "%d of %d calls shed over every run", n, m}' \
+  awk '/were not tracked/ {n += $2; m += $4}
+       END {if (m) printf "%d of %d calls shed over every run", n, m; else printf "no call shed in any run"}' \
     "$out/ov/$1.err"
 }
 # A packed lib-base/ (an older libncclwatch.so) is measured beside the current one.
