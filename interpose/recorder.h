@@ -167,6 +167,20 @@ class CallScope {
   bool outermost_;
 };
 
+namespace detail {
+inline std::atomic<bool> g_lifecycleThroughWrappers{false};
+}  // namespace detail
+// An NCCL lifecycle call (an init, split, finalize...) went through our wrappers in this
+// process: NCCL is not bypassing them, so a communicator NCCL initialises on a thread of its own
+// (ncclCommInitAll, a grouped or non-blocking init) is still the interposer's to record, though
+// no wrapper is on that thread. Set by the lifecycle wrappers (never on the hot path).
+inline void noteLifecycleThroughWrappers() {
+  detail::g_lifecycleThroughWrappers.store(true, std::memory_order_relaxed);
+}
+inline bool lifecycleThroughWrappers() {
+  return detail::g_lifecycleThroughWrappers.load(std::memory_order_relaxed);
+}
+
 int groupDepth();
 // Whether this thread is inside one of our NCCL wrappers (any CallScope).
 inline bool insideWrapper() {
