@@ -207,6 +207,25 @@ std::vector<pid_t> waitForRelay(const std::string& logs, std::chrono::seconds ti
   return relays;
 }
 
+// Connections established to local TCP port `port`, counted on the listening side.
+int connectionsTo(int port) {
+  int count = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::istringstream lines(readFile(table));
+    std::string line;
+    std::getline(lines, line);  // the header
+    while (std::getline(lines, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      size_t colon = local.rfind(':');
+      if (colon == std::string::npos || state != "01") continue;
+      if (std::stoi(local.substr(colon + 1), nullptr, 16) == port) ++count;
+    }
+  }
+  return count;
+}
+
 TEST(SidecarRelay, TheHostsAgentsReachTheCollectorOverOneConnection) {
   std::string logs = testsupport::freshDirectory("relay-skip", true);
   {
@@ -217,28 +236,35 @@ TEST(SidecarRelay, TheHostsAgentsReachTheCollectorOverOneConnection) {
     bool said = job.waitForOutput("[ncclwatch] MISMATCH", 90s);
     ASSERT_TRUE(said) << job.output();
     EXPECT_TRUE(collectorDumpsAppear(logs, 30s));  // DUMP requests went back through the relay
+    // The collector holds one connection for the host's four agents: the relay's.
+    std::string out = job.output();
+    const std::string listening = "collector listening on port ";
+    size_t at = out.find(listening);
+    ASSERT_NE(at, std::string::npos) << out;
+    int port = std::atoi(out.c_str() + at + listening.size());
+    EXPECT_EQ(connectionsTo(port), 1) << out;
     job.signal(SIGTERM);
     EXPECT_TRUE(job.waitExit(30s)) << job.output();
   }
-  // Both end by themselves once the agents are gone; the collector's last line counts what it
-  // saw: four agents on one relay link, none of them direct.
+  // Both end by themselves once the agents are gone.
   EXPECT_TRUE(collectorsGone(logs, 15s));
   auto deadline = Clock::now() + 15s;
   while (!relaysFor(logs).empty() && Clock::now() < deadline) std::this_thread::sleep_for(50ms);
   EXPECT_TRUE(relaysFor(logs).empty());
   std::string out = readFile(logs + ".out");
-  EXPECT_NE(out.find("collector stats: agents=4 relay_links=1 "), std::string::npos) << out;
   EXPECT_NE(out.find("culprit 3"), std::string::npos) << out;
   EXPECT_EQ(out.find("relay of this host ended"), std::string::npos) << out;
 }
 
 // The relay killed while the job runs: every agent says once that it goes direct, the job
-// finishes normally, and the verdict of a bug after the kill still arrives.
+// finishes normally, and the verdict of a fault after the kill still arrives: rank 2 stops
+// for 6 s before step 12's calls while the others wait in them (past the collector's 3 s of
+// quiet), then goes on, so the job ends with exit 0.
 TEST(SidecarRelay, KillingTheRelayMidRunLeavesTheJobWhole) {
   std::string logs = testsupport::freshDirectory("relay-kill", true);
   Launch job(logs,
              {trainLoop(), "--steps", "16", "--step-ms", "300", "--tp", "1", "--bug",
-              "dtype:rank=1,step=12", "--quiet"},
+              "pause:rank=2,step=12,ms=6000", "--quiet"},
              {{"NCCLWATCH_RELAY", "on"}});
   std::vector<pid_t> relays = waitForRelay(logs, 60s);
   ASSERT_EQ(relays.size(), 1u) << job.output();
@@ -258,8 +284,7 @@ TEST(SidecarRelay, KillingTheRelayMidRunLeavesTheJobWhole) {
   }
   EXPECT_EQ(out.find("not reachable"), std::string::npos) << out;
   std::string verdicts = readFile(logs + "/verdicts.jsonl");
-  EXPECT_NE(verdicts.find("\"kind\":\"mismatch\""), std::string::npos) << verdicts << out;
-  EXPECT_NE(verdicts.find("\"culprits\":[1]"), std::string::npos) << verdicts << out;
+  EXPECT_NE(verdicts.find("\"culprits\":[2]"), std::string::npos) << verdicts << out;
 }
 
 }  // namespace
