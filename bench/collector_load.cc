@@ -139,14 +139,16 @@ bool parseArgs(int argc, char** argv, Args* args, std::string* error) {
 
 int LoadGenerator::run() {
   std::string error;
-  // One descriptor per agent on both sides; the collector inherits the raised limit.
+  // One descriptor per connection (agent, or host through relays) on both sides; the collector
+  // inherits the raised limit.
   rlimit limit{};
   getrlimit(RLIMIT_NOFILE, &limit);
   limit.rlim_cur = limit.rlim_max;
   setrlimit(RLIMIT_NOFILE, &limit);
-  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < static_cast<rlim_t>(args_.agents) + 64) {
-    std::fprintf(stderr, "collector_load: RLIMIT_NOFILE %llu is too low for %ld agents\n",
-                 static_cast<unsigned long long>(limit.rlim_cur), args_.agents);
+  long connections = args_.hosts > 0 ? args_.hosts : args_.agents;
+  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < static_cast<rlim_t>(connections) + 64) {
+    std::fprintf(stderr, "collector_load: RLIMIT_NOFILE %llu is too low for %ld connections\n",
+                 static_cast<unsigned long long>(limit.rlim_cur), connections);
     return 2;
   }
   uint8_t uniqueId[128];
