@@ -188,6 +188,7 @@ class LoadGenerator {
   void tick(int64_t now, uint64_t calls);
   void sendFrame(Agent& agent, uint32_t records);
   void flush(Agent& agent);
+  void flushLinks(size_t watched, int64_t* watchedAt);
   void watchWrites(Agent& agent, bool on);
   void closeAgent(Agent& agent);
   void pump(int64_t untilNs);
@@ -226,6 +227,7 @@ class LoadGenerator {
   int culprit_ = 17;
   bool injectMismatch_ = false;
   int64_t mismatchSentNs_ = 0;
+  size_t mismatchAgent_ = SIZE_MAX;  // behind relays: its frame waits for its host's write
   bool mismatchQueued_ = false;
   int64_t verdictNs_ = 0;
   std::string verdictLine_;

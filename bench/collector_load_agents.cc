@@ -188,6 +188,10 @@ bool LoadGenerator::connectAgents(std::string* error) {
           event.data.u64 = who[k];
           epoll_ctl(epoll_, EPOLL_CTL_ADD, agent.fd, &event);
           for (size_t j = who[k]; j < who[k] + agentsPerLink_; ++j) greet(agents_[j]);
+          if (agent.channel != 0) {
+            flush(agent);
+            if (agent.fd >= 0 && agent.head < agent.queue.size()) watchWrites(agent, true);
+          }
         } else {
           close(fds[k].fd);
           retry.push_back(who[k]);
@@ -243,7 +247,9 @@ void LoadGenerator::sendFrame(Agent& sender, uint32_t records) {
     return;
   }
   size_t sent = 0;
-  if (agent.head == agent.queue.size()) {
+  // Behind a relay the frames of a tick are gathered per host and written in one go at its end
+  // (flushLinks), as a relay writes what its agents sent since its last wake-up.
+  if (sender.channel == 0 && agent.head == agent.queue.size()) {
     ssize_t n = send(agent.fd, frame_.data(), size, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
       closeAgent(agent);
@@ -276,7 +282,19 @@ void LoadGenerator::sendFrame(Agent& sender, uint32_t records) {
   agent.frameEnds.emplace_back(agent.appended, records);
   counters_.queuedBytes += size - sent;
   counters_.maxQueuedBytes = std::max(counters_.maxQueuedBytes, counters_.queuedBytes);
-  watchWrites(agent, true);
+  if (sender.channel == 0) watchWrites(agent, true);
+}
+
+// Behind relays: each host's gathered frames in one write; what the socket does not take waits
+// for EPOLLOUT. `*watchedAt` (if given): when the link of agent `watched` was written.
+void LoadGenerator::flushLinks(size_t watched, int64_t* watchedAt) {
+  for (size_t i = 0; i < agents_.size(); i += agentsPerLink_) {
+    Agent& link = agents_[i];
+    if (link.fd < 0 || link.writeWatched || link.head == link.queue.size()) continue;
+    flush(link);
+    if (link.fd >= 0 && link.head < link.queue.size()) watchWrites(link, true);
+    if (watchedAt != nullptr && agents_[watched].link == i) *watchedAt = monotonicNs();
+  }
 }
 
 void LoadGenerator::flush(Agent& agent) {
@@ -380,14 +398,21 @@ void LoadGenerator::tick(int64_t now, uint64_t calls) {
     frame_.clear();
     wire::encodeRecords(monotonicNs(), records_, agent.encoder, frame_);
     bool carriesMismatch = injectMismatch_ && agent.rank == culprit_ && worldDone > 0;
-    bool wasQueued = link.head < link.queue.size();
+    bool wasQueued = link.head < link.queue.size() && link.writeWatched;
     sendFrame(agent, static_cast<uint32_t>(records_.size()));
     if (carriesMismatch) {
       mismatchSentNs_ = monotonicNs();
       mismatchQueued_ = wasQueued;
+      mismatchAgent_ = static_cast<size_t>(&agent - agents_.data());
       injectMismatch_ = false;
     }
     counters_.calls += calls;
+  }
+  if (args_.hosts > 0) {
+    // The mismatch counts from when its host's frames were written.
+    bool mismatchNow = mismatchSentNs_ > 0 && mismatchAgent_ != SIZE_MAX;
+    flushLinks(mismatchNow ? mismatchAgent_ : 0, mismatchNow ? &mismatchSentNs_ : nullptr);
+    mismatchAgent_ = SIZE_MAX;
   }
   callsMade_ += calls;
   worldCalls_ = worldBase + worldInTick;
