@@ -19,7 +19,7 @@ if [ "$verb" = pack ]; then
   strip --strip-debug "$dest/bin/ncclwatch"  # 37 MB of debug info; the device call carries 64 MiB
   cp "$build/lib/libncclwatch.so" "$dest/lib/"
   cp "$build"/examples/{allreduce_loop,train_loop,nccl_probe} "$dest/examples/"
-  cp "$build"/bench/{overhead_loop,driver_cost,libnull_profiler_plugin.so,recording_cost} "$dest/bench/"
+  cp "$build"/bench/{overhead_loop,driver_cost,libnull_profiler_plugin.so,recording_cost,collector_load} "$dest/bench/"
   # GPU_CHECK_BASE_LIB: an older libncclwatch.so to measure beside this one (step 3).
   if [ -n "${GPU_CHECK_BASE_LIB:-}" ]; then
     mkdir -p "$dest/lib-base" && cp "$GPU_CHECK_BASE_LIB" "$dest/lib-base/"
@@ -44,7 +44,7 @@ mkdir -p "$out"
 cli="$prefix/bin/ncclwatch"
 preload="$prefix/lib/libncclwatch.so"
 say() { echo "[gpu_check] $*"; }
-# GPU_CHECK_STEPS: which steps to run (default all: 1 2 3 4 5); GPU_CHECK_ROUNDS: step 3's rounds.
+# GPU_CHECK_STEPS: which steps to run (default 1 2 3 4 5; 6, the collector at scale, on request); GPU_CHECK_ROUNDS: step 3's rounds.
 steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 
@@ -181,4 +181,14 @@ tail -5 "$out/train.log"
 [ "$rc" = 0 ] && say "PASS train_loop: exit 0" || say "FAIL train_loop: exit $rc"
 fi
 tar -C "$out" -czf "$out/../gpu_check_traces.tgz" . 2>/dev/null && mv "$out/../gpu_check_traces.tgz" "$out/" || true
+# 6. Not a GPU check: the collector under 4096 synthetic ranks direct and 32,768 through 4096
+# relays (bench/collector_scale.sh), on a host whose 16 cores leave the load generator room
+# (on the 2-core development machine it starves the collector). GPU_CHECK_SCALE_MODES: modes.
+if want 6; then
+  ulimit -n 1048576 2>/dev/null || ulimit -n 65536 2>/dev/null || true
+  for mode in ${GPU_CHECK_SCALE_MODES:-4096 relays}; do
+    say "step 6: bench/collector_scale.sh $mode ($(nproc) cores)"
+    timeout 150 bench/collector_scale.sh "$(realpath --relative-to="$PWD" "$prefix")" "$mode" 2>&1 | tail -40
+  done
+fi
 say "done"
