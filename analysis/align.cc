@@ -40,6 +40,7 @@ bool JobAnalysis::impliedDone(int p, uint32_t i) const {
 }
 
 CallDesc JobAnalysis::whereIs(int p) const {
+  readsOtherComms_ = true;  // where a process waits depends on all its communicators
   uint32_t w = waitPoint(p);
   CallDesc d;
   if (w != kNone) {
@@ -64,6 +65,8 @@ void JobAnalysis::buildComms() {
     const Proc& proc = procs_[p];
     // this process's members, by comm hash; usually a handful, so a small vector
     std::vector<std::pair<uint64_t, std::pair<int, int>>> mine;  // hash -> (comm, member)
+    // A partial pass knows every comm's members but aligns only the comms it redoes.
+    std::vector<char> aligned;
     auto memberOf = [&](uint64_t hash) -> std::pair<int, int> {
       for (auto& [h, cm] : mine) {
         if (h == hash) return cm;
@@ -90,6 +93,7 @@ void JobAnalysis::buildComms() {
       m.commRank = info.rank;
       comm.byCommRank[info.rank] = static_cast<int>(comm.members.size());
       mine.push_back({info.commHash, {it->second, static_cast<int>(comm.members.size())}});
+      aligned.push_back(redo(comm) ? 1 : 0);
       comm.members.push_back(std::move(m));
     }
     // p2p calls seen so far per (comm, peer, direction): their highest p2pSeq
@@ -111,7 +115,7 @@ void JobAnalysis::buildComms() {
         lastHash = r.commHash;
         lastSlot = slot;
       }
-      if (slot < 0) continue;  // a comm missing from the table (table full)
+      if (slot < 0 || !aligned[slot]) continue;  // a comm missing from the table (table full)
       Comm& comm = comms_[mine[slot].second.first];
       Member& m = comm.members[mine[slot].second.second];
       m.maxSeq = std::max(m.maxSeq, r.seq);

@@ -197,7 +197,7 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
   err << "[ncclwatch] collector stats: agents=" << counters.agents.load()
       << " rejected=" << counters.rejected.load() << " frames=" << counters.frames.load()
       << " records=" << counters.records.load() << " verdicts=" << counters.verdicts.load()
-      << " analyses=" << counters.analyses.load()
+      << " analyses=" << counters.analyses.load() << " partial=" << counters.partialAnalyses.load()
       << " analysis_ms=" << counters.analysisNs.load() / 1'000'000 << "\n";
   return counters.verdicts.load() > 0 ? 1 : 0;
 }
