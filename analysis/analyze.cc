@@ -111,9 +111,7 @@ bool JobAnalysis::crossCommChecksQuiet() const {
   }
   if (now_ - last >= options_.quietNs) return false;
   for (const Proc& proc : procs_) {
-    for (const CallRecord& r : proc.file->records) {
-      if (isFailed(r)) return false;
-    }
+    if (proc.failed) return false;
   }
   return true;
 }
@@ -324,6 +322,13 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
       int64_t last = file->header.anchorMonotonicNs;
       for (const CallRecord& r : file->records) {
         last = std::max({last, r.issueNs, r.startNs, r.completeNs});
+        proc.pending |= internal::isPending(r);
+        proc.failed |= internal::isFailed(r);
+        if (trace::isCollective(r.op) || trace::isPointToPoint(r.op)) {
+          ++proc.calls;
+          proc.anyTracked |= internal::isTracked(r) || (r.flags & trace::kRecordKernelTracked) != 0;
+          proc.shed += (r.flags & trace::kRecordShed) != 0;
+        }
       }
       for (const trace::CommInfo& c : file->comms) last = std::max(last, c.createdNs);
       proc.lastActivity = proc.wall(last);

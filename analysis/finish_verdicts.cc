@@ -247,20 +247,12 @@ void JobAnalysis::noteEvidenceGaps(JobReport& report) const {
       report.evidenceGaps.push_back("rank " + std::to_string(proc.rank) + " lost " +
                                     std::to_string(lost) + " records");
     }
-    bool anyTracked = false, anyCall = false;
-    uint64_t shed = 0, calls = 0;
-    for (const CallRecord& r : file.records) {
-      if (!trace::isCollective(r.op) && !trace::isPointToPoint(r.op)) continue;
-      anyCall = true;
-      ++calls;
-      anyTracked |= isTracked(r) || (r.flags & trace::kRecordKernelTracked) != 0;
-      shed += (r.flags & trace::kRecordShed) != 0;
-    }
-    if (anyCall && !anyTracked) noEvents.push_back(proc.rank);
-    if (shed > 0 && anyTracked) {
+    // Counted in analyzeJobs's one scan of the records.
+    if (proc.calls > 0 && !proc.anyTracked) noEvents.push_back(proc.rank);
+    if (proc.shed > 0 && proc.anyTracked) {
       report.evidenceGaps.push_back(
-          "rank " + std::to_string(proc.rank) + " left " + std::to_string(shed) + " of " +
-          std::to_string(calls) +
+          "rank " + std::to_string(proc.rank) + " left " + std::to_string(proc.shed) + " of " +
+          std::to_string(proc.calls) +
           " calls untracked (no free CUDA event: its calls outran the watchdog)");
     }
     if (!file.continuous && file.header.nextIndex > file.header.capacity) {

@@ -88,7 +88,12 @@ struct Proc {
   bool alive = false;
   bool clean = false;
   int64_t lastActivity = 0;  // wall
-  bool pending = false;      // has a pending call
+  // Facts of its records, from one scan (analyzeJobs): the passes read them, not the records.
+  bool pending = false;     // has a pending call
+  bool failed = false;      // has a failed call
+  uint64_t calls = 0;       // collectives and sends/receives
+  uint64_t shed = 0;        // of which left untracked for want of a free CUDA event
+  bool anyTracked = false;  // whether any of them had its completion tracked
   const CallRecord& rec(uint32_t i) const { return file->records[i]; }
   int64_t wall(int64_t t) const { return t == 0 ? 0 : t + toWall; }
 };
