@@ -39,10 +39,18 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
   for (const Proc& proc : procs_) report.world = std::max(report.world, proc.file->header.world);
   // A partial pass (incremental.h) when the kept per-comm results are still good: the same
   // processes and memberships, and the cross-communicator checks have nothing to say.
-  bool quietChecks = cache_ != nullptr && crossCommChecksQuiet();
+  const char* notQuiet = cache_ != nullptr ? crossCommChecksQuiet() : "first";
+  bool quietChecks = *notQuiet == '\0';
   uint64_t id = cache_ != nullptr ? identity() : 0;
-  if (cache_ != nullptr && dirty_ != nullptr && cache_->valid && cache_->identity == id &&
-      quietChecks) {
+  if (cache_ == nullptr || dirty_ == nullptr) {
+    whyFull_ = "first";
+  } else if (!quietChecks) {
+    whyFull_ = notQuiet;
+  } else if (cache_->identity != id) {
+    whyFull_ = "changed";
+  } else if (!cache_->valid) {
+    whyFull_ = cache_->comms.empty() ? "first" : "absent";
+  } else {
     partial_ = true;
     redo_ = *dirty_;
   }
@@ -98,22 +106,20 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
   return report;
 }
 
-bool JobAnalysis::crossCommChecksQuiet() const {
+const char* JobAnalysis::crossCommChecksQuiet() const {
   int64_t last = 0;
   for (const Proc& proc : procs_) {
-    if (!proc.alive) return false;
+    if (!proc.alive) return "gone";
     last = std::max(last, proc.lastActivity);
     for (const trace::CommInfo& info : proc.file->comms) {
-      if (info.kind == static_cast<int>(OpKind::kShrink)) return false;
+      if (info.kind == static_cast<int>(OpKind::kShrink)) return "shrink";
     }
     // Never created a communicator: an init hang once the job goes quiet (checkInit).
-    if (proc.file->comms.empty()) return false;
+    if (proc.file->comms.empty()) return "no_comm";
+    if (proc.failed) return "failed";
   }
-  if (now_ - last >= options_.quietNs) return false;
-  for (const Proc& proc : procs_) {
-    if (proc.failed) return false;
-  }
-  return true;
+  if (now_ - last >= options_.quietNs) return "quiet";
+  return "";
 }
 
 uint64_t JobAnalysis::identity() const {
@@ -348,12 +354,14 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
         JobAnalysis full(std::move(procs), options, now, &cache, nullptr);
         result = full.run(job, attempt);
         ++incremental->stats.fullPasses;
+        ++incremental->stats.fullBecause["absent"];
       } else if (analysis.partial()) {
         ++incremental->stats.partialPasses;
         incremental->stats.commsReanalysed += analysis.commsRedone();
         incremental->stats.commsCarried += result.comms.size() - analysis.commsRedone();
       } else {
         ++incremental->stats.fullPasses;
+        ++incremental->stats.fullBecause[analysis.whyFull()];
       }
       report.jobs.push_back(std::move(result));
     }

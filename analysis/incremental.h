@@ -14,9 +14,11 @@
 // verdict's detection time, which stays that of the pass that found it).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <span>
+#include <string>
 
 #include "analysis/analyze.h"
 
@@ -52,6 +54,11 @@ class IncrementalAnalysis {
     uint64_t partialPasses = 0;
     uint64_t commsReanalysed = 0;  // in partial passes
     uint64_t commsCarried = 0;     // in partial passes: verdicts and summaries kept
+    // Why passes were full, by reason: "first" (nothing kept, or touchAll), "changed" (processes,
+    // liveness or communicator tables), "gone" (a process not alive), "no_comm" (a process
+    // without a communicator), "shrink", "quiet", "failed" (a failed call), "absent" (a kept
+    // mismatch describes absent members elsewhere).
+    std::map<std::string, uint64_t> fullBecause;
   };
   const Stats& stats() const;
 

@@ -190,7 +190,12 @@ class JobAnalysis {
   // A partial pass found that it needs other communicators' state: run a full one instead.
   bool abandoned() const { return abandoned_; }
   bool partial() const { return partial_; }
-  size_t commsRedone() const { return redo_.size(); }
+  const char* whyFull() const { return whyFull_; }
+  size_t commsRedone() const {
+    size_t redone = 0;
+    for (const Comm& comm : comms_) redone += redo(comm) ? 1 : 0;
+    return redone;
+  }
 
  private:
   // ----- align.cc: building the state -----
@@ -249,7 +254,8 @@ class JobAnalysis {
   // ----- analyze.cc: partial passes -----
   // Whether nothing the cross-communicator checks look at can fire in this pass: every process
   // alive, none with a failed call, the job not quiet, no shrunk communicator.
-  bool crossCommChecksQuiet() const;
+  // Returns "" when it holds, else why not (IncrementalAnalysis::Stats::fullBecause).
+  const char* crossCommChecksQuiet() const;
   uint64_t identity() const;
   // Whether this pass aligns and checks `comm` (a full pass: all of them).
   bool redo(const Comm& comm) const { return !partial_ || redo_.count(comm.hash) != 0; }
@@ -314,6 +320,7 @@ class JobAnalysis {
   const std::unordered_set<uint64_t>* dirty_ = nullptr;
   bool partial_ = false;
   bool abandoned_ = false;
+  const char* whyFull_ = "first";
   mutable bool readsOtherComms_ = false;  // set by whereIs
   std::unordered_set<uint64_t> redo_;     // in a partial pass: the comms aligned and checked
 };

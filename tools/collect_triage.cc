@@ -399,6 +399,11 @@ void Triage::analyze(int64_t now, bool final, const std::set<uint64_t>* first) {
                                 ? analysis_.analyzeFirst(files_, analysisOptions, *first)
                                 : analysis_.analyze(files_, analysisOptions);
   counters_.partialAnalyses = analysis_.stats().partialPasses;
+  for (const auto& [why, count] : analysis_.stats().fullBecause) {
+    for (size_t i = 0; i < std::size(Counters::kFullReasons); ++i) {
+      if (why == Counters::kFullReasons[i]) counters_.fullBecause[i] = count;
+    }
+  }
   // A verdict is said once every member of its communicator has issued the call, or once it
   // has held, with the same culprits, for settleMs: ranks report a little apart, and a verdict
   // drawn before the last of them has spoken can blame the wrong one.

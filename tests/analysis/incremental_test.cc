@@ -133,6 +133,24 @@ std::string describe(const Report& report) {
   return out.str();
 }
 
+// The verdicts on one communicator: kind, seq, culprits and classes.
+std::string verdictsOn(const Report& report, uint64_t hash) {
+  std::ostringstream out;
+  for (const auto& job : report.jobs) {
+    for (const auto& v : job.verdicts) {
+      if (v.comm.hash != hash) continue;
+      out << ncclwatch::analysis::kindName(v.kind) << " seq=" << v.seq
+          << " culprits=" << ncclwatch::analysis::formatRanks(v.culprits) << " "
+          << v.explanation.substr(0, v.explanation.find(" (a consequence")) << "\n";
+      for (const auto& c : v.classes) {
+        out << "  class " << ncclwatch::analysis::formatRanks(c.ranks) << " " << c.call.note
+            << "\n";
+      }
+    }
+  }
+  return out.str();
+}
+
 struct Feed {
   int verdictsSeen = 0;
   uint64_t partial = 0;
@@ -156,6 +174,7 @@ Feed feed(const std::vector<TraceFile>& complete, const Options& options, unsign
   IncrementalAnalysis incremental;
   Feed result;
   for (int batch = 0;; ++batch) {
+    uint64_t first = 0;  // the communicator of this batch's last record
     std::vector<size_t> open;
     for (size_t f = 0; f < complete.size(); ++f) {
       if (next[f] < complete[f].records.size()) open.push_back(f);
@@ -168,6 +187,7 @@ Feed feed(const std::vector<TraceFile>& complete, const Options& options, unsign
       const CallRecord& final = complete[later.file].records[later.index];
       live[later.file].records[later.index] = final;
       incremental.touch(final.commHash);
+      first = final.commHash;
     } else {
       size_t f = open[random() % open.size()];
       int take = 1 + static_cast<int>(random() % 3);
@@ -180,10 +200,17 @@ Feed feed(const std::vector<TraceFile>& complete, const Options& options, unsign
         }
         live[f].records.push_back(record);
         incremental.touch(record.commHash);
+        first = record.commHash;
         ++next[f];
       }
     }
     Report full = ncclwatch::analysis::analyze(live, options);
+    if (random() % 4 == 0) {
+      // As the collector does on a triage divergence: this batch's communicator first. Its
+      // verdicts must be the full pass's already; the other touched ones follow next pass.
+      Report early = incremental.analyzeFirst(live, options, {first});
+      EXPECT_EQ(verdictsOn(full, first), verdictsOn(early, first)) << "batch " << batch;
+    }
     Report partial = incremental.analyze(live, options);
     std::string want = describe(full), got = describe(partial);
     EXPECT_EQ(want, got) << "after batch " << batch << " (seed " << seed << ")";
