@@ -69,7 +69,20 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
     checkInit();
   }
   checkMismatches();
-  if (abandoned_) return report;
+  if (abandoned_) {
+    // A mismatch with absent members says where they are, which needs their other
+    // communicators: align those too, and start the checks over as a full pass.
+    abandoned_ = false;
+    whyFull_ = "absent";
+    alignSkipped();
+    verdicts_.clear();
+    cache_->comms.clear();
+    excludeShrunkMembers();
+    decideStalled();
+    checkErrors();
+    checkInit();
+    checkMismatches();
+  }
   if (!partial_) checkDeadAndMissing();
   checkP2p();
   if (!partial_) checkGraph();
@@ -347,15 +360,10 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
         continue;
       }
       JobCache& cache = incremental->jobs[job + "/" + std::to_string(attempt)];
-      JobAnalysis analysis(procs, options, now, &cache,
+      JobAnalysis analysis(std::move(procs), options, now, &cache,
                            incremental->all ? nullptr : &incremental->dirty);
       JobReport result = analysis.run(job, attempt);
-      if (analysis.abandoned()) {
-        JobAnalysis full(std::move(procs), options, now, &cache, nullptr);
-        result = full.run(job, attempt);
-        ++incremental->stats.fullPasses;
-        ++incremental->stats.fullBecause["absent"];
-      } else if (analysis.partial()) {
+      if (analysis.partial()) {
         ++incremental->stats.partialPasses;
         incremental->stats.commsReanalysed += analysis.commsRedone();
         incremental->stats.commsCarried += result.comms.size() - analysis.commsRedone();

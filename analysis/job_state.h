@@ -187,8 +187,6 @@ class JobAnalysis {
       : procs_(std::move(procs)), options_(options), now_(now), cache_(cache), dirty_(dirty) {}
 
   JobReport run(const std::string& jobId, int attempt);  // analyze.cc
-  // A partial pass found that it needs other communicators' state: run a full one instead.
-  bool abandoned() const { return abandoned_; }
   bool partial() const { return partial_; }
   const char* whyFull() const { return whyFull_; }
   size_t commsRedone() const {
@@ -200,6 +198,9 @@ class JobAnalysis {
  private:
   // ----- align.cc: building the state -----
   void buildComms();
+  void alignProc(int proc, const std::vector<char>& aligned);
+  void findCompletedTransfers();
+  void alignSkipped();
   void excludeShrunkMembers();
   // The earliest pending call of a process (by issue time): where it waits.
   uint32_t waitPoint(int proc) const;
@@ -319,10 +320,12 @@ class JobAnalysis {
   JobCache* cache_ = nullptr;
   const std::unordered_set<uint64_t>* dirty_ = nullptr;
   bool partial_ = false;
-  bool abandoned_ = false;
+  bool abandoned_ = false;  // a partial pass found it needs the other comms too (alignSkipped)
   const char* whyFull_ = "first";
   mutable bool readsOtherComms_ = false;  // set by whereIs
   std::unordered_set<uint64_t> redo_;     // in a partial pass: the comms aligned and checked
+  // Per process, its memberships in its comm table's order: (hash, (comm index, member index)).
+  std::vector<std::vector<std::pair<uint64_t, std::pair<int, int>>>> procMembers_;
 };
 
 // The state of an IncrementalAnalysis (incremental.h): per job, what the last pass kept; what
