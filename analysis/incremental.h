@@ -9,7 +9,9 @@
 // communicators, and the same processes and memberships as the last pass. Then the hang families
 // (dead and missing ranks, the wait-for graph, init hangs, errors) say nothing in a full pass
 // either, and the structural checks (mismatches, split colours, p2p pairing) and the straggler
-// tallies are per communicator. Otherwise the pass is a full one, which refills the kept state.
+// tallies are per communicator. Otherwise the pass is a full one, which refills the kept state
+// (a partial pass that meets a mismatch with absent members, whose classes say where those are
+// on their other communicators, aligns the rest and becomes a full one midway).
 // Either way the verdicts equal those of analysis::analyze on the same files (but for a kept
 // verdict's detection time, which stays that of the pass that found it).
 #pragma once
