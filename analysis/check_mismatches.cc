@@ -374,11 +374,15 @@ void JobAnalysis::checkMismatches(Comm& comm) {
 void JobAnalysis::checkColours(Comm& comm) {
   uint64_t hi = 0;
   for (const Member& m : comm.members) hi = std::max(hi, m.lastOrdinal());
+  // Each split ordinal once: the check reads every member at it, whichever member found it
+  // (at 32,768 ranks, redoing it per member cost the collector most of a core).
+  std::set<uint64_t> tried;
   for (const Member& first : comm.members) {
     for (uint32_t idx = 0; idx < first.coll.size(); ++idx) {
       uint32_t fi = first.coll[idx];
       if (fi == kNone || procs_[first.proc].rec(fi).op != OpKind::kSplit) continue;
       uint64_t k = first.base + idx;
+      if (!tried.insert(k).second) continue;
       std::map<int, int> colourOf;  // comm rank -> colour
       bool all = true;
       for (const Member& m : comm.members) {

@@ -249,14 +249,23 @@ void JobAnalysis::checkGraph() {
                                   : "started, never completed";
     v.classes.push_back(std::move(all));
     v.divergenceNs = since;
-    if (allStarted) {
-      v.explanation = "every rank issued and " +
-                      std::string(anyInferred ? "reached (every earlier NCCL call on its stream "
-                                                "completed; NCCLWATCH_EVENTS=full sees the start) "
-                                              : "started ") +
-                      callText(call) + " #" + std::to_string(call.seq) +
-                      " and none completed it: the network or a GPU "
-                      "stalled (check NCCL_DEBUG=INFO logs, link errors, Xid messages)";
+    if (allStarted && !anyInferred) {
+      v.explanation = "every rank issued and started " + callText(call) + " #" +
+                      std::to_string(call.seq) +
+                      " and none completed it: the network or a GPU stalled (check "
+                      "NCCL_DEBUG=INFO logs, link errors, Xid messages)";
+    } else if (allStarted) {
+      // One event per call cannot tell a collective that runs from one still held by GPU work
+      // outside NCCL: on a real GPU, PyTorch's NCCL stream waiting on a long compute kernel
+      // read "reached" for seconds. Say both, and how to tell them apart.
+      v.explanation = "every rank issued and reached " + callText(call) + " #" +
+                      std::to_string(call.seq) +
+                      " (every earlier NCCL call on its stream completed) and none completed it: "
+                      "either it waits inside NCCL (the network or a GPU stalled: check "
+                      "NCCL_DEBUG=INFO logs, link errors, Xid messages) or GPU work outside NCCL "
+                      "still holds it (a kernel on its stream, or another stream it waits on, as "
+                      "PyTorch's NCCL stream waits on the compute stream); NCCLWATCH_EVENTS=full "
+                      "tells them apart";
     } else {
       v.culprits = notStarted;
       v.explanation = "every rank issued " + callText(call) + " #" + std::to_string(call.seq) +

@@ -37,7 +37,8 @@ namespace {
 
 const char* const kUsage =
     "usage: collector_load --cli PATH_TO_ncclwatch [--agents 4096] [--rate 100] [--seconds 20]\n"
-    "                      [--tick-ms 100] [--comm-size 8] [--warmup 3] [--verdict-wait 30]\n";
+    "                      [--tick-ms 100] [--comm-size 8] [--warmup 3] [--verdict-wait 30]\n"
+    "                      [--hosts N (agents multiplexed per host, as through relays)]\n";
 
 bool parseNumber(const char* text, double low, double high, double* value) {
   char* end = nullptr;
@@ -92,6 +93,9 @@ bool parseArgs(int argc, char** argv, Args* args, std::string* error) {
     } else if (name == "--tick-ms") {
       if (!number(1, 60000, true)) return false;
       args->tickMs = static_cast<long>(value);
+    } else if (name == "--hosts") {
+      if (!number(0, 100000, true)) return false;
+      args->hosts = static_cast<long>(value);
     } else if (name == "--comm-size") {
       if (!number(1, 100000, true)) return false;
       args->commSize = static_cast<long>(value);
@@ -115,6 +119,14 @@ bool parseArgs(int argc, char** argv, Args* args, std::string* error) {
              std::to_string(args->agents);
     return false;
   }
+  if (args->hosts > 0 &&
+      (args->agents % args->hosts != 0 ||
+       args->agents / args->hosts > static_cast<long>(wire::kMaxChannelsPerLink))) {
+    *error = "--hosts " + std::to_string(args->hosts) + " must divide --agents " +
+             std::to_string(args->agents) + " into at most " +
+             std::to_string(wire::kMaxChannelsPerLink) + " agents a host";
+    return false;
+  }
   if (args->rate * static_cast<double>(args->tickMs) / 1000.0 > wire::kMaxRecordsPerFrame) {
     *error = "--rate x --tick-ms is over " + std::to_string(wire::kMaxRecordsPerFrame) +
              " calls per frame";
@@ -127,14 +139,16 @@ bool parseArgs(int argc, char** argv, Args* args, std::string* error) {
 
 int LoadGenerator::run() {
   std::string error;
-  // One descriptor per agent on both sides; the collector inherits the raised limit.
+  // One descriptor per connection (agent, or host through relays) on both sides; the collector
+  // inherits the raised limit.
   rlimit limit{};
   getrlimit(RLIMIT_NOFILE, &limit);
   limit.rlim_cur = limit.rlim_max;
   setrlimit(RLIMIT_NOFILE, &limit);
-  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < static_cast<rlim_t>(args_.agents) + 64) {
-    std::fprintf(stderr, "collector_load: RLIMIT_NOFILE %llu is too low for %ld agents\n",
-                 static_cast<unsigned long long>(limit.rlim_cur), args_.agents);
+  long connections = args_.hosts > 0 ? args_.hosts : args_.agents;
+  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < static_cast<rlim_t>(connections) + 64) {
+    std::fprintf(stderr, "collector_load: RLIMIT_NOFILE %llu is too low for %ld connections\n",
+                 static_cast<unsigned long long>(limit.rlim_cur), connections);
     return 2;
   }
   uint8_t uniqueId[128];
@@ -148,6 +162,10 @@ int LoadGenerator::run() {
   }
   std::printf("collector pid %d listening on port %d; %ld agents, %.0f calls/s each\n", child_,
               port_, args_.agents, args_.rate);
+  if (args_.hosts > 0) {
+    std::printf("through relays: %ld hosts, %ld agents each, one connection a host\n", args_.hosts,
+                args_.agents / args_.hosts);
+  }
   std::fflush(stdout);
   epoll_ = epoll_create1(EPOLL_CLOEXEC);
   for (auto [reader, tag] : {std::pair{&out_, kEpollStdout}, std::pair{&err_, kEpollStderr}}) {
@@ -157,8 +175,12 @@ int LoadGenerator::run() {
     epoll_ctl(epoll_, EPOLL_CTL_ADD, reader->fd, &event);
   }
   agents_.resize(static_cast<size_t>(args_.agents));
+  if (args_.hosts > 0) agentsPerLink_ = static_cast<size_t>(args_.agents / args_.hosts);
+  maxQueued_ = kMaxQueuedBytes * agentsPerLink_;
   for (size_t i = 0; i < agents_.size(); ++i) {
     agents_[i].rank = static_cast<int>(i);
+    agents_[i].link = args_.hosts > 0 ? i / agentsPerLink_ * agentsPerLink_ : i;
+    agents_[i].channel = args_.hosts > 0 ? static_cast<uint32_t>(i % agentsPerLink_ + 1) : 0;
     int color = static_cast<int>(i / static_cast<size_t>(args_.commSize));
     agents_[i].tpHash = trace::splitCommHash(worldHash_, 1, color);
   }

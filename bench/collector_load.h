@@ -53,6 +53,10 @@ struct Args {
   double verdictWait = 30;
   long tickMs = 100;
   long commSize = 8;
+  // 0: every agent has its own connection. N: agents on N hosts (consecutive ranks), each
+  // host's agents multiplexed over one connection as its relay would (docs/protocol.md,
+  // "Relays"): the synthetic relays live here.
+  long hosts = 0;
 };
 
 // What /proc says about the collector process.
@@ -120,6 +124,10 @@ std::string statusText(int status);
 
 // One simulated rank: its connection and the state its interposer would keep.
 struct Agent {
+  // The agent whose connection this one's frames travel on (itself unless behind a relay), and
+  // its channel on it (0: direct). The connection's state below lives in that agent.
+  size_t link = 0;
+  uint32_t channel = 0;
   int fd = -1;
   int rank = 0;
   uint64_t tpHash = 0;
@@ -180,6 +188,7 @@ class LoadGenerator {
   void tick(int64_t now, uint64_t calls);
   void sendFrame(Agent& agent, uint32_t records);
   void flush(Agent& agent);
+  void flushLinks(size_t watched, int64_t* watchedAt);
   void watchWrites(Agent& agent, bool on);
   void closeAgent(Agent& agent);
   void pump(int64_t untilNs);
@@ -204,6 +213,8 @@ class LoadGenerator {
   Counters counters_;
   std::vector<std::byte> frame_;
   std::vector<CallRecord> records_;
+  size_t agentsPerLink_ = 1;
+  size_t maxQueued_ = kMaxQueuedBytes;  // per connection: a relay's carries its host's agents
 
   uint64_t worldHash_ = 0;
   uint64_t callsMade_ = 0;  // per agent, identical for all
@@ -216,6 +227,7 @@ class LoadGenerator {
   int culprit_ = 17;
   bool injectMismatch_ = false;
   int64_t mismatchSentNs_ = 0;
+  size_t mismatchAgent_ = SIZE_MAX;  // behind relays: its frame waits for its host's write
   bool mismatchQueued_ = false;
   int64_t verdictNs_ = 0;
   std::string verdictLine_;

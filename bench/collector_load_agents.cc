@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,8 +37,8 @@ void LoadGenerator::greet(Agent& agent) {
   hello.pid = 100000 + i;
   hello.rank = i;
   hello.world = world;
-  hello.localRank = i % 8;
-  std::snprintf(hello.host, sizeof hello.host, "loadgen");
+  hello.localRank = agent.channel > 0 ? static_cast<int>(agent.channel) - 1 : i % 8;
+  std::snprintf(hello.host, sizeof hello.host, "loadgen-%zu", agent.link / agentsPerLink_);
   std::snprintf(hello.jobId, sizeof hello.jobId, "loadgen");
   // Real clock anchors, as an agent reads them when its trace opens: the collector maps record
   // times to wall time with them, so its time-based checks and its "reported N ms after" see
@@ -116,16 +117,23 @@ bool LoadGenerator::connectAgents(std::string* error) {
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   int64_t started = monotonicNs();
   int64_t deadline = started + kConnectDeadlineNs;
-  size_t total = agents_.size();
+  // Behind relays only each host's first agent connects; the others share its connection.
+  std::vector<size_t> links;
+  for (size_t i = 0; i < agents_.size(); ++i) {
+    if (agents_[i].link == i) links.push_back(i);
+  }
+  size_t total = links.size();
   // Batches far below the listen backlog, each completed before the next: a full backlog drops
   // SYNs, and the kernel would retry them only after a second.
   for (size_t first = 0; first < total; first += kConnectBatch) {
     std::vector<size_t> todo;
-    for (size_t i = first; i < std::min(total, first + kConnectBatch); ++i) todo.push_back(i);
+    for (size_t i = first; i < std::min(total, first + kConnectBatch); ++i) {
+      todo.push_back(links[i]);
+    }
     while (!todo.empty()) {
       if (monotonicNs() > deadline || g_interrupted) {
         *error = "connected only " + std::to_string(first) + " of " + std::to_string(total) +
-                 " agents in " + std::to_string(kConnectDeadlineNs / 1'000'000'000) + " s";
+                 " connections in " + std::to_string(kConnectDeadlineNs / 1'000'000'000) + " s";
         return false;
       }
       std::vector<size_t> retry;
@@ -179,7 +187,11 @@ bool LoadGenerator::connectAgents(std::string* error) {
           event.events = EPOLLIN;
           event.data.u64 = who[k];
           epoll_ctl(epoll_, EPOLL_CTL_ADD, agent.fd, &event);
-          greet(agent);
+          for (size_t j = who[k]; j < who[k] + agentsPerLink_; ++j) greet(agents_[j]);
+          if (agent.channel != 0) {
+            flush(agent);
+            if (agent.fd >= 0 && agent.head < agent.queue.size()) watchWrites(agent, true);
+          }
         } else {
           close(fds[k].fd);
           retry.push_back(who[k]);
@@ -215,7 +227,19 @@ void LoadGenerator::closeAgent(Agent& agent) {
 }
 
 // Sends `frame_` on the agent's connection, or queues what the socket does not take.
-void LoadGenerator::sendFrame(Agent& agent, uint32_t records) {
+void LoadGenerator::sendFrame(Agent& sender, uint32_t records) {
+  Agent& agent = agents_[sender.link];  // the connection's state
+  if (sender.channel != 0) {
+    // What the host's relay does to each frame it passes on: the channel in the header.
+    size_t at = 0, bytes = 0;
+    uint32_t ignored = 0;
+    uint16_t type = 0;
+    while (wire::splitFrame(std::span(frame_).subspan(at), &bytes, &ignored, &type) ==
+           wire::SplitStatus::kFrame) {
+      wire::setChannel(frame_.data() + at, sender.channel);
+      at += bytes;
+    }
+  }
   size_t size = frame_.size();
   if (agent.fd < 0) {
     counters_.framesDropped++;
@@ -223,7 +247,9 @@ void LoadGenerator::sendFrame(Agent& agent, uint32_t records) {
     return;
   }
   size_t sent = 0;
-  if (agent.head == agent.queue.size()) {
+  // Behind a relay the frames of a tick are gathered per host and written in one go at its end
+  // (flushLinks), as a relay writes what its agents sent since its last wake-up.
+  if (sender.channel == 0 && agent.head == agent.queue.size()) {
     ssize_t n = send(agent.fd, frame_.data(), size, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
       closeAgent(agent);
@@ -240,7 +266,7 @@ void LoadGenerator::sendFrame(Agent& agent, uint32_t records) {
     }
     // The rest of a frame already begun must follow whatever the bound says, or the stream
     // would be corrupt.
-  } else if (agent.queue.size() - agent.head + size > kMaxQueuedBytes) {
+  } else if (agent.queue.size() - agent.head + size > maxQueued_) {
     counters_.framesDropped++;
     counters_.recordsDropped += records;
     return;
@@ -256,7 +282,19 @@ void LoadGenerator::sendFrame(Agent& agent, uint32_t records) {
   agent.frameEnds.emplace_back(agent.appended, records);
   counters_.queuedBytes += size - sent;
   counters_.maxQueuedBytes = std::max(counters_.maxQueuedBytes, counters_.queuedBytes);
-  watchWrites(agent, true);
+  if (sender.channel == 0) watchWrites(agent, true);
+}
+
+// Behind relays: each host's gathered frames in one write; what the socket does not take waits
+// for EPOLLOUT. `*watchedAt` (if given): when the link of agent `watched` was written.
+void LoadGenerator::flushLinks(size_t watched, int64_t* watchedAt) {
+  for (size_t i = 0; i < agents_.size(); i += agentsPerLink_) {
+    Agent& link = agents_[i];
+    if (link.fd < 0 || link.writeWatched || link.head == link.queue.size()) continue;
+    flush(link);
+    if (link.fd >= 0 && link.head < link.queue.size()) watchWrites(link, true);
+    if (watchedAt != nullptr && agents_[watched].link == i) *watchedAt = monotonicNs();
+  }
 }
 
 void LoadGenerator::flush(Agent& agent) {
@@ -349,8 +387,9 @@ void LoadGenerator::tick(int64_t now, uint64_t calls) {
     // A frame that would not fit the queue is not encoded at all (its records are lost, as a
     // real agent's would wait in its ring): the encoder's bases stay those the collector has.
     size_t bound = sizeof(wire::FrameHeader) + 8 + records_.size() * wire::kMaxRecordBytes;
-    if (agent.fd < 0 || (agent.head < agent.queue.size() &&
-                         agent.queue.size() - agent.head + bound > kMaxQueuedBytes)) {
+    const Agent& link = agents_[agent.link];
+    if (link.fd < 0 ||
+        (link.head < link.queue.size() && link.queue.size() - link.head + bound > maxQueued_)) {
       counters_.framesDropped++;
       counters_.recordsDropped += records_.size();
       counters_.calls += calls;
@@ -359,14 +398,21 @@ void LoadGenerator::tick(int64_t now, uint64_t calls) {
     frame_.clear();
     wire::encodeRecords(monotonicNs(), records_, agent.encoder, frame_);
     bool carriesMismatch = injectMismatch_ && agent.rank == culprit_ && worldDone > 0;
-    bool wasQueued = agent.head < agent.queue.size();
+    bool wasQueued = link.head < link.queue.size() && link.writeWatched;
     sendFrame(agent, static_cast<uint32_t>(records_.size()));
     if (carriesMismatch) {
       mismatchSentNs_ = monotonicNs();
       mismatchQueued_ = wasQueued;
+      mismatchAgent_ = static_cast<size_t>(&agent - agents_.data());
       injectMismatch_ = false;
     }
     counters_.calls += calls;
+  }
+  if (args_.hosts > 0) {
+    // The mismatch counts from when its host's frames were written.
+    bool mismatchNow = mismatchSentNs_ > 0 && mismatchAgent_ != SIZE_MAX;
+    flushLinks(mismatchNow ? mismatchAgent_ : 0, mismatchNow ? &mismatchSentNs_ : nullptr);
+    mismatchAgent_ = SIZE_MAX;
   }
   callsMade_ += calls;
   worldCalls_ = worldBase + worldInTick;

@@ -28,7 +28,9 @@ ncclResult_t recordAndCall(ncclComm_t comm, const CallDescription& call, CallRea
     result = callReal();
   }
   if (ranged) nvtxPopCall();
-  if (recorder != nullptr) recorder->finish(issued, comm, result);
+  if (recorder != nullptr && (result != ncclSuccess || !issued.finishOnlyOnFailure)) {
+    recorder->finish(issued, comm, result);
+  }
   return result;
 }
 

@@ -12,11 +12,9 @@
 namespace ncclwatch::interpose {
 namespace {
 
-enum : uint8_t { kUndecided = 0, kOn = 1, kOff = 2 };
-
-// kOn is published (release) only after g_domain is set, so a reader that sees kOn (acquire)
-// sees the domain. Once decided, the state never changes: pushes and pops stay paired.
-std::atomic<uint8_t> g_state{kUndecided};
+using detail::g_nvtxState;
+using detail::kNvtxOff;
+using detail::kNvtxOn;
 nvtxDomainHandle_t g_domain = nullptr;
 std::once_flag g_decideOnce;
 
@@ -62,7 +60,7 @@ bool toolNamed() {
 }
 
 void decide() {
-  uint8_t state = kOff;
+  uint8_t state = kNvtxOff;
   if (settingOn() && toolNamed()) {
     // The first NVTX call loads the tool. A tool that failed to load, or that does not handle
     // domains, returns no domain: then a NULL handle would mean NVTX's default domain, so
@@ -73,10 +71,10 @@ void decide() {
       nvtxDomainNameCategoryA(g_domain, kPointToPoint, "p2p");
       nvtxDomainNameCategoryA(g_domain, kLifecycle, "lifecycle");
       nvtxDomainNameCategoryA(g_domain, kOther, "other");
-      state = kOn;
+      state = kNvtxOn;
     }
   }
-  g_state.store(state, std::memory_order_release);
+  g_nvtxState.store(state, std::memory_order_release);
 }
 
 // Appends to a fixed buffer, always NUL-terminated, silently truncating.
@@ -116,16 +114,13 @@ class Line {
 
 }  // namespace
 
-bool nvtxRangesEnabled() {
-  // Acquire: one plain load on x86, and it orders the read of g_domain after it.
-  uint8_t state = g_state.load(std::memory_order_acquire);
-  if (state != kUndecided) return state == kOn;
+bool detail::decideNvtxRanges() {
   try {
     std::call_once(g_decideOnce, decide);
   } catch (...) {
     return false;  // undecided: asked again next time
   }
-  return g_state.load(std::memory_order_acquire) == kOn;
+  return g_nvtxState.load(std::memory_order_acquire) == kNvtxOn;
 }
 
 void nvtxPushCall(trace::OpKind op, uint64_t commHash, uint64_t seq, uint64_t count, int dtype) {

@@ -78,6 +78,10 @@ struct RecorderState final : Recorder {
   std::atomic<watchdog::CompletionTracker*> completion{nullptr};
 };
 
+__thread int detail::t_callDepth __attribute__((tls_model("initial-exec"))) = 0;
+__thread const IssuedCall* detail::t_callInProgress __attribute__((tls_model("initial-exec"))) =
+    nullptr;
+
 namespace {
 
 using State = RecorderState;
@@ -89,13 +93,13 @@ std::mutex g_initMutex;
 // initial-exec: a preloaded library's thread-locals live in the static TLS block, so reading them
 // on the hot path is one instruction instead of a __tls_get_addr call.
 #define NCCLWATCH_TLS thread_local __attribute__((tls_model("initial-exec")))
-NCCLWATCH_TLS int t_callDepth = 0;
 NCCLWATCH_TLS int t_groupDepth = 0;
 NCCLWATCH_TLS int t_threadId = 0;
 NCCLWATCH_TLS bool t_haveNestedId = false;
 NCCLWATCH_TLS ncclUniqueId t_nestedId;
 NCCLWATCH_TLS ThreadBatches* t_batches = nullptr;
-NCCLWATCH_TLS const IssuedCall* t_callInProgress = nullptr;
+NCCLWATCH_TLS ncclComm_t t_lastComm = nullptr;  // find()'s last answer on this thread
+NCCLWATCH_TLS CommEntry* t_lastEntry = nullptr;
 pthread_key_t g_batchesKey;
 std::once_flag g_batchesKeyOnce;
 
@@ -324,6 +328,8 @@ void resetAfterFork() {
   Recorder::forgetAfterFork();
   // The forking thread is the child's only thread, with a thread id of its own.
   t_threadId = 0;
+  t_lastComm = nullptr;  // find()'s cache pointed into the parent's recorder
+  t_lastEntry = nullptr;
   new (&g_initMutex) std::mutex();
 }
 
@@ -345,32 +351,14 @@ __attribute__((destructor)) void markCleanShutdown() {
 
 }  // namespace
 
-CallScope::CallScope() : outermost_(t_callDepth++ == 0) {}
-CallScope::~CallScope() {
-  --t_callDepth;
-}
-
 int groupDepth() {
   return t_groupDepth;
-}
-bool insideWrapper() {
-  return t_callDepth > 0;
 }
 void enterGroup() {
   ++t_groupDepth;
 }
 void leaveGroup() {
   if (t_groupDepth > 0) --t_groupDepth;
-}
-
-const IssuedCall* callInProgress() {
-  return t_callInProgress;
-}
-CallInProgress::CallInProgress(const IssuedCall* call) : previous_(t_callInProgress) {
-  t_callInProgress = call;
-}
-CallInProgress::~CallInProgress() {
-  t_callInProgress = previous_;
 }
 
 void rememberNestedUniqueId(const ncclUniqueId& id) {
@@ -458,6 +446,21 @@ Recorder* Recorder::start() {
 }
 
 CommEntry* Recorder::find(ncclComm_t comm) {
+  // Most threads call NCCL on one communicator after another of a few: the last one this
+  // thread found is checked first (still that comm's entry unless it was destroyed since).
+  if (t_lastComm == comm && comm != nullptr &&
+      t_lastEntry->key.load(std::memory_order_acquire) == comm) {
+    return t_lastEntry;
+  }
+  CommEntry* entry = findInTable(comm);
+  if (entry != nullptr) {
+    t_lastComm = comm;
+    t_lastEntry = entry;
+  }
+  return entry;
+}
+
+CommEntry* Recorder::findInTable(ncclComm_t comm) {
   auto* state = static_cast<State*>(this);
   size_t start = slotFor(comm);
   for (size_t probe = 0; probe < kCommTableSize; ++probe) {
@@ -676,7 +679,20 @@ IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
   IssuedCall issued;
   issued.op = call.op;
   issued.stream = call.stream;
-  trace::CallRecord record{};
+  // Every field is set below (no zeroing of the whole record first: the hot path writes each
+  // word once here and once into the ring slot).
+  trace::CallRecord record;
+  record.seq = 0;
+  record.p2pSeq = 0;
+  record.ncclSeqNumber = 0;
+  record.fingerprint = 0;
+  record.rollingHash = 0;
+  record.startNs = 0;
+  record.completeNs = 0;
+  record.result = 0;
+  record.reserved = 0;
+  record.slotVersion = 0;
+  record.ringIndex = 0;
   record.op = call.op;
   record.count = call.count;
   record.dtype = static_cast<uint8_t>(call.dtype);
@@ -732,7 +748,8 @@ IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
   // Completion: events around the call, or at the outermost GroupEnd for grouped calls.
   watchdog::CompletionTracker* completion = state->completion.load(std::memory_order_acquire);
   bool tracked = false;
-  if (completion != nullptr && call.eventsAllowed && tracksCompletion(call.op)) {
+  const bool trackable = tracksCompletion(call.op);
+  if (completion != nullptr && call.eventsAllowed && trackable) {
     watchdog::StreamCheck check = completion->checkStream(call.stream);
     if (check == watchdog::StreamCheck::kCaptured) {
       record.flags |= trace::kRecordCaptured;
@@ -753,6 +770,8 @@ IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
     record.flags |= trace::kRecordNoEvents;
   }
   issued.tracked = tracked;
+  issued.finishOnlyOnFailure =
+      trackable && issued.ticket == watchdog::kNoTicket && !issued.inGroupBatch;
   issued.index = state->writer.append(record);
   if (issued.inGroupBatch) addToBatch(t_batches->group, issued);
   return issued;

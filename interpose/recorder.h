@@ -84,6 +84,9 @@ struct IssuedCall {
   watchdog::Ticket ticket = watchdog::kNoTicket;  // events recorded around this call alone
   bool inGroupBatch = false;                      // events come at the outermost ncclGroupEnd
   bool tracked = false;  // CUDA events will complete its record (else it is flagged no-events)
+  // finish() has work only if the call fails: an untracked collective or p2p call outside a
+  // group (the wrapper then skips the call to finish on success).
+  bool finishOnlyOnFailure = false;
 };
 
 class Recorder {
@@ -136,37 +139,70 @@ class Recorder {
  private:
   Recorder() = default;
   static Recorder* start();
+  CommEntry* findInTable(ncclComm_t comm);
   friend struct RecorderState;  // the one concrete recorder, defined in recorder.cc
   static inline std::atomic<Recorder*> instance_{nullptr};
 };
+
+namespace detail {
+// Per-thread state the wrappers touch on every call, inline: initial-exec thread-locals of this
+// library (defined in recorder.cc), one instruction to reach, no call. `__thread` rather than
+// thread_local: no dynamic initialization, so no TLS wrapper function either.
+extern __thread int t_callDepth __attribute__((tls_model("initial-exec")));
+extern __thread const IssuedCall* t_callInProgress __attribute__((tls_model("initial-exec")));
+}  // namespace detail
 
 // Thread-local nesting of NCCL calls: NCCL calls some of its own exported functions through
 // the PLT (ncclBcast → ncclBroadcast, GetAsyncError inside every collective); only the
 // outermost call is the user's.
 class CallScope {
  public:
-  CallScope();
-  ~CallScope();
+  CallScope() : outermost_(detail::t_callDepth++ == 0) {}
+  ~CallScope() { --detail::t_callDepth; }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
   bool outermost() const { return outermost_; }
 
  private:
   bool outermost_;
 };
 
+namespace detail {
+inline std::atomic<bool> g_lifecycleThroughWrappers{false};
+}  // namespace detail
+// An NCCL lifecycle call (an init, split, finalize...) went through our wrappers in this
+// process: NCCL is not bypassing them, so a communicator NCCL initialises on a thread of its own
+// (ncclCommInitAll, a grouped or non-blocking init) is still the interposer's to record, though
+// no wrapper is on that thread. Set by the lifecycle wrappers (never on the hot path).
+inline void noteLifecycleThroughWrappers() {
+  detail::g_lifecycleThroughWrappers.store(true, std::memory_order_relaxed);
+}
+inline bool lifecycleThroughWrappers() {
+  return detail::g_lifecycleThroughWrappers.load(std::memory_order_relaxed);
+}
+
 int groupDepth();
 // Whether this thread is inside one of our NCCL wrappers (any CallScope).
-bool insideWrapper();
+inline bool insideWrapper() {
+  return detail::t_callDepth > 0;
+}
 void enterGroup();
 void leaveGroup();
 
 // The call an interposer wrapper is making on this thread, while it is inside the real NCCL
 // function: the profiler plugin's API events on the same thread belong to it (combined mode:
 // one record per call, enriched with NCCL's own progress). Null outside a wrapper.
-const IssuedCall* callInProgress();
+inline const IssuedCall* callInProgress() {
+  return detail::t_callInProgress;
+}
 class CallInProgress {
  public:
-  explicit CallInProgress(const IssuedCall* call);
-  ~CallInProgress();
+  explicit CallInProgress(const IssuedCall* call) : previous_(detail::t_callInProgress) {
+    detail::t_callInProgress = call;
+  }
+  ~CallInProgress() { detail::t_callInProgress = previous_; }
+  CallInProgress(const CallInProgress&) = delete;
+  CallInProgress& operator=(const CallInProgress&) = delete;
 
  private:
   const IssuedCall* previous_;

@@ -87,6 +87,7 @@ namespace ni = ncclwatch::interpose;
     NCCLWATCH_RESOLVE(name, ncclSystemError);                 \
     ni::CallScope scope;                                      \
     if (!scope.outermost()) return real args;                 \
+    ni::noteLifecycleThroughWrappers();                       \
     return ni::lifecycle_##name(real, NCCLWATCH_UNPACK args); \
   }
 

@@ -96,6 +96,12 @@ bool PluginProgress::sweep(CallSlot& slot, trace::RingWriter& writer, int64_t no
       writer.updateState(slot.ringIndex, RecordState::kStarted,
                          slot.kernelStartNs.load(std::memory_order_acquire), 0);
       record.state = RecordState::kStarted;
+    } else if (started != 0 && record.state == RecordState::kStarted &&
+               (record.flags & trace::kRecordStartInferred) != 0) {
+      // One CUDA event per call inferred the start from stream order; NCCL's kernel events
+      // saw it: the start is seen, not inferred (GPU work outside NCCL no longer holds it).
+      writer.updateFlags(slot.ringIndex, 0, trace::kRecordStartInferred);
+      record.flags &= static_cast<uint8_t>(~trace::kRecordStartInferred);
     } else if (contextGone) {
       // Freed by NCCL (abort) while the kernel had not finished.
       writer.updateState(slot.ringIndex, RecordState::kAborted, 0, 0);

@@ -371,7 +371,9 @@ void recordInit(Context& ctx) {
   recorder->writer().addRecordingSource(trace::kSourcePlugin);
   watchdog::offerCommHashForSecret(ctx.commHash);
   recorder->communicatorCreated();
-  if (interpose::insideWrapper()) return;
+  // The interposer records it: NCCL was called through our wrapper on this thread, or inits
+  // went through our wrappers and NCCL runs this one on its own thread (ncclCommInitAll).
+  if (interpose::insideWrapper() || interpose::lifecycleThroughWrappers()) return;
   noteBypassedInterposer();
   interpose::CallDescription call;
   call.op = OpKind::kInit;

@@ -19,9 +19,13 @@ if [ "$verb" = pack ]; then
   strip --strip-debug "$dest/bin/ncclwatch"  # 37 MB of debug info; the device call carries 64 MiB
   cp "$build/lib/libncclwatch.so" "$dest/lib/"
   cp "$build"/examples/{allreduce_loop,train_loop,nccl_probe} "$dest/examples/"
-  cp "$build"/bench/{overhead_loop,driver_cost,libnull_profiler_plugin.so} "$dest/bench/"
-  # The CLI's libraries that a machine without Debian's packages may lack.
-  for lib in $(ldd "$build/bin/ncclwatch" | awk '/=>/ {print $3}'); do
+  cp "$build"/bench/{overhead_loop,driver_cost,libnull_profiler_plugin.so,recording_cost} "$dest/bench/"
+  # GPU_CHECK_BASE_LIB: an older libncclwatch.so to measure beside this one (step 3).
+  if [ -n "${GPU_CHECK_BASE_LIB:-}" ]; then
+    mkdir -p "$dest/lib-base" && cp "$GPU_CHECK_BASE_LIB" "$dest/lib-base/"
+  fi
+  # The CLI's and the benchmark's libraries that a machine without Debian's packages may lack.
+  for lib in $(ldd "$build/bin/ncclwatch" "$build/bench/recording_cost" | awk '/=>/ {print $3}' | sort -u); do
     case "$(basename "$lib")" in
       libc.so* | libm.so* | libstdc++* | libgcc_s* | libz.so*) ;;
       *) cp -L "$lib" "$dest/deps/" ;;
@@ -40,6 +44,9 @@ mkdir -p "$out"
 cli="$prefix/bin/ncclwatch"
 preload="$prefix/lib/libncclwatch.so"
 say() { echo "[gpu_check] $*"; }
+# GPU_CHECK_STEPS: which steps to run (default all: 1 2 3 4 5); GPU_CHECK_ROUNDS: step 3's rounds.
+steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5} "
+want() { [[ "$steps" == *" $1 "* ]]; }
 
 nvidia-smi -L 2>&1 | head -2
 nccl_dir=$(python3 - <<'EOF' 2>/dev/null
@@ -69,68 +76,87 @@ print(dict(collections.Counter(key(r) for r in records)))'
   "$cli" show "$1" | grep "^seen through"
 }
 
+allreduce_run() {  # NAME ITERS [env...]: allreduce_loop with NCCL's INFO log; sets $trace
+  local name=$1 iters=$2
+  shift 2
+  rm -rf "${out:?}/$name"
+  env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCLWATCH_DIR="$out/$name" "$@" \
+    timeout 120 "$prefix/examples/allreduce_loop" --iters "$iters" >"$out/$name.log" 2>&1
+  echo "rc=$?"
+  grep -iE "commId|profiler|ncclwatch|allreduce_loop" "$out/$name.log" | head -12
+  trace=$(ls "$out/$name"/*.ncclwatch 2>/dev/null | head -1)
+  [ -n "$trace" ] && { "$cli" show "$trace" | sed -n '1,14p'; states "$trace"; }
+}
+
 # 1. The preload door with its profiler-plugin role, on real NCCL: every call completes through
 # real CUDA events, and NCCL's own commId (NCCL_DEBUG=INFO) is the hash we computed.
-say "step 1: LD_PRELOAD on real NCCL, 500 allreduces"
-rm -rf "$out/preload"
-NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV LD_PRELOAD="$preload" NCCLWATCH_DIR="$out/preload" \
-  timeout 120 "$prefix/examples/allreduce_loop" --iters 500 >"$out/preload.log" 2>&1
-echo "rc=$?"
-grep -E "commId|rofiler|ncclwatch|allreduce_loop" "$out/preload.log" | head -12
-trace=$(ls "$out"/preload/*.ncclwatch 2>/dev/null | head -1)
-if [ -n "$trace" ]; then
-  "$cli" show "$trace" | sed -n '1,14p'
-  states "$trace"
+if want 1; then
+  say "step 1: LD_PRELOAD on real NCCL, 500 allreduces"
+  allreduce_run preload 500 LD_PRELOAD="$preload"
   nccl_hash=$(sed -n 's/.*commId 0x\([0-9a-f]*\).*/\1/p' "$out/preload.log" | head -1)
-  ours=$("$cli" show "$trace" | awk '/^communicators:/ {getline; getline; print $1; exit}')
-  if [ -n "$nccl_hash" ] && [ "$(printf %016x 0x$nccl_hash)" = "$ours" ]; then
+  ours=$([ -n "$trace" ] && "$cli" show "$trace" | awk '/^communicators:/ {getline; getline; print $1; exit}')
+  if [ -n "$nccl_hash" ] && [ "$(printf %016x "0x$nccl_hash")" = "$ours" ]; then
     say "PASS commHash: NCCL says $nccl_hash, ncclwatch computed $ours"
   else
     say "FAIL commHash: NCCL says '${nccl_hash}', ncclwatch computed '$ours'"
   fi
-else
-  say "FAIL no trace file"
 fi
 
 # 2. The plugin door alone: NCCL_PROFILER_PLUGIN loads the library, no LD_PRELOAD.
-say "step 2: NCCL_PROFILER_PLUGIN only"
-rm -rf "$out/plugin"
-NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCL_PROFILER_PLUGIN="$preload" NCCLWATCH_DIR="$out/plugin" \
-  timeout 120 "$prefix/examples/allreduce_loop" --iters 100 >"$out/plugin.log" 2>&1
-echo "rc=$?"
-grep -iE "profiler|ncclwatch|allreduce_loop" "$out/plugin.log" | head -8
-trace=$(ls "$out"/plugin/*.ncclwatch 2>/dev/null | head -1)
-[ -n "$trace" ] && { "$cli" show "$trace" | sed -n '1,12p'; states "$trace"; } || say "INFO no trace from the plugin door"
+if want 2; then
+  say "step 2: NCCL_PROFILER_PLUGIN only"
+  allreduce_run plugin 100 NCCL_PROFILER_PLUGIN="$preload"
+  [ -n "$trace" ] || say "INFO no trace from the plugin door"
+fi
 
 # 3. Host time per call on the real driver, with vs without, interleaved rounds; tracked share.
-say "step 3: overhead_loop, 3 interleaved rounds"
+if want 3; then
+rounds=${GPU_CHECK_ROUNDS:-3}
+say "step 3: overhead_loop, $rounds interleaved rounds"
 loop() {  # NAME SHAPE [env...]
   local name=$1 shape=$2; shift 2
-  env NCCLWATCH_DIR="$out/ov/$name" "$@" timeout 60 "$prefix/bench/overhead_loop" $shape |
-    sed -n 's/.*median_ns=\([0-9.]*\).*/\1/p' >>"$out/ov/$name.txt"
+  env NCCLWATCH_DIR="$out/ov/$name" "$@" timeout 60 "$prefix/bench/overhead_loop" $shape \
+    2>>"$out/ov/$name.err" | sed -n 's/.*median_ns=\([0-9.]*\).*/\1/p' >>"$out/ov/$name.txt"
 }
+shed() {  # NAME: calls shed over all its runs (the library's own stderr line), of all calls
+  awk '/were not tracked/ {n += $2; m += $4}
+       END {if (m) printf "%d of %d calls shed over every run", n, m; else printf "no call shed in any run"}' \
+    "$out/ov/$1.err"
+}
+# A packed lib-base/ (an older libncclwatch.so) is measured beside the current one.
+base_lib="$prefix/lib-base/libncclwatch.so"
+names="base recording events_b2b events_full_b2b base_paused events events_full"
+[ -f "$base_lib" ] && names="$names recording_old events_b2b_old events_old"
 rm -rf "$out/ov"; mkdir -p "$out/ov"
-for round in 1 2 3; do
+for ((round = 0; round < rounds; round++)); do
   loop base "200 1000"
   loop recording "200 1000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=0 NCCLWATCH_PLUGIN=off
+  [ -f "$base_lib" ] && loop recording_old "200 1000" LD_PRELOAD="$base_lib" NCCLWATCH_EVENTS=0 NCCLWATCH_PLUGIN=off
   loop events_b2b "200 1000" LD_PRELOAD="$preload"
+  [ -f "$base_lib" ] && loop events_b2b_old "200 1000" LD_PRELOAD="$base_lib"
   loop events_full_b2b "200 1000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=full
   loop base_paused "100 200 3000"
   loop events "100 200 3000" LD_PRELOAD="$preload"
+  [ -f "$base_lib" ] && loop events_old "100 200 3000" LD_PRELOAD="$base_lib"
   loop events_full "100 200 3000" LD_PRELOAD="$preload" NCCLWATCH_EVENTS=full
 done
-for name in base recording events_b2b events_full_b2b base_paused events events_full; do
+for name in $names; do
   printf '  %-16s median ns per call over rounds: %s\n' "$name" "$(sort -n "$out/ov/$name.txt" | tr '\n' ' ')"
 done
 for name in events_b2b events_full_b2b events events_full; do
   trace=$(ls "$out/ov/$name"/*.ncclwatch 2>/dev/null | head -1)
-  [ -n "$trace" ] && printf '  %-16s %s\n' "$name" "$(states "$trace" | head -1)"
+  [ -n "$trace" ] && printf '  %-16s last ring %s; %s\n' "$name" "$(states "$trace" | head -1)" "$(shed "$name")"
 done
+[ -f "$base_lib" ] && for name in events_b2b_old events_old; do printf '  %-16s %s\n' "$name" "$(shed "$name")"; done
 timeout 60 "$prefix/bench/driver_cost" 2>&1 | sed 's/^/  /'
+[ -x "$prefix/bench/recording_cost" ] &&
+  timeout 120 "$prefix/bench/recording_cost" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true 2>&1 | sed 's/^/  /'
+fi
 
 # 4. Real torchrun and ProcessGroupNCCL under `ncclwatch run`; then a collective held behind a
 # sleeping kernel, in both event modes: the job's exit code stays 0 and the texts stay honest.
-for mode in on full; do
+for mode in ${GPU_CHECK_TORCH_MODES:-on full}; do
+  want 4 || break
   say "step 4 ($mode): ncclwatch run -- torchrun, 200 all_reduces and one held 6 s behind a kernel"
   rm -rf "$out/torch_$mode"
   NCCLWATCH_EVENTS=$mode NCCLWATCH_WARN_MS=1500 NCCLWATCH_HANG_MS=3000 NCCLWATCH_ON_HANG=dump \
@@ -146,11 +172,13 @@ for mode in on full; do
 done
 
 # 5. train_loop on one rank, under `run`, on the real stack.
+if want 5; then
 say "step 5: train_loop -n 1 under ncclwatch run"
 timeout 120 "$cli" run --dir "$out/train" -- "$cli" launch -n 1 -- "$prefix/examples/train_loop" --steps 3 \
   >"$out/train.log" 2>&1
 rc=$?
 tail -5 "$out/train.log"
 [ "$rc" = 0 ] && say "PASS train_loop: exit 0" || say "FAIL train_loop: exit $rc"
+fi
 tar -C "$out" -czf "$out/../gpu_check_traces.tgz" . 2>/dev/null && mv "$out/../gpu_check_traces.tgz" "$out/" || true
 say "done"

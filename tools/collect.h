@@ -38,9 +38,10 @@ struct Options {
 };
 
 struct Counters {
-  std::atomic<uint64_t> agents{0};     // authenticated connections so far
-  std::atomic<uint64_t> connected{0};  // authenticated connections open now
-  std::atomic<uint64_t> rejected{0};   // connections dropped: bad secret or malformed frames
+  std::atomic<uint64_t> agents{0};      // authenticated connections so far
+  std::atomic<uint64_t> connected{0};   // authenticated connections open now
+  std::atomic<uint64_t> relayLinks{0};  // relay links so far (each one host's agents)
+  std::atomic<uint64_t> rejected{0};    // connections dropped: bad secret or malformed frames
   // HELLOs with another secret from processes started after this collector (a newer job's).
   std::atomic<uint64_t> newerJobKnocks{0};
   std::atomic<uint64_t> frames{0};           // frames accepted

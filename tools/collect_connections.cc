@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <thread>
 
@@ -176,8 +177,9 @@ void Connections::accept() {
   for (;;) {
     int fd = ::accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
-    if (counters_.connected.load() + 1 > maxAgents_ ||
-        connections_.size() - freeSlots_.size() >= maxAgents_) {
+    // Connections, not agents, are what this bounds: a relay link carries a host's agents
+    // (their number is bounded by the sink, and per link by kMaxChannelsPerLink).
+    if (connections_.size() - freeSlots_.size() >= maxAgents_) {
       close(fd);
       counters_.rejected++;
       continue;
@@ -203,6 +205,12 @@ void Connections::accept() {
 void Connections::drop(Connection& connection, bool rejected) {
   if (rejected) counters_.rejected++;
   if (connection.process >= 0) sink_.closed(connection.process);
+  // A relay link that ends (the relay died, or its host): each of its agents ended. They
+  // reconnect straight to the collector (docs/protocol.md, "Relays").
+  for (auto& [channel, agent] : connection.channels) {
+    if (agent.authenticated) sink_.closed(agent.process);
+  }
+  if (connection.relay) --relayLinks_;
   close(connection.fd);  // also leaves the epoll set
   size_t slot = static_cast<size_t>(&connection - connections_.data());
   connection = Connection{};
@@ -210,9 +218,10 @@ void Connections::drop(Connection& connection, bool rejected) {
 }
 
 bool Connections::handle(Connection& connection, wire::Frame& frame) {
+  if (frame.type == wire::FrameType::kClosed) return false;  // relay links only
   if (connection.authenticated) return sink_.frame(connection.process, frame);
   if (frame.type != wire::FrameType::kHello) return false;
-  int process = sink_.hello(static_cast<size_t>(&connection - connections_.data()), frame.hello);
+  int process = sink_.hello(slotOf(connection), frame.hello);
   if (process < 0) return false;
   connection.authenticated = true;
   connection.process = process;
@@ -223,6 +232,9 @@ void Connections::read(Connection& connection) {
   std::byte buffer[65536];
   bool ended = false;
   for (;;) {
+    // A whole frame fits in what is buffered by now: decode before reading on (a relay link
+    // may have much more waiting; level-triggered epoll comes back for it).
+    if (connection.incoming.size() >= wire::kMaxPayload + sizeof(wire::FrameHeader)) break;
     ssize_t got = recv(connection.fd, buffer, sizeof buffer, MSG_DONTWAIT);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
@@ -239,11 +251,34 @@ void Connections::read(Connection& connection) {
   }
   size_t offset = 0;
   for (;;) {
+    std::span<std::byte> rest = std::span(connection.incoming).subspan(offset);
+    size_t frameBytes = 0;
+    uint32_t channel = 0;
+    uint16_t type = 0;
+    auto split = wire::splitFrame(rest, &frameBytes, &channel, &type);
+    if (split == wire::SplitStatus::kNeedMore) break;
+    // The first frame says what the connection is: one agent's, or a relay's link with its
+    // host's agents on channels.
+    if (split == wire::SplitStatus::kFrame && channel != 0 && !connection.authenticated &&
+        !connection.relay) {
+      connection.relay = true;
+      ++relayLinks_;
+      counters_.relayLinks++;
+    }
+    if (connection.relay) {
+      if (split != wire::SplitStatus::kFrame || channel == 0 || channel > wire::kMaxChannel ||
+          !handleChannel(connection, channel, rest.first(frameBytes))) {
+        drop(connection, true);
+        return;
+      }
+      counters_.frames++;
+      offset += frameBytes;
+      continue;
+    }
     wire::Frame frame;
     size_t consumed = 0;
     std::string error;
-    auto status = wire::decodeFrame(std::span(connection.incoming).subspan(offset), &frame,
-                                    &consumed, &error, &connection.records);
+    auto status = wire::decodeFrame(rest, &frame, &consumed, &error, &connection.records);
     if (status == wire::DecodeStatus::kNeedMore) break;
     if (status == wire::DecodeStatus::kOtherVersion) {
       refuse(connection, frame.version);
@@ -261,17 +296,92 @@ void Connections::read(Connection& connection) {
   if (ended) drop(connection, false);
 }
 
+// One frame of a relay link, its channel stamped in the header. Each channel is an agent
+// connection of its own: HELLO first, its own delta bases, rejected alone (CLOSED goes back and
+// the relay drops that agent). Only a frame that breaks the framing drops the whole link.
+bool Connections::handleChannel(Connection& connection, uint32_t channel,
+                                std::span<std::byte> bytes) {
+  auto found = connection.channels.find(channel);
+  uint16_t type = 0;
+  std::memcpy(&type, bytes.data() + offsetof(wire::FrameHeader, type), sizeof type);
+  if (type == static_cast<uint16_t>(wire::FrameType::kClosed)) {
+    // The agent's connection at the relay ended (or the relay dropped one this side closed):
+    // the end of that agent's connection here.
+    if (found != connection.channels.end()) closeChannel(connection, channel, false);
+    return true;
+  }
+  if (found == connection.channels.end()) {
+    bool full = connection.channels.size() >= wire::kMaxChannelsPerLink;
+    found = connection.channels.emplace(channel, Channel{}).first;
+    if (full) {
+      closeChannel(connection, channel, true);
+      return true;
+    }
+  }
+  Channel& agent = found->second;
+  if (agent.rejected) return true;    // in flight before the relay dropped it
+  wire::setChannel(bytes.data(), 0);  // the agent's frame as it sent it
+  wire::Frame frame;
+  size_t consumed = 0;
+  std::string error;
+  auto status = wire::decodeFrame(bytes, &frame, &consumed, &error, &agent.records);
+  if (status == wire::DecodeStatus::kOtherVersion) {
+    sayVersion(frame.version);
+    std::vector<std::byte> refused;
+    wire::encodeRefused(refused);
+    send(endpoint(slotOf(connection), channel), refused);
+    closeChannel(connection, channel, true);
+    return true;
+  }
+  bool ok = status == wire::DecodeStatus::kFrame && frame.type != wire::FrameType::kClosed;
+  if (ok && agent.authenticated) {
+    ok = sink_.frame(agent.process, frame);
+  } else if (ok) {
+    ok = frame.type == wire::FrameType::kHello;
+    int process = ok ? sink_.hello(endpoint(slotOf(connection), channel), frame.hello) : -1;
+    ok = process >= 0;
+    if (ok) {
+      agent.authenticated = true;
+      agent.process = process;
+      connection.authenticated = true;
+    }
+  }
+  if (!ok) closeChannel(connection, channel, true);
+  return true;
+}
+
+// The channel's agent is gone from this link: told to the sink, and, when the collector ends
+// it, to the relay (which then drops the agent's connection).
+void Connections::closeChannel(Connection& connection, uint32_t channel, bool rejected) {
+  auto found = connection.channels.find(channel);
+  if (found == connection.channels.end()) return;
+  if (found->second.authenticated) sink_.closed(found->second.process);
+  if (!rejected) {
+    connection.channels.erase(found);
+    return;
+  }
+  found->second = Channel{};
+  found->second.rejected = true;
+  counters_.rejected++;
+  std::vector<std::byte> closed;
+  wire::encodeClosed(channel, closed);
+  send(slotOf(connection), closed);
+}
+
+void Connections::sayVersion(uint16_t version) {
+  if (!versionsSaid_.insert(version).second) return;
+  log_ << "[ncclwatch] collector: refused an agent that speaks protocol version " << version
+       << " (this collector speaks version " << wire::kVersion
+       << "): agents and collector must come from the same ncclwatch release; its rank keeps "
+          "local detection only\n"
+       << std::flush;
+}
+
 // An agent of another ncclwatch release: nothing it sends can be read. It is told so (REFUSED,
 // which every version decodes; an agent that knows it goes on with local detection only) and
 // dropped; the collector says it once per version.
 void Connections::refuse(Connection& connection, uint16_t version) {
-  if (versionsSaid_.insert(version).second) {
-    log_ << "[ncclwatch] collector: refused an agent that speaks protocol version " << version
-         << " (this collector speaks version " << wire::kVersion
-         << "): agents and collector must come from the same ncclwatch release; its rank keeps "
-            "local detection only\n"
-         << std::flush;
-  }
+  sayVersion(version);
   std::vector<std::byte> frame;
   wire::encodeRefused(frame);
   ssize_t ignored = ::send(connection.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -299,10 +409,18 @@ void Connections::write(Connection& connection) {
   watchWrites(connection, !connection.outgoing.empty());
 }
 
-void Connections::send(size_t slot, std::span<const std::byte> frame) {
+void Connections::send(size_t target, std::span<const std::byte> frame) {
+  size_t slot = target & 0xffff;
+  auto channel = static_cast<uint32_t>(target >> 16);
+  if (slot >= connections_.size()) return;
   Connection& connection = connections_[slot];
+  if (connection.fd < 0) return;
   if (connection.outgoing.size() + frame.size() > kMaxOutgoing) return;  // a stuck agent
-  connection.outgoing.insert(connection.outgoing.end(), frame.begin(), frame.end());
+  if (channel == 0) {
+    connection.outgoing.insert(connection.outgoing.end(), frame.begin(), frame.end());
+  } else {
+    wire::appendWithChannel(frame, channel, connection.outgoing);
+  }
   write(connection);
 }
 

@@ -9,6 +9,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "collect.h"
@@ -21,7 +22,8 @@ class FrameSink {
  public:
   virtual ~FrameSink() = default;
   // HELLO on a connection that has not authenticated yet: the process it speaks for, or -1 to
-  // reject it (wrong secret, one connection per process, too many processes).
+  // reject it (wrong secret, one connection per process, too many processes). `connection` is
+  // what send() takes: an agent's own connection, or its channel on a relay link.
   virtual int hello(size_t connection, const trace::wire::Hello& hello) = 0;
   // A frame of an authenticated connection; false rejects the connection.
   virtual bool frame(int process, trace::wire::Frame& frame) = 0;
@@ -51,13 +53,29 @@ class Connections {
   void dropSilent(int64_t nowNs);
   // Whether any connection is open.
   bool anyOpen() const;
-  // Queues a frame for a connection (dropped when the agent does not read: bounded).
+  // Queues frames (whole ones) for an agent, by the `connection` its HELLO came with: on a relay
+  // link they go stamped with its channel. Dropped when the agent (or its relay) does not read:
+  // bounded.
   void send(size_t connection, std::span<const std::byte> frame);
+  // Relay links open now (each one host's agents, docs/protocol.md "Relays").
+  size_t relayLinks() const { return relayLinks_; }
+  // What the sink's `connection` says: a connection slot, and a channel on it (0: direct).
+  static size_t endpoint(size_t slot, uint32_t channel) { return slot | (size_t{channel} << 16); }
   // Closes every descriptor.
   void closeAll();
 
  private:
-  // One agent connection, in a slot of connections_ (the slot is its epoll tag).
+  // One agent behind a relay link.
+  struct Channel {
+    bool authenticated = false;
+    // Closed by the collector: what the relay had in flight for it is ignored until the relay
+    // answers CLOSED (then the channel number may name a new agent).
+    bool rejected = false;
+    int process = -1;
+    trace::wire::RecordDecoder records;
+  };
+  // One agent connection, or one relay's link, in a slot of connections_ (the slot is its epoll
+  // tag).
   struct Connection {
     int fd = -1;
     bool authenticated = false;
@@ -67,6 +85,10 @@ class Connections {
     std::vector<std::byte> incoming;
     std::vector<std::byte> outgoing;
     trace::wire::RecordDecoder records;  // the delta bases of this connection's RECORDS frames
+    // A relay link (its first frame came with a channel): its agents by channel. It counts as
+    // authenticated once one of them did.
+    bool relay = false;
+    std::unordered_map<uint32_t, Channel> channels;
   };
   void accept();
   void read(Connection& connection);
@@ -75,6 +97,13 @@ class Connections {
   void write(Connection& connection);
   void watchWrites(Connection& connection, bool on);
   void refuse(Connection& connection, uint16_t version);
+  // A relay link's frame for `channel`; false drops the whole link.
+  bool handleChannel(Connection& connection, uint32_t channel, std::span<std::byte> bytes);
+  void closeChannel(Connection& connection, uint32_t channel, bool rejected);
+  void sayVersion(uint16_t version);
+  size_t slotOf(const Connection& connection) const {
+    return static_cast<size_t>(&connection - connections_.data());
+  }
 
   Counters& counters_;
   FrameSink& sink_;
@@ -87,6 +116,7 @@ class Connections {
   int wakePipe_[2] = {-1, -1};
   std::vector<Connection> connections_;  // slots; fd < 0: free
   std::vector<size_t> freeSlots_;
+  size_t relayLinks_ = 0;
 };
 
 // Monotonic time of the collector (std::chrono::steady_clock), in ns.

@@ -11,6 +11,7 @@
 #include "demo.h"
 #include "inspect.h"
 #include "launch.h"
+#include "relay.h"
 #include "remote_stacks.h"
 #include "report.h"
 #include "show.h"
@@ -340,6 +341,34 @@ void addCollect(CLI::App& app, int& exitCode) {
   });
 }
 
+void addRelay(CLI::App& app, int& exitCode) {
+  CLI::App* relay = app.add_subcommand(
+      "relay", "One host's relay to the collector (started by the host's relay rank)");
+  static ncclwatch::relay::Options options;
+  static std::string collector;
+  relay->add_option("--collector", collector, "the collector's host:port")->required();
+  auto* fromFd = relay->add_option("--listen-fd", options.listenFd,
+                                   "a listening socket inherited from the relay rank");
+  auto* byName = relay->add_option("--listen-name", options.listenName,
+                                   "an abstract unix socket name to listen on");
+  fromFd->excludes(byName);
+  relay->add_option("--idle-ms", options.idleMs, "end once no agent was connected this long")
+      ->check(CLI::Range(1, 3'600'000));
+  relay->callback([&exitCode] {
+    size_t colon = collector.rfind(':');
+    if (colon == std::string::npos || colon + 1 == collector.size()) {
+      std::cerr << "ncclwatch relay: --collector " << collector << " is not host:port\n";
+      exitCode = 2;
+      return;
+    }
+    std::string host = collector.substr(0, colon);
+    if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+    options.collectorHost = host;
+    options.collectorPort = std::atoi(collector.c_str() + colon + 1);
+    exitCode = ncclwatch::relay::runRelay(options, std::cerr);
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -359,6 +388,7 @@ int main(int argc, char** argv) {
   addDemo(app, exitCode);
   addRun(app, exitCode);
   addCollect(app, exitCode);
+  addRelay(app, exitCode);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& help) {

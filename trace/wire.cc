@@ -651,6 +651,10 @@ DecodeStatus decodeFrame(std::span<const std::byte> bytes, Frame* frame, size_t*
       if (ok) frame->reason.assign(reinterpret_cast<const char*>(payload), h.length);
       if (!ok) *error = "DUMP reason over 1024 bytes";
       break;
+    case FrameType::kClosed:
+      ok = h.length == 0;
+      if (!ok) *error = "CLOSED frame with a payload";
+      break;
     case FrameType::kAbort:
       ok = h.length == sizeof(uint64_t);
       if (ok) std::memcpy(&frame->commHash, payload, sizeof frame->commHash);
@@ -663,6 +667,45 @@ DecodeStatus decodeFrame(std::span<const std::byte> bytes, Frame* frame, size_t*
   if (!ok) return DecodeStatus::kInvalid;
   *consumed = sizeof h + h.length;
   return DecodeStatus::kFrame;
+}
+
+SplitStatus splitFrame(std::span<const std::byte> bytes, size_t* frameBytes, uint32_t* channel,
+                       uint16_t* type) {
+  if (bytes.size() < sizeof(FrameHeader)) return SplitStatus::kNeedMore;
+  FrameHeader h;
+  std::memcpy(&h, bytes.data(), sizeof h);
+  if (h.magic != kMagic || h.length > kMaxPayload) return SplitStatus::kInvalid;
+  if (bytes.size() - sizeof h < h.length) return SplitStatus::kNeedMore;
+  *frameBytes = sizeof h + h.length;
+  *channel = h.reserved;
+  *type = h.type;
+  return SplitStatus::kFrame;
+}
+
+void setChannel(std::byte* frame, uint32_t channel) {
+  std::memcpy(frame + offsetof(FrameHeader, reserved), &channel, sizeof channel);
+}
+
+void appendWithChannel(std::span<const std::byte> frames, uint32_t channel,
+                       std::vector<std::byte>& out) {
+  size_t start = out.size();
+  out.insert(out.end(), frames.begin(), frames.end());
+  for (size_t at = start; at + sizeof(FrameHeader) <= out.size();) {
+    size_t bytes = 0;
+    uint32_t ignored = 0;
+    uint16_t type = 0;
+    if (splitFrame(std::span(out).subspan(at), &bytes, &ignored, &type) != SplitStatus::kFrame) {
+      break;  // not whole frames: the caller's bug, left as it is
+    }
+    setChannel(out.data() + at, channel);
+    at += bytes;
+  }
+}
+
+void encodeClosed(uint32_t channel, std::vector<std::byte>& out) {
+  size_t start = out.size();
+  header(FrameType::kClosed, 0, out);
+  setChannel(out.data() + start, channel);
 }
 
 bool secretMatches(const char (&received)[kSecretBytes], const std::string& expected) {

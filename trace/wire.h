@@ -45,7 +45,18 @@ enum class FrameType : uint16_t {
   // collector → agent: it speaks another protocol version (payload: u16 its version). Decoded
   // whatever the header's version, so that agents of every version understand it.
   kRefused = 18,
+  // Relay link only (docs/protocol.md, "Relays"), either way, empty: relay → collector, the
+  // channel's agent connection at the relay ended; collector → relay, drop that agent.
+  kClosed = 19,
 };
+
+// The relay framing: on a link from a host's relay to the collector every frame is an agent's
+// frame, byte for byte, except the header's `reserved` field, which names the agent's channel on
+// that link (1 to kMaxChannel); the collector's answers come back the same way. Direct
+// connections keep `reserved` 0.
+inline constexpr uint32_t kMaxChannel = 32767;
+// Agent connections one relay serves at once.
+inline constexpr size_t kMaxChannelsPerLink = 4096;
 
 struct FrameHeader {
   uint32_t magic;
@@ -175,6 +186,20 @@ enum class DecodeStatus { kFrame, kNeedMore, kInvalid, kOtherVersion };
 // than the frame's bounded size.
 DecodeStatus decodeFrame(std::span<const std::byte> bytes, Frame* frame, size_t* consumed,
                          std::string* error, RecordDecoder* records = nullptr);
+
+// What a relay needs to pass frames on without decoding them: the first frame of `bytes`,
+// judged by its header alone (magic, the payload bound). kFrame with its size, channel (the
+// header's reserved field) and type; kNeedMore; kInvalid when no frame can start there.
+enum class SplitStatus { kFrame, kNeedMore, kInvalid };
+SplitStatus splitFrame(std::span<const std::byte> bytes, size_t* frameBytes, uint32_t* channel,
+                       uint16_t* type);
+// Stamps `channel` into the header of the frame that starts at `frame` (0: a direct frame).
+void setChannel(std::byte* frame, uint32_t channel);
+// Every frame of `frames` (whole frames, back to back) stamped with `channel`, appended to `out`.
+void appendWithChannel(std::span<const std::byte> frames, uint32_t channel,
+                       std::vector<std::byte>& out);
+// A CLOSED frame for `channel`.
+void encodeClosed(uint32_t channel, std::vector<std::byte>& out);
 
 // Constant-time comparison of a received secret with the expected one.
 bool secretMatches(const char (&received)[kSecretBytes], const std::string& expected);

@@ -20,6 +20,8 @@
 #include "watchdog/progress_source.h"
 #include "watchdog/python_sites.h"
 
+extern char** environ;
+
 namespace ncclwatch::watchdog {
 namespace {
 
@@ -105,6 +107,23 @@ Agent* Agent::start(trace::RingWriter& writer, const AgentOptions& options) {
     agent->link_ = std::make_unique<CollectorLink>(options.collector, writer, options.rank,
                                                    options.world, options.localRank);
   }
+  if (options.hasCollector && relayWanted(options.collector.relay, options.world)) {
+    agent->relayWanted_ = true;
+    // LOCAL_RANK 0 runs the host's relay; without LOCAL_RANK every rank offers to, and the
+    // first to bind the host's relay name does (relay_host.h).
+    if (options.localRank <= 0) {
+      RelayHostOptions relay;
+      relay.collectorHost = options.collector.host;
+      relay.collectorPort = options.collector.port;
+      if (const char* cli = std::getenv("NCCLWATCH_CLI"); cli != nullptr && *cli != '\0') {
+        relay.cli = cli;
+      }
+      for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+        relay.environment.emplace_back(*entry);
+      }
+      agent->relayHost_ = std::make_unique<RelayHost>(std::move(relay));
+    }
+  }
   if (options.sidecar) {
     SidecarOptions sidecar = options.sidecarOptions;
     if (sidecar.directory.empty()) sidecar.directory = traceFolder(writer.path());
@@ -168,6 +187,8 @@ void Agent::run() {
     if (completion_ || source != nullptr) checkHangs(trace::FastClock::nowNs());
     // Rank 0 starts the sidecar before its own link's first attempt to reach it.
     if (sidecar_ && !last) sidecar_->step(jobSecret());
+    // The relay rank binds the host's relay before its own link's first attempt to reach it.
+    if (relayHost_ && !last) relayHost_->step(jobSecret());
     if (link_) exchange(last);
     if (last) {
       // A job that ended before any agent reached the sidecar (rank 0 connects first) would
@@ -201,6 +222,9 @@ const char* Agent::jobSecret() {
     return nullptr;  // no root communicator seen yet: nothing to present
   }
   if (link_) link_->setSecret(secret_.c_str());
+  if (link_ && relayWanted_) {
+    link_->useRelay(relaySocketName(secret_, options_.collector.host, options_.collector.port));
+  }
   return secret_.c_str();
 }
 

@@ -20,6 +20,7 @@
 #include "watchdog/dumper.h"
 #include "watchdog/exchange.h"
 #include "watchdog/progress_source.h"
+#include "watchdog/relay_host.h"
 #include "watchdog/sidecar.h"
 #include "watchdog/triggers.h"
 
@@ -108,8 +109,10 @@ class Agent {
   std::unique_ptr<CompletionTracker> completion_;
   std::unique_ptr<CollectorLink> link_;
   std::unique_ptr<Sidecar> sidecar_;
-  std::string secret_;                // the job's secret once known (watchdog thread only)
-  std::map<uint64_t, Alarm> alarms_;  // watchdog thread only
+  std::unique_ptr<RelayHost> relayHost_;  // this rank may run its host's relay
+  bool relayWanted_ = false;              // the link goes through the host's relay
+  std::string secret_;                    // the job's secret once known (watchdog thread only)
+  std::map<uint64_t, Alarm> alarms_;      // watchdog thread only
   std::vector<trace::WaitNote> publishedWaits_;  // watchdog thread only
   std::atomic<bool> stopping_{false};
   std::atomic<bool> finished_{false};

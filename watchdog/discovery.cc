@@ -79,6 +79,18 @@ bool collectorFromLookup(const EnvironmentLookup& lookup, CollectorAddress* addr
     return value != nullptr && *value != '\0' ? value : nullptr;
   };
   *address = CollectorAddress{};
+  RelayMode relay = RelayMode::kAuto;
+  if (const char* text = get("NCCLWATCH_RELAY")) {
+    if (isOff(text)) {
+      relay = RelayMode::kOff;
+    } else if (std::strcmp(text, "on") == 0 || std::strcmp(text, "1") == 0 ||
+               std::strcmp(text, "yes") == 0 || std::strcmp(text, "true") == 0) {
+      relay = RelayMode::kOn;
+    } else if (std::strcmp(text, "auto") != 0) {
+      *note = std::string("NCCLWATCH_RELAY=") + text + " is not on, off or auto; using auto";
+    }
+  }
+  address->relay = relay;
   const char* target = get("NCCLWATCH_COLLECTOR");
   if (target != nullptr && isOff(target)) return false;
   const char* secret = get("NCCLWATCH_SECRET");
@@ -104,6 +116,7 @@ bool collectorFromLookup(const EnvironmentLookup& lookup, CollectorAddress* addr
     address->host = withoutBrackets(text.substr(0, colon));
     address->port = port;
     address->secret = secret;
+    address->relay = relay;
     return true;
   }
   const char* masterAddr = get("MASTER_ADDR");
@@ -127,6 +140,7 @@ bool collectorFromLookup(const EnvironmentLookup& lookup, CollectorAddress* addr
   address->host = withoutBrackets(masterAddr);
   address->port = port;
   address->fromMasterAddr = true;
+  address->relay = relay;
   if (secret != nullptr) {
     address->secret = secret;
   } else {

@@ -36,9 +36,10 @@ const char* stateInWords(const std::string& state) {
            "inside the collective (a peer that never arrived, a mismatch, or a stalled network)";
   }
   if (state == "reached") {
-    return "reached, not completed: every earlier NCCL call on its stream completed, so it most "
-           "likely waits inside the collective (one event per call: work queued on the stream "
-           "outside NCCL could still be ahead of it; NCCLWATCH_EVENTS=full sees the start)";
+    return "reached, not completed: every earlier NCCL call on its stream completed; it waits "
+           "inside the collective, or behind GPU work outside NCCL (a kernel on its stream, or "
+           "another stream it waits on): one event per call cannot tell which; "
+           "NCCLWATCH_EVENTS=full sees the start";
   }
   return state.c_str();
 }

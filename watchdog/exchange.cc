@@ -15,6 +15,8 @@
 #include <cstring>
 #include <ctime>
 
+#include "watchdog/relay_host.h"
+
 namespace ncclwatch::watchdog {
 namespace {
 
@@ -24,6 +26,10 @@ constexpr int64_t kMaxBackoffNs = 5'000'000'000;
 constexpr int64_t kHeartbeatNs = 1'000'000'000;
 constexpr int64_t kUnreachableNs = 10'000'000'000;  // never reached for this long: say so
 constexpr int64_t kUpNs = 1'000'000'000;  // a connection this old was taken by the collector
+// The host's relay rank binds the relay's name at its first watchdog step once it knows the
+// secret, about when the others do: an agent that finds no relay for this long goes direct.
+constexpr int64_t kRelayWaitNs = 3'000'000'000;
+constexpr int64_t kRelayRetryNs = 100'000'000;
 
 // NUL-padded, as the wire format wants, and always terminated.
 template <size_t N>
@@ -67,7 +73,43 @@ CollectorLink::~CollectorLink() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+// The host's relay first, while one may still come (relay_host.h): true when connected to it
+// (or waiting to try it again), false to go direct.
+bool CollectorLink::connectRelay(int64_t nowNs) {
+  if (relayName_.empty() || relayGivenUp_) return false;
+  if (relayFirstTryNs_ < 0) relayFirstTryNs_ = nowNs;
+  int fd = connectToAbstractName(relayName_);
+  if (fd >= 0) {
+    // A unix socket connects at once (or not at all).
+    fd_ = fd;
+    onRelay_ = true;
+    connecting_ = false;
+    ++counters_.connects;
+    ++counters_.established;
+    establishedNs_ = nowNs;
+    return true;
+  }
+  if (nowNs - relayFirstTryNs_ < kRelayWaitNs) {
+    nextAttemptNs_ = nowNs + kRelayRetryNs;
+    return true;
+  }
+  relayGivenUp_ = true;
+  if (speaks()) {
+    std::fprintf(stderr,
+                 "[ncclwatch] rank %d: no relay listens on this host (%s); its agents connect to "
+                 "the collector at %s directly\n",
+                 hello_.rank, std::strerror(errno), where().c_str());
+  }
+  return false;
+}
+
 void CollectorLink::connectNow(int64_t nowNs) {
+  if (firstAttemptNs_ < 0) firstAttemptNs_ = nowNs;
+  onRelay_ = false;
+  if (connectRelay(nowNs)) {
+    if (fd_ >= 0) startOver();
+    return;
+  }
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
@@ -81,7 +123,6 @@ void CollectorLink::connectNow(int64_t nowNs) {
     hints.ai_family = AF_UNSPEC;
     lookup = getaddrinfo(address_.host.c_str(), port.c_str(), &hints, &found);
   }
-  if (firstAttemptNs_ < 0) firstAttemptNs_ = nowNs;
   if (lookup != 0 || found == nullptr) {
     lastError_ = std::string("cannot resolve the host: ") + gai_strerror(lookup);
     disconnect(nowNs);
@@ -108,7 +149,11 @@ void CollectorLink::connectNow(int64_t nowNs) {
     return;
   }
   ++counters_.connects;
-  // A fresh connection starts over: who we are, the table, every record the ring still holds.
+  startOver();
+}
+
+// A fresh connection starts over: who we are, the table, every record the ring still holds.
+void CollectorLink::startOver() {
   outgoing_.clear();
   outgoingSent_ = 0;
   std::vector<std::byte> frame;
@@ -121,6 +166,10 @@ void CollectorLink::connectNow(int64_t nowNs) {
   sentUpTo_ = next > writer_.capacity() ? next - writer_.capacity() : 0;
   watched_.clear();
   encoder_.reset();
+}
+
+void CollectorLink::useRelay(const std::string& name) {
+  if (relayName_.empty()) relayName_ = name;
 }
 
 std::string CollectorLink::where() const {
@@ -142,6 +191,20 @@ void CollectorLink::sayUnreachable(const char* when) {
 // An established connection ended: said once per loss, then reconnected with backoff (the
 // new connection resends the ring's window).
 void CollectorLink::lose(int64_t nowNs, const char* why) {
+  if (onRelay_) {
+    // The relay died or lost the collector (or the collector ended this agent's channel): from
+    // now on this agent talks to the collector itself. Every agent of the host says so.
+    std::fprintf(stderr,
+                 "[ncclwatch] rank %d: the relay of this host ended (%s); connecting to the "
+                 "collector at %s directly\n",
+                 hello_.rank, why, where().c_str());
+    relayGivenUp_ = true;
+    onRelay_ = false;
+    disconnect(nowNs);
+    nextAttemptNs_ = nowNs;
+    backoffNs_ = 100'000'000;
+    return;
+  }
   if (nowNs - establishedNs_ < kUpNs) {
     // Closed at once: the collector there did not take us (another job's on that port, or a
     // wrong secret). Only the unreachable line says it, if it lasts.
@@ -445,6 +508,8 @@ void CollectorLink::step(int64_t nowNs, std::vector<CollectorRequest>* requests)
 // connection backoff) connects now, within `boundMs`: its calls and its BYE are what tells the
 // collector that it left, and when.
 bool CollectorLink::connectBeforeExit(int boundMs) {
+  // Not on a relay by now: its bound is better spent on the collector itself.
+  if (fd_ < 0) relayGivenUp_ = true;
   timespec start{};
   clock_gettime(CLOCK_MONOTONIC, &start);
   auto elapsedMs = [&start] {

@@ -15,6 +15,12 @@
 
 namespace ncclwatch::watchdog {
 
+// Whether the agents of a host reach the collector through the host's relay (docs/protocol.md,
+// "Relays"): NCCLWATCH_RELAY=on, off, or auto (the default: jobs of kRelayAutoWorld ranks or
+// more, where one connection per host instead of per rank pays).
+enum class RelayMode { kAuto, kOn, kOff };
+inline constexpr int kRelayAutoWorld = 64;
+
 struct CollectorAddress {
   std::string host;  // numeric IPv4/IPv6 or a name getaddrinfo resolves
   int port = 0;
@@ -24,6 +30,7 @@ struct CollectorAddress {
   bool fromMasterAddr = false;
   // The secret comes from the first root communicator's unique id (NCCLWATCH_SECRET unset).
   bool secretFromUniqueId = false;
+  RelayMode relay = RelayMode::kAuto;
 };
 
 // What the collector asked for.
@@ -53,6 +60,12 @@ class CollectorLink {
 
   // The job's secret, for a link created before it was known; it never connects without one.
   void setSecret(const char* secret);
+  // Reach the collector through the host's relay, listening on the abstract socket `name`
+  // (watchdog/relay_host.h): tried first, given up for a direct connection when none listens
+  // within kRelayWaitNs, and for good once a relay connection ended (the relay died or lost the
+  // collector: each agent says so in one line).
+  void useRelay(const std::string& name);
+  bool onRelay() const { return onRelay_ && fd_ >= 0; }
   // One exchange step; appends the collector's requests to `requests`.
   void step(int64_t nowNs, std::vector<CollectorRequest>* requests);
   // Where this process's pending calls wait inside NCCL (the plugin's notes): sent at the next
@@ -68,6 +81,8 @@ class CollectorLink {
 
  private:
   void connectNow(int64_t nowNs);
+  bool connectRelay(int64_t nowNs);
+  void startOver();
   bool connectBeforeExit(int boundMs);
   void disconnect(int64_t nowNs);
   void queue(std::vector<std::byte>&& frame);
@@ -118,6 +133,12 @@ class CollectorLink {
   bool reached_ = false;       // a connection stayed up for a second: the collector took us
   int64_t establishedNs_ = 0;  // when the current connection was established
   ExchangeCounters counters_;
+  // The host's relay (useRelay): its socket name, whether this connection goes to it, and
+  // whether it was given up for a direct connection.
+  std::string relayName_;
+  bool onRelay_ = false;
+  bool relayGivenUp_ = false;
+  int64_t relayFirstTryNs_ = -1;
 };
 
 }  // namespace ncclwatch::watchdog

@@ -233,9 +233,11 @@ void checkLayout(Sites& s, uintptr_t tstate) {
   if (frame == 0) return;
   if (layoutHolds(s, tstate)) {
     s.state.store(State::kOn, std::memory_order_release);
+    detail::g_pythonSitesOn.store(true, std::memory_order_relaxed);
     return;
   }
   s.state.store(State::kOff, std::memory_order_release);
+  detail::g_pythonSitesOn.store(false, std::memory_order_relaxed);
   std::fprintf(stderr,
                "[ncclwatch] Python call sites off: this CPython 3.%d build's frames do not look "
                "like the default build's (records keep native call sites)\n",
@@ -291,10 +293,6 @@ std::string frameText(const Layout& layout, uintptr_t codeType, uintptr_t code, 
 
 }  // namespace
 
-bool pythonSitesOn() {
-  return sites().state.load(std::memory_order_relaxed) != State::kOff;
-}
-
 void preparePythonSites() {
   Sites& s = sites();
   if (s.layout != nullptr) return;
@@ -314,6 +312,7 @@ void preparePythonSites() {
     s.codeType = reinterpret_cast<uintptr_t>(codeType);
     table();  // allocated here, not on a call
     s.state.store(State::kUnchecked, std::memory_order_release);
+    detail::g_pythonSitesOn.store(true, std::memory_order_relaxed);
     return;
   }
   std::fprintf(stderr,

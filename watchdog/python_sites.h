@@ -12,6 +12,7 @@
 // interpreter before the fast path is used; anything else leaves sites off (native call sites
 // only).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,9 +23,17 @@ namespace ncclwatch::watchdog {
 
 inline constexpr int kSiteFrames = 6;  // innermost Python frames kept per site
 
-// Whether sites are being recorded (CPython found and its layout checked). Cheap; the hot path
-// asks it on every call.
-bool pythonSitesOn();
+namespace detail {
+// Mirrors the site table's state (off, or CPython found): a constant-initialized global, so the
+// hot path's check is one load with no call and no guard, and stays valid during exit.
+inline std::atomic<bool> g_pythonSitesOn{false};
+}  // namespace detail
+
+// Whether sites are being recorded (CPython found; its layout is checked at the first site).
+// Cheap: the hot path asks it on every call.
+inline bool pythonSitesOn() {
+  return detail::g_pythonSitesOn.load(std::memory_order_relaxed);
+}
 // At recorder start (any thread): looks for CPython in the process; a no-op elsewhere.
 // NCCLWATCH_PY_SITES=0 turns sites off.
 void preparePythonSites();

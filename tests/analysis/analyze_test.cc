@@ -337,6 +337,27 @@ TEST(Stuck, EveryRankStartedAndNoneCompleted) {
   EXPECT_TRUE(v.culprits.empty());
 }
 
+// One event per call: every rank "reached" the call (its start inferred from stream order). On a
+// real GPU that reads the same for a collective held by a compute kernel it waits on, so the
+// verdict must not claim a network stall: it names both causes and how to tell them apart.
+TEST(Stuck, ReachedOnEveryRankNamesBothCauses) {
+  auto ranks = world(4);
+  history(ranks, 4);
+  for (Rank& r : ranks) {
+    r.call(kWorld, OpKind::kAllReduce, 128, RecordState::kStarted, 10 * kMs, kF32, 0).flags |=
+        ncclwatch::trace::kRecordStartInferred;
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kStuck);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_TRUE(v->culprits.empty());
+  EXPECT_NE(v->explanation.find("reached"), std::string::npos) << v->explanation;
+  EXPECT_NE(v->explanation.find("outside NCCL"), std::string::npos) << v->explanation;
+  EXPECT_NE(v->explanation.find("NCCLWATCH_EVENTS=full"), std::string::npos) << v->explanation;
+  EXPECT_EQ(v->explanation.find("started"), std::string::npos) << v->explanation;
+}
+
 TEST(Stuck, NeverStartedOnOneRank) {
   auto ranks = world(4);
   history(ranks, 4);

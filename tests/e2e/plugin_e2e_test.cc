@@ -160,4 +160,30 @@ TEST(PluginCombined, AStallSaysWhereEachRankWaitsInNccl) {
   std::filesystem::remove_all(logs);
 }
 
+// Combined mode, one CUDA event per call (the default): the ranks left waiting by a skipped
+// allreduce reached it by stream order, and NCCL's kernel events then saw it start. The start
+// is seen, not inferred, so the analysis does not suspect GPU work outside NCCL ahead of it.
+TEST(PluginCombined, NcclsKernelEventsMakeAnInferredStartSeen) {
+  std::string logs = testsupport::freshDirectory("plugin-seen-start");
+  testsupport::Output out = testsupport::command(
+      "LD_LIBRARY_PATH=" + testsupport::simLibDir() + " timeout 120 " + kCli +
+      " run --abort --dir " + logs + " -- " + kCli + " launch -n 2 -- " + testsupport::buildDir() +
+      "/examples/train_loop --steps 4 --tp 1 --quiet" + " --bug skip:rank=1,step=2");
+  EXPECT_NE(out.status, 124) << out.text;
+  int startedWaits = 0;
+  for (const ncclwatch::trace::TraceFile& file : testsupport::readTraceFiles(logs)) {
+    for (const ncclwatch::trace::CallRecord& r : file.records) {
+      if (r.op != ncclwatch::trace::OpKind::kAllReduce || r.startNs == 0 ||
+          r.state == ncclwatch::trace::RecordState::kCompleted) {
+        continue;
+      }
+      ++startedWaits;
+      EXPECT_EQ(r.flags & ncclwatch::trace::kRecordStartInferred, 0)
+          << "rank " << file.header.rank << " seq " << r.seq;
+    }
+  }
+  EXPECT_GE(startedWaits, 1) << out.text;
+  std::filesystem::remove_all(logs);
+}
+
 }  // namespace

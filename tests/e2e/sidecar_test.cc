@@ -1,7 +1,9 @@
 // The sidecar collector on the sim: a job started with the preload under `ncclwatch launch`
 // (torchrun's variables, MASTER_ADDR and MASTER_PORT) and no NCCLWATCH_COLLECTOR gets its
 // collector from rank 0, which names the skipping rank while the job hangs; the collector
-// ends by itself once the job is gone; NCCLWATCH_COLLECTOR=off starts none.
+// ends by itself once the job is gone; NCCLWATCH_COLLECTOR=off starts none. With
+// NCCLWATCH_RELAY=on the host's agents reach it through local rank 0's relay over one
+// connection, and a relay killed mid-run leaves the job whole: its agents go direct.
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -174,6 +176,115 @@ TEST(SidecarCollector, OffStartsNone) {
   EXPECT_EQ(job.status(), 0) << job.output();
   EXPECT_EQ(job.output().find("collector listening"), std::string::npos) << job.output();
   EXPECT_TRUE(collectorsFor(logs).empty());
+}
+
+// Live `ncclwatch relay` processes of the job whose traces go to `logs` (their environment is
+// the relay rank's).
+std::vector<pid_t> relaysFor(const std::string& logs) {
+  std::vector<pid_t> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    pid_t pid = std::atoi(entry.path().filename().c_str());
+    if (pid <= 0) continue;
+    std::string cmdline = readFile(entry.path().string() + "/cmdline");
+    std::string stat = readFile(entry.path().string() + "/stat");
+    size_t close = stat.rfind(')');
+    bool zombie = close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
+    if (zombie || cmdline.find(std::string("\0relay\0", 7)) == std::string::npos) continue;
+    std::string environment = readFile(entry.path().string() + "/environ");
+    if (environment.find("NCCLWATCH_DIR=" + logs + std::string(1, '\0')) != std::string::npos) {
+      found.push_back(pid);
+    }
+  }
+  return found;
+}
+
+std::vector<pid_t> waitForRelay(const std::string& logs, std::chrono::seconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  std::vector<pid_t> relays;
+  while ((relays = relaysFor(logs)).empty() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  return relays;
+}
+
+// Connections established to local TCP port `port`, counted on the listening side.
+int connectionsTo(int port) {
+  int count = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::istringstream lines(readFile(table));
+    std::string line;
+    std::getline(lines, line);  // the header
+    while (std::getline(lines, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      size_t colon = local.rfind(':');
+      if (colon == std::string::npos || state != "01") continue;
+      if (std::stoi(local.substr(colon + 1), nullptr, 16) == port) ++count;
+    }
+  }
+  return count;
+}
+
+TEST(SidecarRelay, TheHostsAgentsReachTheCollectorOverOneConnection) {
+  std::string logs = testsupport::freshDirectory("relay-skip", true);
+  {
+    Launch job(logs,
+               {trainLoop(), "--steps", "8", "--tp", "1", "--bug", "skip:rank=3,step=5", "--quiet"},
+               {{"NCCLWATCH_RELAY", "on"}});
+    EXPECT_EQ(waitForRelay(logs, 60s).size(), 1u) << job.output();
+    bool said = job.waitForOutput("[ncclwatch] MISMATCH", 90s);
+    ASSERT_TRUE(said) << job.output();
+    EXPECT_TRUE(collectorDumpsAppear(logs, 30s));  // DUMP requests went back through the relay
+    // The collector holds one connection for the host's four agents: the relay's.
+    std::string out = job.output();
+    const std::string listening = "collector listening on port ";
+    size_t at = out.find(listening);
+    ASSERT_NE(at, std::string::npos) << out;
+    int port = std::atoi(out.c_str() + at + listening.size());
+    EXPECT_EQ(connectionsTo(port), 1) << out;
+    job.signal(SIGTERM);
+    EXPECT_TRUE(job.waitExit(30s)) << job.output();
+  }
+  // Both end by themselves once the agents are gone.
+  EXPECT_TRUE(collectorsGone(logs, 15s));
+  auto deadline = Clock::now() + 15s;
+  while (!relaysFor(logs).empty() && Clock::now() < deadline) std::this_thread::sleep_for(50ms);
+  EXPECT_TRUE(relaysFor(logs).empty());
+  std::string out = readFile(logs + ".out");
+  EXPECT_NE(out.find("culprit 3"), std::string::npos) << out;
+  EXPECT_EQ(out.find("relay of this host ended"), std::string::npos) << out;
+}
+
+// The relay killed while the job runs: every agent says once that it goes direct, the job
+// finishes normally, and the verdict of a fault after the kill still arrives: rank 2 stops
+// for 6 s before step 12's calls while the others wait in them (past the collector's 3 s of
+// quiet), then goes on, so the job ends with exit 0.
+TEST(SidecarRelay, KillingTheRelayMidRunLeavesTheJobWhole) {
+  std::string logs = testsupport::freshDirectory("relay-kill", true);
+  Launch job(logs,
+             {trainLoop(), "--steps", "16", "--step-ms", "300", "--tp", "1", "--bug",
+              "pause:rank=2,step=12,ms=6000", "--quiet"},
+             {{"NCCLWATCH_RELAY", "on"}});
+  std::vector<pid_t> relays = waitForRelay(logs, 60s);
+  ASSERT_EQ(relays.size(), 1u) << job.output();
+  std::this_thread::sleep_for(1500ms);  // every agent on it (they try every 100 ms)
+  ASSERT_TRUE(job.running()) << "the job ended before the relay could be killed\n" << job.output();
+  ASSERT_EQ(kill(relays[0], SIGKILL), 0);
+  ASSERT_TRUE(job.waitExit(120s)) << job.output();
+  EXPECT_EQ(job.status(), 0) << job.output();
+  EXPECT_TRUE(collectorsGone(logs, 15s));
+  std::string out = readFile(logs + ".out");
+  for (int rank = 0; rank < 4; ++rank) {
+    std::string said =
+        "[ncclwatch] rank " + std::to_string(rank) + ": the relay of this host ended";
+    size_t first = out.find(said);
+    EXPECT_NE(first, std::string::npos) << said << "\n" << out;
+    EXPECT_EQ(out.find(said, first + 1), std::string::npos) << "said twice: " << said;
+  }
+  EXPECT_EQ(out.find("not reachable"), std::string::npos) << out;
+  std::string verdicts = readFile(logs + "/verdicts.jsonl");
+  EXPECT_NE(verdicts.find("\"culprits\":[2]"), std::string::npos) << verdicts << out;
 }
 
 }  // namespace

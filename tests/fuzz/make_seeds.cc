@@ -115,8 +115,19 @@ int writeWireSeeds(const std::string& dir) {
   wire::encodeDump("seed reason", collector);
   wire::encodeAbort(0x1234, collector);
   wire::encodeRefused(collector);
+  // A relay's link: the agent's conversation on channel 3, a second agent's HELLO on channel
+  // 9 and its end (CLOSED), then the collector's answers stamped the same way.
+  std::vector<std::byte> relay;
+  wire::appendWithChannel(agent, 3, relay);
+  std::vector<std::byte> second;
+  hello.rank = 0;
+  wire::encodeHello(hello, second);
+  wire::appendWithChannel(second, 9, relay);
+  wire::encodeClosed(9, relay);
+  wire::appendWithChannel(collector, 3, relay);
   for (auto& [name, bytes] :
-       {std::pair{"agent.bin", &agent}, std::pair{"collector.bin", &collector}}) {
+       {std::pair{"agent.bin", &agent}, std::pair{"collector.bin", &collector},
+        std::pair{"relay.bin", &relay}}) {
     std::ofstream(dir + "/" + name, std::ios::binary)
         .write(reinterpret_cast<const char*>(bytes->data()),
                static_cast<std::streamsize>(bytes->size()));

@@ -248,6 +248,29 @@ TEST(Recording, BcastIsRecordedOnce) {
   EXPECT_EQ(files[0].header.cleanShutdown, 1u);
 }
 
+// ncclCommInitAll in one process (nccl-tests' -g N): NCCL runs the inits on threads of its own,
+// where no wrapper is on the stack. The interposer still records them (once each), and the
+// plugin role must not take that for a statically linked NCCL that bypasses the wrappers.
+TEST(Recording, InitAllIsTheInterposersAndNotABypass) {
+  std::string logs = testsupport::freshDirectory("init-all");
+  CheckedJob job(preloaded(NCCLWATCH_INIT_ALL_PROBE, 1, logs));
+  ASSERT_TRUE(job.waitExit(30s));
+  ASSERT_EQ(job.exitStatus(0), 0) << job.output(0);
+  EXPECT_EQ(job.output(0).find("do not reach the LD_PRELOAD wrappers"), std::string::npos)
+      << job.output(0);
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
+  ASSERT_EQ(files.size(), 1u);
+  std::map<OpKind, int> counts;
+  for (const CallRecord& record : files[0].records) {
+    ++counts[record.op];
+    EXPECT_EQ(record.flags & ncclwatch::trace::kRecordFromPlugin, 0)
+        << "a record from the plugin: op " << static_cast<int>(record.op);
+  }
+  EXPECT_EQ(counts[OpKind::kInit], 2);
+  EXPECT_EQ(counts[OpKind::kAllReduce], 2);
+  EXPECT_EQ(counts[OpKind::kDestroy], 2);
+}
+
 // NCCL 2.29-2.32's calls on the sim: ncclAllReduceConfig is recorded like ncclAllReduce (op,
 // count, type, reduction, its place in the sequence); ncclCommGrow, which the sim does not
 // model, is forwarded and its error reaches the program unchanged, recorded as a failed Grow

@@ -1,11 +1,17 @@
 // Finding the collector: the explicit address, the default one derived from MASTER_ADDR and
 // MASTER_PORT (which must not land on torchrun's store or the examples' id rendezvous), `off`,
-// and the secret derived from the first communicator's commHash.
+// and the secret derived from the first communicator's commHash. The host's relay: when it is
+// wanted, the name every rank of the job on a host derives alike, and the claim only one rank
+// of the host wins.
 #include "watchdog/discovery.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <cctype>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <set>
@@ -14,6 +20,7 @@
 #include <vector>
 
 #include "trace/identity.h"
+#include "watchdog/relay_host.h"
 
 namespace {
 
@@ -212,6 +219,85 @@ TEST(DerivedSecret, FirstOfferedHashWinsAndIsSeenByAnotherThread) {
   ncclwatch::watchdog::forgetUnfinishedSecretAfterFork();
   ASSERT_TRUE(ncclwatch::watchdog::derivedSecret(text));
   EXPECT_EQ(std::string(text), secretOf(first));
+}
+
+using ncclwatch::watchdog::RelayHost;
+using ncclwatch::watchdog::RelayMode;
+
+TEST(Relay, ModeComesFromNcclwatchRelayAndAutoFollowsTheWorldSize) {
+  std::map<std::string, std::string> job = {{"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}};
+  EXPECT_EQ(find(job).address.relay, RelayMode::kAuto);
+  for (const char* on : {"on", "1", "yes", "true"}) {
+    job["NCCLWATCH_RELAY"] = on;
+    EXPECT_EQ(find(job).address.relay, RelayMode::kOn) << on;
+  }
+  job["NCCLWATCH_RELAY"] = "off";
+  EXPECT_EQ(find(job).address.relay, RelayMode::kOff);
+  job["NCCLWATCH_RELAY"] = "sometimes";
+  Found odd = find(job);
+  EXPECT_EQ(odd.address.relay, RelayMode::kAuto);
+  EXPECT_NE(odd.note.find("NCCLWATCH_RELAY=sometimes"), std::string::npos) << odd.note;
+  // An explicit collector takes relays alike.
+  Found explicitAddress =
+      find({{"NCCLWATCH_COLLECTOR", "h:1"}, {"NCCLWATCH_SECRET", "s"}, {"NCCLWATCH_RELAY", "on"}});
+  EXPECT_EQ(explicitAddress.address.relay, RelayMode::kOn);
+  EXPECT_FALSE(ncclwatch::watchdog::relayWanted(RelayMode::kAuto, 63));
+  EXPECT_TRUE(ncclwatch::watchdog::relayWanted(RelayMode::kAuto, 64));
+  EXPECT_TRUE(ncclwatch::watchdog::relayWanted(RelayMode::kOn, 2));
+  EXPECT_FALSE(ncclwatch::watchdog::relayWanted(RelayMode::kOff, 100000));
+}
+
+TEST(Relay, TheNameFollowsTheSecretAndTheCollector) {
+  using ncclwatch::watchdog::relaySocketName;
+  std::string name = relaySocketName("secret-a", "10.0.0.1", 29517);
+  EXPECT_EQ(name, relaySocketName("secret-a", "10.0.0.1", 29517));  // every rank alike
+  EXPECT_EQ(name.rfind("ncclwatch-relay-", 0), 0u) << name;
+  EXPECT_EQ(name.size(), std::strlen("ncclwatch-relay-") + 16) << name;
+  EXPECT_NE(name, relaySocketName("secret-b", "10.0.0.1", 29517));  // another job
+  EXPECT_NE(name, relaySocketName("secret-a", "10.0.0.1", 29518));  // another collector
+  EXPECT_NE(name, relaySocketName("secret-a", "10.0.0.2", 29517));
+}
+
+// The first rank to bind the host's name is the relay rank; another finds it taken and stays an
+// agent. (The spawn itself fails here: no ncclwatch binary at that path, said in one line, and
+// the name is free again for agents to find nobody and go direct.)
+TEST(Relay, OneRankOfTheHostClaimsTheName) {
+  std::string secret = "claim-" + std::to_string(getpid());
+  ncclwatch::watchdog::RelayHostOptions options;
+  options.collectorHost = "127.0.0.1";
+  options.collectorPort = 9;
+  options.cli = "/nonexistent/ncclwatch";
+  std::string name = ncclwatch::watchdog::relaySocketName(secret, "127.0.0.1", 9);
+  // Someone holds the name already (a relay running): this rank is not the relay rank.
+  RelayHost second(options);
+  int held = -1;
+  {
+    RelayHost first(options);
+    first.step(secret.c_str());
+    EXPECT_EQ(first.state(), RelayHost::State::kFailed);  // could not spawn: name released
+    EXPECT_LT(ncclwatch::watchdog::connectToAbstractName(name), 0);
+  }
+  // Bind it as a relay would hold it, then let another rank try.
+  held = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(held, 0);
+  {
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::memcpy(address.sun_path + 1, name.data(), name.size());
+    auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    ASSERT_EQ(bind(held, reinterpret_cast<sockaddr*>(&address), length), 0);
+    ASSERT_EQ(listen(held, 8), 0);
+  }
+  second.step(secret.c_str());
+  EXPECT_EQ(second.state(), RelayHost::State::kOtherRank);
+  int agent = ncclwatch::watchdog::connectToAbstractName(name);
+  EXPECT_GE(agent, 0);  // agents of the host reach whoever holds it
+  if (agent >= 0) close(agent);
+  close(held);
+  // No secret yet: nothing is claimed.
+  RelayHost early(options);
+  early.step(nullptr);
+  EXPECT_EQ(early.state(), RelayHost::State::kWaiting);
 }
 
 }  // namespace

@@ -1,0 +1,366 @@
+// The relay framing (docs/protocol.md, "Relays"): frames split by their header alone and stamped
+// with a channel; the collector serving a relay link's agents as if each had its own connection
+// (HELLO per channel, one rejected without the others, answers back on the right channel); and
+// `ncclwatch relay` between fake agents on a host-local socket and a real collector.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "collect.h"
+#include "relay.h"
+#include "trace/fingerprint.h"
+#include "trace/wire.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+namespace wire = ncclwatch::trace::wire;
+using ncclwatch::collect::Collector;
+using ncclwatch::trace::CallRecord;
+
+constexpr char kSecret[] = "relay-test-secret";
+constexpr uint64_t kComm = 0x5eed5eed00112233ull;
+
+int connectTcp(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  return fd;
+}
+
+int connectAbstract(const std::string& name) {
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path + 1, name.data(), name.size());
+  auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  for (int tries = 0; tries < 200; ++tries) {
+    if (connect(fd, reinterpret_cast<sockaddr*>(&address), length) == 0) return fd;
+    std::this_thread::sleep_for(10ms);
+  }
+  ADD_FAILURE() << "no relay listens on @" << name;
+  return fd;
+}
+
+void sendAll(int fd, const std::vector<std::byte>& bytes) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    sent += static_cast<size_t>(n);
+  }
+}
+
+template <typename Predicate>
+bool eventually(Predicate predicate, std::chrono::milliseconds timeout = 5000ms) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (predicate()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return predicate();
+}
+
+// Frames from `fd` until one decodes (its channel in `channel`), within the timeout.
+bool receiveFrame(int fd, std::vector<std::byte>& buffer, wire::Frame* frame, uint32_t* channel,
+                  std::chrono::milliseconds timeout = 5000ms) {
+  return eventually(
+      [&] {
+        std::byte bytes[4096];
+        ssize_t n = recv(fd, bytes, sizeof bytes, MSG_DONTWAIT);
+        if (n > 0) buffer.insert(buffer.end(), bytes, bytes + n);
+        size_t size = 0;
+        uint16_t type = 0;
+        if (wire::splitFrame(buffer, &size, channel, &type) != wire::SplitStatus::kFrame) {
+          return false;
+        }
+        std::vector<std::byte> one(buffer.begin(), buffer.begin() + static_cast<ptrdiff_t>(size));
+        buffer.erase(buffer.begin(), buffer.begin() + static_cast<ptrdiff_t>(size));
+        wire::setChannel(one.data(), 0);
+        size_t consumed = 0;
+        std::string error;
+        return wire::decodeFrame(one, frame, &consumed, &error) == wire::DecodeStatus::kFrame;
+      },
+      timeout);
+}
+
+bool closedByPeer(int fd, std::chrono::milliseconds timeout) {
+  return eventually(
+      [&] {
+        char byte;
+        ssize_t n = recv(fd, &byte, 1, MSG_DONTWAIT);
+        return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+      },
+      timeout);
+}
+
+CallRecord allReduce(uint64_t seq, uint64_t count) {
+  CallRecord record{};
+  record.commHash = kComm;
+  record.seq = seq;
+  record.op = ncclwatch::trace::OpKind::kAllReduce;
+  record.count = count;
+  record.dtype = 7;
+  record.state = ncclwatch::trace::RecordState::kStarted;
+  record.issueNs = 1'000'000'000 + static_cast<int64_t>(seq) * 1'000'000;
+  record.startNs = record.issueNs + 1000;
+  record.rootOrPeer = -1;
+  record.ringIndex = seq;
+  record.slotVersion = 2;
+  record.fingerprint = ncclwatch::trace::fingerprint({record.op, count, 7, 0, -1});
+  return record;
+}
+
+// What one agent of a 2-rank job sends first: HELLO, COMMS, two allreduces, the second of which
+// diverges on rank 1.
+std::vector<std::byte> agentOpening(int rank, const char* secret = kSecret) {
+  std::vector<std::byte> bytes;
+  wire::Hello hello{};
+  std::snprintf(hello.secret, sizeof hello.secret, "%s", secret);
+  hello.pid = 4000 + rank;
+  hello.rank = rank;
+  hello.world = 2;
+  hello.localRank = rank;
+  std::strcpy(hello.host, "relayhost");
+  std::strcpy(hello.jobId, "relay-job");
+  hello.anchorMonotonicNs = 1'000'000'000;
+  hello.anchorRealtimeNs = 1'700'000'000'000'000'000;
+  wire::encodeHello(hello, bytes);
+  ncclwatch::trace::CommInfo comm{};
+  comm.commHash = kComm;
+  comm.nranks = 2;
+  comm.rank = rank;
+  comm.color = -1;
+  std::vector<ncclwatch::trace::CommInfo> comms{comm};
+  wire::encodeComms(comms, bytes);
+  std::vector<CallRecord> records{allReduce(1, 1024), allReduce(2, rank ? 512 : 1024)};
+  records[0].state = ncclwatch::trace::RecordState::kCompleted;
+  records[0].completeNs = records[0].startNs + 1000;
+  wire::RecordEncoder encoder;
+  wire::encodeRecords(2'000'000'000, records, encoder, bytes);
+  return bytes;
+}
+
+class RelayLinkTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    directory_ = std::string(testing::TempDir()) + "/nw-relay-" + std::to_string(getpid());
+    std::filesystem::remove_all(directory_);
+    ncclwatch::collect::Options options;
+    options.secret = kSecret;
+    options.directory = directory_;
+    std::string error;
+    ASSERT_TRUE(collector_.start(options, out_, &error)) << error;
+  }
+  void TearDown() override {
+    collector_.stop();
+    std::filesystem::remove_all(directory_);
+  }
+  std::string directory_;
+  std::ostringstream out_;
+  Collector collector_;
+};
+
+TEST(RelayFraming, FramesSplitByTheirHeaderAndCarryTheirChannel) {
+  std::vector<std::byte> frames;
+  wire::encodeDump("why", frames);
+  size_t firstSize = frames.size();
+  wire::encodeAbort(0xabc, frames);
+  wire::encodeBye(frames);
+  // Each prefix of the first frame needs more; the whole frame splits off with channel 0.
+  size_t bytes = 0;
+  uint32_t channel = 99;
+  uint16_t type = 0;
+  for (size_t cut = 0; cut < firstSize; ++cut) {
+    EXPECT_EQ(wire::splitFrame(std::span(frames.data(), cut), &bytes, &channel, &type),
+              wire::SplitStatus::kNeedMore);
+  }
+  ASSERT_EQ(wire::splitFrame(frames, &bytes, &channel, &type), wire::SplitStatus::kFrame);
+  EXPECT_EQ(bytes, firstSize);
+  EXPECT_EQ(channel, 0u);
+  EXPECT_EQ(type, static_cast<uint16_t>(wire::FrameType::kDump));
+  // Stamping reaches every frame of a batch, and only the reserved field.
+  std::vector<std::byte> stamped;
+  wire::appendWithChannel(frames, 4242, stamped);
+  ASSERT_EQ(stamped.size(), frames.size());
+  std::span<const std::byte> rest(stamped);
+  int count = 0;
+  while (!rest.empty()) {
+    ASSERT_EQ(wire::splitFrame(rest, &bytes, &channel, &type), wire::SplitStatus::kFrame);
+    EXPECT_EQ(channel, 4242u);
+    // A stamped frame is no direct frame: the plain decoder refuses it.
+    wire::Frame frame;
+    size_t consumed = 0;
+    std::string error;
+    EXPECT_EQ(wire::decodeFrame(rest, &frame, &consumed, &error), wire::DecodeStatus::kInvalid);
+    std::vector<std::byte> copy(rest.begin(), rest.begin() + static_cast<ptrdiff_t>(bytes));
+    wire::setChannel(copy.data(), 0);
+    EXPECT_EQ(wire::decodeFrame(copy, &frame, &consumed, &error), wire::DecodeStatus::kFrame)
+        << error;
+    rest = rest.subspan(bytes);
+    ++count;
+  }
+  EXPECT_EQ(count, 3);
+  // CLOSED: empty, its channel in the header.
+  std::vector<std::byte> closed;
+  wire::encodeClosed(7, closed);
+  ASSERT_EQ(wire::splitFrame(closed, &bytes, &channel, &type), wire::SplitStatus::kFrame);
+  EXPECT_EQ(channel, 7u);
+  EXPECT_EQ(type, static_cast<uint16_t>(wire::FrameType::kClosed));
+  EXPECT_EQ(bytes, sizeof(wire::FrameHeader));
+  // Bad magic or a length over the bound cannot start a frame.
+  std::vector<std::byte> garbage(32, std::byte{0x41});
+  EXPECT_EQ(wire::splitFrame(garbage, &bytes, &channel, &type), wire::SplitStatus::kInvalid);
+  wire::FrameHeader huge{wire::kMagic, 3, wire::kVersion, wire::kMaxPayload + 1, 5};
+  std::vector<std::byte> header(sizeof huge);
+  std::memcpy(header.data(), &huge, sizeof huge);
+  EXPECT_EQ(wire::splitFrame(header, &bytes, &channel, &type), wire::SplitStatus::kInvalid);
+}
+
+// Two ranks behind one relay link: the collector takes each channel as an agent, finds their
+// mismatch and asks each to dump on its own channel; a third channel with a wrong secret is
+// closed alone.
+TEST_F(RelayLinkTest, ChannelsOfOneLinkAreAgentsOfTheirOwn) {
+  int link = connectTcp(collector_.port());
+  std::vector<std::byte> bytes;
+  wire::appendWithChannel(agentOpening(0), 3, bytes);
+  wire::appendWithChannel(agentOpening(1, "wrong-secret"), 9, bytes);
+  wire::appendWithChannel(agentOpening(1), 5, bytes);
+  sendAll(link, bytes);
+  ASSERT_TRUE(eventually([&] { return collector_.counters().verdicts.load() >= 1; })) << out_.str();
+  EXPECT_EQ(collector_.counters().agents.load(), 2u);
+  EXPECT_EQ(collector_.counters().connected.load(), 2u);
+  EXPECT_EQ(collector_.counters().rejected.load(), 1u);
+  EXPECT_NE(out_.str().find("MISMATCH"), std::string::npos) << out_.str();
+  // Back on the link: CLOSED for the intruder's channel, DUMP for each rank's.
+  std::vector<std::byte> buffer;
+  std::set<uint32_t> dumped;
+  bool intruderClosed = false;
+  for (int frames = 0; frames < 3; ++frames) {
+    wire::Frame frame;
+    uint32_t channel = 0;
+    ASSERT_TRUE(receiveFrame(link, buffer, &frame, &channel)) << "frame " << frames;
+    if (frame.type == wire::FrameType::kClosed) {
+      EXPECT_EQ(channel, 9u);
+      intruderClosed = true;
+    } else {
+      EXPECT_EQ(frame.type, wire::FrameType::kDump);
+      dumped.insert(channel);
+    }
+  }
+  EXPECT_TRUE(intruderClosed);
+  EXPECT_EQ(dumped, (std::set<uint32_t>{3, 5}));
+  // The relay says one agent left: only that one is gone.
+  std::vector<std::byte> closed;
+  wire::encodeClosed(3, closed);
+  sendAll(link, closed);
+  EXPECT_TRUE(eventually([&] { return collector_.counters().connected.load() == 1; }));
+  // The link ends: its remaining agent ended with it.
+  close(link);
+  EXPECT_TRUE(eventually([&] { return collector_.counters().connected.load() == 0; }));
+}
+
+// A direct connection that sends a stamped frame, or a relay link a frame without a channel,
+// breaks the framing: dropped.
+TEST_F(RelayLinkTest, MixedFramingIsRejected) {
+  int direct = connectTcp(collector_.port());
+  std::vector<std::byte> bytes = agentOpening(0);
+  sendAll(direct, bytes);
+  EXPECT_TRUE(eventually([&] { return collector_.counters().connected.load() == 1; }));
+  std::vector<std::byte> stamped;
+  wire::encodeBye(stamped);
+  wire::setChannel(stamped.data(), 2);
+  sendAll(direct, stamped);
+  EXPECT_TRUE(closedByPeer(direct, 3000ms));
+
+  int link = connectTcp(collector_.port());
+  std::vector<std::byte> relayed;
+  wire::appendWithChannel(agentOpening(1), 1, relayed);
+  wire::encodeBye(relayed);  // channel 0 on a relay link
+  sendAll(link, relayed);
+  EXPECT_TRUE(closedByPeer(link, 3000ms));
+  close(direct);
+  close(link);
+}
+
+// `ncclwatch relay` between two fake agents and the collector: their frames arrive as two
+// agents over one connection, each gets its DUMP back without a channel, and when the relay's
+// collector goes away the relay ends (3) and closes its agents, which then go direct.
+TEST_F(RelayLinkTest, TheRelayCarriesAHostsAgentsOverOneConnection) {
+  std::string name = "ncclwatch-relay-test-" + std::to_string(getpid());
+  ncclwatch::relay::Options options;
+  options.listenName = name;
+  options.collectorHost = "127.0.0.1";
+  options.collectorPort = collector_.port();
+  options.idleMs = 200;
+  std::ostringstream relayLog;
+  auto relay =
+      std::async(std::launch::async, [&] { return ncclwatch::relay::runRelay(options, relayLog); });
+  int agents[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    agents[rank] = connectAbstract(name);
+    sendAll(agents[rank], agentOpening(rank));
+  }
+  ASSERT_TRUE(eventually([&] { return collector_.counters().verdicts.load() >= 1; })) << out_.str();
+  EXPECT_EQ(collector_.counters().agents.load(), 2u);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<std::byte> buffer;
+    wire::Frame frame;
+    uint32_t channel = 99;
+    ASSERT_TRUE(receiveFrame(agents[rank], buffer, &frame, &channel)) << "rank " << rank;
+    EXPECT_EQ(frame.type, wire::FrameType::kDump);
+    EXPECT_EQ(channel, 0u);  // the agent sees the frame as a direct collector sends it
+  }
+  // A normal end through the relay: BYE, then the agent's connection closes.
+  std::vector<std::byte> bye;
+  wire::encodeBye(bye);
+  sendAll(agents[0], bye);
+  close(agents[0]);
+  EXPECT_TRUE(eventually([&] { return collector_.counters().connected.load() == 1; }));
+  // The collector goes away: the relay says so and ends, closing its other agent.
+  collector_.stop();
+  EXPECT_TRUE(closedByPeer(agents[1], 5000ms));
+  ASSERT_EQ(relay.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(relay.get(), 3);
+  EXPECT_NE(relayLog.str().find("lost the collector"), std::string::npos) << relayLog.str();
+  close(agents[1]);
+}
+
+// Once every agent left (and what they sent went out) the relay ends by itself.
+TEST_F(RelayLinkTest, AnIdleRelayEnds) {
+  std::string name = "ncclwatch-relay-idle-" + std::to_string(getpid());
+  ncclwatch::relay::Options options;
+  options.listenName = name;
+  options.collectorHost = "127.0.0.1";
+  options.collectorPort = collector_.port();
+  options.idleMs = 200;
+  std::ostringstream relayLog;
+  auto relay =
+      std::async(std::launch::async, [&] { return ncclwatch::relay::runRelay(options, relayLog); });
+  int agent = connectAbstract(name);
+  sendAll(agent, agentOpening(0));
+  EXPECT_TRUE(eventually([&] { return collector_.counters().connected.load() == 1; }));
+  close(agent);
+  ASSERT_EQ(relay.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(relay.get(), 0);
+  EXPECT_TRUE(eventually([&] { return collector_.counters().connected.load() == 0; }));
+  EXPECT_EQ(relayLog.str(), "");
+}
+
+}  // namespace

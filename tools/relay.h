@@ -1,0 +1,34 @@
+// `ncclwatch relay`: one host's relay (docs/protocol.md, "Relays"). The agents of the host
+// connect to it on a host-local socket; it passes their frames on to the collector over one
+// connection, each stamped with the agent's channel, and the collector's answers (DUMP, ABORT,
+// REFUSED, CLOSED) back to the agent they name. It decodes nothing but frame headers, keeps no
+// per-agent protocol state, and never drops part of an agent's stream: while the collector does
+// not read, it stops reading the agents (their own bounded buffers take over). Started by the
+// host's relay rank (watchdog/relay_host.h) as a process of its own; when it ends, its agents
+// connect to the collector directly.
+#pragma once
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+namespace ncclwatch::relay {
+
+struct Options {
+  int listenFd = -1;       // a listening socket it inherited (the relay rank bound the name)
+  std::string listenName;  // else: bind this abstract unix socket name itself
+  std::string collectorHost;
+  int collectorPort = 0;
+  int idleMs = 1000;          // end once agents came and none has been connected this long
+  int firstAgentMs = 60'000;  // end when no agent came within this long
+  int upstreamMs = 10'000;  // end when the collector was not reached this long after it was needed
+};
+
+// Runs until idle (0), or until the collector cannot be reached or is lost (3: the agents then
+// connect directly); 2 for bad options. One line on `log` for each way it ends but idleness.
+int runRelay(const Options& options, std::ostream& log);
+
+// Binds and listens on the abstract unix socket `name` (no leading NUL): a descriptor, or -1
+// with errno (EADDRINUSE: the host has its relay already).
+int listenOnAbstractName(const std::string& name);
+
+}  // namespace ncclwatch::relay
