@@ -40,6 +40,7 @@ bool JobAnalysis::impliedDone(int p, uint32_t i) const {
 }
 
 CallDesc JobAnalysis::whereIs(int p) const {
+  readsOtherComms_ = true;  // where a process waits depends on all its communicators
   uint32_t w = waitPoint(p);
   CallDesc d;
   if (w != kNone) {
@@ -60,10 +61,13 @@ CallDesc JobAnalysis::whereIs(int p) const {
 
 void JobAnalysis::buildComms() {
   pendingOrdinal_.assign(procs_.size(), {});
+  procMembers_.assign(procs_.size(), {});
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
     const Proc& proc = procs_[p];
     // this process's members, by comm hash; usually a handful, so a small vector
     std::vector<std::pair<uint64_t, std::pair<int, int>>> mine;  // hash -> (comm, member)
+    // A partial pass knows every comm's members but aligns only the comms it redoes.
+    std::vector<char> aligned;
     auto memberOf = [&](uint64_t hash) -> std::pair<int, int> {
       for (auto& [h, cm] : mine) {
         if (h == hash) return cm;
@@ -90,66 +94,87 @@ void JobAnalysis::buildComms() {
       m.commRank = info.rank;
       comm.byCommRank[info.rank] = static_cast<int>(comm.members.size());
       mine.push_back({info.commHash, {it->second, static_cast<int>(comm.members.size())}});
+      aligned.push_back(redo(comm) ? 1 : 0);
       comm.members.push_back(std::move(m));
     }
-    // p2p calls seen so far per (comm, peer, direction): their highest p2pSeq
-    std::vector<std::unordered_map<int64_t, uint64_t>> p2pMax(mine.size());
-    std::vector<uint64_t> p2pSum(mine.size(), 0);
-    uint64_t lastHash = 0;
-    int lastSlot = -1;
-    const auto& records = proc.file->records;
-    for (uint32_t i = 0; i < records.size(); ++i) {
-      const CallRecord& r = records[i];
-      if (!isSequenced(r)) continue;
-      int slot = -1;
-      if (r.commHash == lastHash && lastSlot >= 0) {
-        slot = lastSlot;
-      } else {
-        for (int s = 0; s < static_cast<int>(mine.size()); ++s) {
-          if (mine[s].first == r.commHash) slot = s;
-        }
-        lastHash = r.commHash;
-        lastSlot = slot;
-      }
-      if (slot < 0) continue;  // a comm missing from the table (table full)
-      Comm& comm = comms_[mine[slot].second.first];
-      Member& m = comm.members[mine[slot].second.second];
-      m.maxSeq = std::max(m.maxSeq, r.seq);
-      bool pending = isPending(r);
-      if (pending) {
-        ++m.pendingCount;
-        m.prefixBroken = true;
-      } else if (!m.prefixBroken) {
-        m.completedSeq = r.seq;
-      }
-      if (trace::isPointToPoint(r.op)) {
-        m.p2p.push_back(i);
-        if (pending && r.p2pSeq != 0) {
-          bool send = r.op == OpKind::kSend;
-          pendingP2p_.insert({r.commHash, send ? m.commRank : r.rootOrPeer,
-                              send ? r.rootOrPeer : m.commRank, r.p2pSeq});
-        }
-        int64_t key = (static_cast<int64_t>(r.rootOrPeer) << 1) | (r.op == OpKind::kSend ? 1 : 0);
-        uint64_t& mx = p2pMax[slot][key];
-        if (r.p2pSeq > mx) {
-          p2pSum[slot] += r.p2pSeq - mx;
-          mx = r.p2pSeq;
-        }
-        continue;
-      }
-      if (r.seq <= p2pSum[slot]) continue;  // inconsistent: skip
-      uint64_t ordinal = r.seq - p2pSum[slot];
-      if (m.coll.empty()) m.base = ordinal;
-      if (ordinal < m.base) continue;
-      uint64_t pos = ordinal - m.base;
-      if (pos >= m.coll.size()) m.coll.resize(pos + 1, kNone);
-      m.coll[pos] = i;
-      if (pending) pendingOrdinal_[p][i] = ordinal;
-      if (r.state == RecordState::kCompleted && trace::isCollective(r.op)) {
-        comm.maxCompletedOrdinal = std::max(comm.maxCompletedOrdinal, ordinal);
-      }
+    procMembers_[p] = mine;
+    alignProc(p, aligned);
+  }
+  findCompletedTransfers();
+  // Names: a root comm spanning every process of the job is the world.
+  for (Comm& comm : comms_) {
+    if (comm.desc.name.empty() && comm.desc.parent == 0 &&
+        comm.desc.size == static_cast<int>(procs_.size()) && procs_.size() > 0) {
+      comm.desc.name = "world";
     }
   }
+}
+
+// Aligns the records of process `p` on the communicators whose slot (its memberships, in
+// procMembers_ order) is marked in `aligned`.
+void JobAnalysis::alignProc(int p, const std::vector<char>& aligned) {
+  const Proc& proc = procs_[p];
+  const auto& mine = procMembers_[p];
+  // p2p calls seen so far per (comm, peer, direction): their highest p2pSeq
+  std::vector<std::unordered_map<int64_t, uint64_t>> p2pMax(mine.size());
+  std::vector<uint64_t> p2pSum(mine.size(), 0);
+  uint64_t lastHash = 0;
+  int lastSlot = -1;
+  const auto& records = proc.file->records;
+  for (uint32_t i = 0; i < records.size(); ++i) {
+    const CallRecord& r = records[i];
+    if (!isSequenced(r)) continue;
+    int slot = -1;
+    if (r.commHash == lastHash && lastSlot >= 0) {
+      slot = lastSlot;
+    } else {
+      for (int s = 0; s < static_cast<int>(mine.size()); ++s) {
+        if (mine[s].first == r.commHash) slot = s;
+      }
+      lastHash = r.commHash;
+      lastSlot = slot;
+    }
+    if (slot < 0 || !aligned[slot]) continue;  // a comm missing from the table (table full)
+    Comm& comm = comms_[mine[slot].second.first];
+    Member& m = comm.members[mine[slot].second.second];
+    m.maxSeq = std::max(m.maxSeq, r.seq);
+    bool pending = isPending(r);
+    if (pending) {
+      ++m.pendingCount;
+      m.prefixBroken = true;
+    } else if (!m.prefixBroken) {
+      m.completedSeq = r.seq;
+    }
+    if (trace::isPointToPoint(r.op)) {
+      m.p2p.push_back(i);
+      if (pending && r.p2pSeq != 0) {
+        bool send = r.op == OpKind::kSend;
+        pendingP2p_.insert({r.commHash, send ? m.commRank : r.rootOrPeer,
+                            send ? r.rootOrPeer : m.commRank, r.p2pSeq});
+      }
+      int64_t key = (static_cast<int64_t>(r.rootOrPeer) << 1) | (r.op == OpKind::kSend ? 1 : 0);
+      uint64_t& mx = p2pMax[slot][key];
+      if (r.p2pSeq > mx) {
+        p2pSum[slot] += r.p2pSeq - mx;
+        mx = r.p2pSeq;
+      }
+      continue;
+    }
+    if (r.seq <= p2pSum[slot]) continue;  // inconsistent: skip
+    uint64_t ordinal = r.seq - p2pSum[slot];
+    if (m.coll.empty()) m.base = ordinal;
+    if (ordinal < m.base) continue;
+    uint64_t pos = ordinal - m.base;
+    if (pos >= m.coll.size()) m.coll.resize(pos + 1, kNone);
+    m.coll[pos] = i;
+    if (pending) pendingOrdinal_[p][i] = ordinal;
+    if (r.state == RecordState::kCompleted && trace::isCollective(r.op)) {
+      comm.maxCompletedOrdinal = std::max(comm.maxCompletedOrdinal, ordinal);
+    }
+  }
+}
+
+void JobAnalysis::findCompletedTransfers() {
   // Which pending transfers the other side completed (a second pass: the other side may come
   // first in the files). Only pending ones are kept: they are few, the completed ones millions.
   if (!pendingP2p_.empty()) {
@@ -166,13 +191,20 @@ void JobAnalysis::buildComms() {
       }
     }
   }
-  // Names: a root comm spanning every process of the job is the world.
-  for (Comm& comm : comms_) {
-    if (comm.desc.name.empty() && comm.desc.parent == 0 &&
-        comm.desc.size == static_cast<int>(procs_.size()) && procs_.size() > 0) {
-      comm.desc.name = "world";
-    }
+}
+
+// A partial pass that needs every communicator after all: aligns those it skipped, and is a full
+// pass from then on.
+void JobAnalysis::alignSkipped() {
+  for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
+    std::vector<char> skipped;
+    for (const auto& [hash, at] : procMembers_[p])
+      skipped.push_back(redo(comms_[at.first]) ? 0 : 1);
+    alignProc(p, skipped);
   }
+  partial_ = false;
+  redo_.clear();
+  findCompletedTransfers();
 }
 
 // ncclCommShrink: the excluded ranks never call it and owe the parent nothing from there on

@@ -11,6 +11,7 @@
 //     ranks the others wait for are missing or dead.
 #include "analysis/analyze.h"
 #include "analysis/in_nccl.h"
+#include "analysis/incremental.h"
 #include "analysis/issued_at.h"
 #include "analysis/job_state.h"
 
@@ -36,16 +37,62 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
   std::sort(procs_.begin(), procs_.end(),
             [](const Proc& a, const Proc& b) { return a.rank < b.rank; });
   for (const Proc& proc : procs_) report.world = std::max(report.world, proc.file->header.world);
+  // A partial pass (incremental.h) when the kept per-comm results are still good: the same
+  // processes and memberships, and the cross-communicator checks have nothing to say.
+  const char* notQuiet = cache_ != nullptr ? crossCommChecksQuiet() : "first";
+  bool quietChecks = *notQuiet == '\0';
+  uint64_t id = cache_ != nullptr ? identity() : 0;
+  if (cache_ == nullptr || dirty_ == nullptr) {
+    whyFull_ = "first";
+  } else if (!quietChecks) {
+    whyFull_ = notQuiet;
+  } else if (cache_->identity != id) {
+    whyFull_ = "changed";
+  } else if (!cache_->valid) {
+    whyFull_ = cache_->comms.empty() ? "first" : "absent";
+  } else {
+    partial_ = true;
+    redo_ = *dirty_;
+  }
+  if (cache_ != nullptr) {
+    cache_->valid = false;  // until this pass completes
+    if (!partial_) cache_->comms.clear();
+  }
   buildComms();
   excludeShrunkMembers();
   decideStalled();
-  checkErrors();
-  checkInit();
+  // The hang families below look across communicators; when crossCommChecksQuiet() holds they
+  // find nothing (each needs a process gone, a failed call or a quiet job), so a partial pass
+  // skips them.
+  if (!partial_) {
+    checkErrors();
+    checkInit();
+  }
   checkMismatches();
-  checkDeadAndMissing();
+  if (abandoned_) {
+    // A mismatch with absent members says where they are, which needs their other
+    // communicators: align those too, and start the checks over as a full pass.
+    abandoned_ = false;
+    whyFull_ = "absent";
+    alignSkipped();
+    verdicts_.clear();
+    cache_->comms.clear();
+    excludeShrunkMembers();
+    decideStalled();
+    checkErrors();
+    checkInit();
+    checkMismatches();
+  }
+  if (!partial_) checkDeadAndMissing();
   checkP2p();
-  checkGraph();
+  if (!partial_) checkGraph();
   checkStragglers();
+  if (cache_ != nullptr) {
+    bool readsOthers = false;
+    for (const auto& [hash, kept] : cache_->comms) readsOthers |= kept.readsOtherComms;
+    cache_->valid = quietChecks && !readsOthers;
+    cache_->identity = id;
+  }
   finishVerdicts();
   assessConfidence();
   addStackTops();
@@ -70,6 +117,42 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
   noteEvidenceGaps(report);
   report.summary = whatHappened(report, now_, jobLastActivity_);
   return report;
+}
+
+const char* JobAnalysis::crossCommChecksQuiet() const {
+  int64_t last = 0;
+  for (const Proc& proc : procs_) {
+    if (!proc.alive) return "gone";
+    last = std::max(last, proc.lastActivity);
+    for (const trace::CommInfo& info : proc.file->comms) {
+      if (info.kind == static_cast<int>(OpKind::kShrink)) return "shrink";
+    }
+    // Never created a communicator: an init hang once the job goes quiet (checkInit).
+    if (proc.file->comms.empty()) return "no_comm";
+    if (proc.failed) return "failed";
+  }
+  if (now_ - last >= options_.quietNs) return "quiet";
+  return "";
+}
+
+uint64_t JobAnalysis::identity() const {
+  uint64_t h = trace::mix64(procs_.size());
+  auto add = [&h](uint64_t v) { h = trace::mix64(h ^ v) + 0x9e3779b97f4a7c15ULL; };
+  for (const Proc& proc : procs_) {
+    const trace::RingHeader& header = proc.file->header;
+    add(static_cast<uint64_t>(proc.rank));
+    add(static_cast<uint64_t>(header.pid));
+    add(static_cast<uint64_t>(header.world));
+    add(static_cast<uint64_t>(proc.toWall));
+    add((proc.alive ? 1 : 0) | (proc.clean ? 2 : 0));
+    for (const trace::CommInfo& info : proc.file->comms) {
+      add(info.commHash);
+      add(static_cast<uint64_t>(info.rank) << 32 | static_cast<uint32_t>(info.nranks));
+      add(info.parentHash);
+      add(static_cast<uint64_t>(info.color) << 32 | static_cast<uint32_t>(info.kind));
+    }
+  }
+  return h;
 }
 
 }  // namespace internal
@@ -216,7 +299,10 @@ std::string formatRanks(std::vector<int> ranks) {
   return out;
 }
 
-Report analyze(std::span<const trace::TraceFile> files, const Options& options) {
+namespace internal {
+
+Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& options,
+                   IncrementalState* incremental) {
   int64_t now = options.nowNs;
   if (now == 0) {
     now = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -255,19 +341,48 @@ Report analyze(std::span<const trace::TraceFile> files, const Options& options) 
       int64_t last = file->header.anchorMonotonicNs;
       for (const CallRecord& r : file->records) {
         last = std::max({last, r.issueNs, r.startNs, r.completeNs});
+        proc.pending |= internal::isPending(r);
+        proc.failed |= internal::isFailed(r);
+        if (trace::isCollective(r.op) || trace::isPointToPoint(r.op)) {
+          ++proc.calls;
+          proc.anyTracked |= internal::isTracked(r) || (r.flags & trace::kRecordKernelTracked) != 0;
+          proc.shed += (r.flags & trace::kRecordShed) != 0;
+        }
       }
       for (const trace::CommInfo& c : file->comms) last = std::max(last, c.createdNs);
       proc.lastActivity = proc.wall(last);
       attempts[attempt].push_back(proc);
     }
     for (auto& [attempt, procs] : attempts) {
-      JobAnalysis analysis(std::move(procs), options, now);
-      report.jobs.push_back(analysis.run(job, attempt));
+      if (incremental == nullptr) {
+        JobAnalysis analysis(std::move(procs), options, now);
+        report.jobs.push_back(analysis.run(job, attempt));
+        continue;
+      }
+      JobCache& cache = incremental->jobs[job + "/" + std::to_string(attempt)];
+      JobAnalysis analysis(std::move(procs), options, now, &cache,
+                           incremental->all ? nullptr : &incremental->dirty);
+      JobReport result = analysis.run(job, attempt);
+      if (analysis.partial()) {
+        ++incremental->stats.partialPasses;
+        incremental->stats.commsReanalysed += analysis.commsRedone();
+        incremental->stats.commsCarried += result.comms.size() - analysis.commsRedone();
+      } else {
+        ++incremental->stats.fullPasses;
+        ++incremental->stats.fullBecause[analysis.whyFull()];
+      }
+      report.jobs.push_back(std::move(result));
     }
   }
   annotateInNccl(report, files);
   annotateIssuedAt(report, files);
   return report;
+}
+
+}  // namespace internal
+
+Report analyze(std::span<const trace::TraceFile> files, const Options& options) {
+  return internal::analyzeJobs(files, options, nullptr);
 }
 
 }  // namespace ncclwatch::analysis

@@ -23,13 +23,7 @@ void JobAnalysis::decideStalled() {
     jobLastActivity_ = std::max(jobLastActivity_, proc.lastActivity);
     anyAlive |= proc.alive;
     anyUnclean |= !proc.clean && !proc.alive;
-    for (const CallRecord& r : proc.file->records) {
-      if (isPending(r)) {
-        proc.pending = true;
-        break;
-      }
-    }
-    anyPending |= proc.pending;
+    anyPending |= proc.pending;  // from analyzeJobs's scan of its records
   }
   ended_ = !anyAlive;
   bool countsDiffer = false;

@@ -90,8 +90,25 @@ bool JobAnalysis::sameSite(const Comm& comm, int a, uint64_t ka, int b, uint64_t
   return static_cast<int64_t>(x - y) == (delta == INT64_MIN ? 0 : delta);
 }
 
+// Per communicator; a partial pass keeps the verdicts of those it does not redo.
 void JobAnalysis::checkMismatches() {
-  for (Comm& comm : comms_) checkMismatches(comm);
+  for (Comm& comm : comms_) {
+    if (!redo(comm)) {
+      const CommCache& kept = cache_->comms[comm.hash];
+      verdicts_.insert(verdicts_.end(), kept.structural.begin(), kept.structural.end());
+      continue;
+    }
+    size_t before = verdicts_.size();
+    readsOtherComms_ = false;
+    checkMismatches(comm);
+    if (cache_ == nullptr) continue;
+    CommCache& kept = cache_->comms[comm.hash];
+    kept.structural.assign(verdicts_.begin() + static_cast<std::ptrdiff_t>(before),
+                           verdicts_.end());
+    kept.readsOtherComms = readsOtherComms_;
+    // A partial pass cannot say where absent members are on communicators it did not align.
+    if (partial_ && readsOtherComms_) abandoned_ = true;
+  }
 }
 
 void JobAnalysis::checkMismatches(Comm& comm) {

@@ -16,8 +16,20 @@
 
 namespace ncclwatch::analysis::internal {
 
+// Per communicator; a partial pass keeps the verdicts of those it does not redo.
 void JobAnalysis::checkP2p() {
-  for (Comm& comm : comms_) checkP2p(comm);
+  for (Comm& comm : comms_) {
+    if (!redo(comm)) {
+      const CommCache& kept = cache_->comms[comm.hash];
+      verdicts_.insert(verdicts_.end(), kept.p2p.begin(), kept.p2p.end());
+      continue;
+    }
+    size_t before = verdicts_.size();
+    checkP2p(comm);
+    if (cache_ == nullptr) continue;
+    cache_->comms[comm.hash].p2p.assign(verdicts_.begin() + static_cast<std::ptrdiff_t>(before),
+                                        verdicts_.end());
+  }
 }
 
 void JobAnalysis::checkP2p(Comm& comm) {

@@ -16,6 +16,57 @@
 
 namespace ncclwatch::analysis::internal {
 
+// One communicator's collectives that every member joined, and who arrived last in each.
+StragglerTally JobAnalysis::tallyStragglers(const Comm& comm) const {
+  StragglerTally tally;
+  if (comm.members.size() < 3) return tally;
+  uint64_t lo = 0, hi = UINT64_MAX;
+  for (const Member& m : comm.members) {
+    if (m.coll.empty()) return tally;
+    lo = std::max(lo, m.base);
+    hi = std::min(hi, m.lastOrdinal());
+  }
+  std::unordered_map<int, size_t> lateAt;  // proc -> index in tally.late
+  for (uint64_t k = lo; k <= hi; ++k) {
+    int64_t first = INT64_MIN, second = INT64_MIN;
+    const Member* who = nullptr;
+    bool ok = true;
+    for (const Member& m : comm.members) {
+      uint32_t i = m.at(k);
+      if (i == kNone) {
+        ok = false;
+        break;
+      }
+      const CallRecord& r = procs_[m.proc].rec(i);
+      if (!trace::isCollective(r.op)) {
+        ok = false;
+        break;
+      }
+      int64_t t = procs_[m.proc].wall(r.issueNs);
+      if (t > first) {
+        second = first;
+        first = t;
+        who = &m;
+      } else if (t > second) {
+        second = t;
+      }
+    }
+    if (!ok) continue;
+    ++tally.joinedEach;
+    if (first - second < options_.stragglerLagNs) continue;
+    auto [at, added] = lateAt.try_emplace(who->proc, tally.late.size());
+    if (added) tally.late.push_back({who->proc, 0, {}, 0, 0});
+    StragglerTally::Late& late = tally.late[at->second];
+    ++late.count;
+    if (late.first == 0 || first < late.first) late.first = first;
+    late.lags.push_back(first - second);
+    late.lastSeq = procs_[who->proc].rec(who->at(k)).seq;
+  }
+  return tally;
+}
+
+// Tallied per communicator (a partial pass keeps the tallies of the ones it does not redo), then
+// summed over the communicators in order: the last one where a rank was late names its verdict.
 void JobAnalysis::checkStragglers() {
   int n = static_cast<int>(procs_.size());
   std::vector<int> joined(n, 0), last(n, 0);
@@ -24,53 +75,24 @@ void JobAnalysis::checkStragglers() {
   std::vector<uint64_t> lastSeq(n, 0);
   std::vector<int64_t> firstLate(n, 0);
   for (const Comm& comm : comms_) {
-    if (comm.members.size() < 3) continue;
-    uint64_t lo = 0, hi = UINT64_MAX;
-    for (const Member& m : comm.members) {
-      if (m.coll.empty()) {
-        hi = 0;
-        break;
-      }
-      lo = std::max(lo, m.base);
-      hi = std::min(hi, m.lastOrdinal());
+    StragglerTally fresh;
+    const StragglerTally* tally = &fresh;
+    if (redo(comm)) {
+      fresh = tallyStragglers(comm);
+      if (cache_ != nullptr) cache_->comms[comm.hash].tally = fresh;
+    } else {
+      tally = &cache_->comms[comm.hash].tally;
     }
-    for (uint64_t k = lo; hi != 0 && k <= hi; ++k) {
-      int64_t first = INT64_MIN, second = INT64_MIN;
-      int who = -1;
-      bool ok = true;
-      for (const Member& m : comm.members) {
-        uint32_t i = m.at(k);
-        if (i == kNone) {
-          ok = false;
-          break;
-        }
-        const CallRecord& r = procs_[m.proc].rec(i);
-        if (!trace::isCollective(r.op)) {
-          ok = false;
-          break;
-        }
-        int64_t t = procs_[m.proc].wall(r.issueNs);
-        if (t > first) {
-          second = first;
-          first = t;
-          who = m.proc;
-        } else if (t > second) {
-          second = t;
-        }
-      }
-      if (!ok) continue;
-      for (const Member& m : comm.members) ++joined[m.proc];
-      if (first - second >= options_.stragglerLagNs) {
-        ++last[who];
-        if (firstLate[who] == 0 || first < firstLate[who]) firstLate[who] = first;
-        lags[who].push_back(first - second);
-        lastComm[who] = &comm;
-        const Member* wm = nullptr;
-        for (const Member& m : comm.members) {
-          if (m.proc == who) wm = &m;
-        }
-        lastSeq[who] = procs_[who].rec(wm->at(k)).seq;
-      }
+    if (tally->joinedEach > 0) {
+      for (const Member& m : comm.members) joined[m.proc] += tally->joinedEach;
+    }
+    for (const StragglerTally::Late& late : tally->late) {
+      int who = late.proc;
+      last[who] += late.count;
+      if (firstLate[who] == 0 || late.first < firstLate[who]) firstLate[who] = late.first;
+      lags[who].insert(lags[who].end(), late.lags.begin(), late.lags.end());
+      lastComm[who] = &comm;
+      lastSeq[who] = late.lastSeq;
     }
   }
   for (int p = 0; p < n; ++p) {

@@ -113,25 +113,34 @@ void JobAnalysis::finishVerdicts() {
   });
 }
 
+CommSummary JobAnalysis::summarize(const Comm& comm) const {
+  CommSummary s;
+  s.comm = comm.desc;
+  std::map<std::tuple<uint64_t, uint64_t, uint64_t>, std::vector<int>> groups;
+  for (const Member& m : comm.members) {
+    s.ranks.push_back(procs_[m.proc].rank);
+    s.calls = std::max(s.calls, m.maxSeq);
+    groups[{m.maxSeq, m.completedSeq, m.pendingCount}].push_back(procs_[m.proc].rank);
+  }
+  std::sort(s.ranks.begin(), s.ranks.end());
+  for (auto& [key, ranks] : groups) {
+    CommSummary::Progress pr;
+    pr.ranks = ranks;
+    std::sort(pr.ranks.begin(), pr.ranks.end());
+    std::tie(pr.issuedSeq, pr.completedSeq, pr.pending) = key;
+    s.progress.push_back(std::move(pr));
+  }
+  return s;
+}
+
 void JobAnalysis::summarize(JobReport& report) {
   for (const Comm& comm : comms_) {
-    CommSummary s;
-    s.comm = comm.desc;
-    std::map<std::tuple<uint64_t, uint64_t, uint64_t>, std::vector<int>> groups;
-    for (const Member& m : comm.members) {
-      s.ranks.push_back(procs_[m.proc].rank);
-      s.calls = std::max(s.calls, m.maxSeq);
-      groups[{m.maxSeq, m.completedSeq, m.pendingCount}].push_back(procs_[m.proc].rank);
+    if (!redo(comm)) {
+      report.comms.push_back(cache_->comms[comm.hash].summary);
+      continue;
     }
-    std::sort(s.ranks.begin(), s.ranks.end());
-    for (auto& [key, ranks] : groups) {
-      CommSummary::Progress pr;
-      pr.ranks = ranks;
-      std::sort(pr.ranks.begin(), pr.ranks.end());
-      std::tie(pr.issuedSeq, pr.completedSeq, pr.pending) = key;
-      s.progress.push_back(std::move(pr));
-    }
-    report.comms.push_back(std::move(s));
+    report.comms.push_back(summarize(comm));
+    if (cache_ != nullptr) cache_->comms[comm.hash].summary = report.comms.back();
   }
   std::sort(report.comms.begin(), report.comms.end(),
             [](const CommSummary& a, const CommSummary& b) {
@@ -238,20 +247,12 @@ void JobAnalysis::noteEvidenceGaps(JobReport& report) const {
       report.evidenceGaps.push_back("rank " + std::to_string(proc.rank) + " lost " +
                                     std::to_string(lost) + " records");
     }
-    bool anyTracked = false, anyCall = false;
-    uint64_t shed = 0, calls = 0;
-    for (const CallRecord& r : file.records) {
-      if (!trace::isCollective(r.op) && !trace::isPointToPoint(r.op)) continue;
-      anyCall = true;
-      ++calls;
-      anyTracked |= isTracked(r) || (r.flags & trace::kRecordKernelTracked) != 0;
-      shed += (r.flags & trace::kRecordShed) != 0;
-    }
-    if (anyCall && !anyTracked) noEvents.push_back(proc.rank);
-    if (shed > 0 && anyTracked) {
+    // Counted in analyzeJobs's one scan of the records.
+    if (proc.calls > 0 && !proc.anyTracked) noEvents.push_back(proc.rank);
+    if (proc.shed > 0 && proc.anyTracked) {
       report.evidenceGaps.push_back(
-          "rank " + std::to_string(proc.rank) + " left " + std::to_string(shed) + " of " +
-          std::to_string(calls) +
+          "rank " + std::to_string(proc.rank) + " left " + std::to_string(proc.shed) + " of " +
+          std::to_string(proc.calls) +
           " calls untracked (no free CUDA event: its calls outran the watchdog)");
     }
     if (!file.continuous && file.header.nextIndex > file.header.capacity) {

@@ -21,7 +21,9 @@
 //    (dead/missing, the wait-for graph, init) and stragglers look across communicators.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <set>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -29,6 +31,7 @@
 #include <vector>
 
 #include "analysis/analyze.h"
+#include "analysis/incremental.h"
 #include "trace/fingerprint.h"
 #include "trace/ring_reader.h"
 
@@ -85,7 +88,12 @@ struct Proc {
   bool alive = false;
   bool clean = false;
   int64_t lastActivity = 0;  // wall
-  bool pending = false;      // has a pending call
+  // Facts of its records, from one scan (analyzeJobs): the passes read them, not the records.
+  bool pending = false;     // has a pending call
+  bool failed = false;      // has a failed call
+  uint64_t calls = 0;       // collectives and sends/receives
+  uint64_t shed = 0;        // of which left untracked for want of a free CUDA event
+  bool anyTracked = false;  // whether any of them had its completion tracked
   const CallRecord& rec(uint32_t i) const { return file->records[i]; }
   int64_t wall(int64_t t) const { return t == 0 ? 0 : t + toWall; }
 };
@@ -134,17 +142,65 @@ struct TransferHash {
   }
 };
 
+// One communicator's share of the straggler check: how many of its collectives every member
+// joined, and per member that arrived last by stragglerLagNs, how often, by how much, when first
+// and at which seq last.
+struct StragglerTally {
+  int joinedEach = 0;
+  struct Late {
+    int proc = 0;
+    int count = 0;
+    std::vector<int64_t> lags;
+    int64_t first = 0;
+    uint64_t lastSeq = 0;
+  };
+  std::vector<Late> late;
+};
+
+// What a pass keeps per communicator for a later partial pass (analysis/incremental.h): the
+// verdicts of its structural checks, its straggler tally and its summary.
+struct CommCache {
+  std::vector<Verdict> structural;  // checkMismatches(comm): mismatches and split colours
+  std::vector<Verdict> p2p;         // checkP2p(comm)
+  StragglerTally tally;
+  CommSummary summary;
+  bool readsOtherComms = false;  // a verdict describes where absent members are elsewhere
+};
+
+// What the passes over one job (job id, attempt) keep between them.
+struct JobCache {
+  bool valid = false;     // the last pass met the conditions of a partial pass
+  uint64_t identity = 0;  // the processes, their liveness and their communicator tables
+  std::unordered_map<uint64_t, CommCache> comms;
+};
+
 // The analysis of one job (job id, attempt).
 class JobAnalysis {
  public:
   JobAnalysis(std::vector<Proc> procs, const Options& options, int64_t now)
       : procs_(std::move(procs)), options_(options), now_(now) {}
+  // A pass that keeps its per-communicator results in `cache`, and redoes only the
+  // communicators in `dirty` when the kept ones are still good (incremental.h); dirty == nullptr:
+  // a full pass that refills the cache.
+  JobAnalysis(std::vector<Proc> procs, const Options& options, int64_t now, JobCache* cache,
+              const std::unordered_set<uint64_t>* dirty)
+      : procs_(std::move(procs)), options_(options), now_(now), cache_(cache), dirty_(dirty) {}
 
   JobReport run(const std::string& jobId, int attempt);  // analyze.cc
+  bool partial() const { return partial_; }
+  const char* whyFull() const { return whyFull_; }
+  size_t commsRedone() const {
+    size_t redone = 0;
+    for (const Comm& comm : comms_) redone += redo(comm) ? 1 : 0;
+    return redone;
+  }
 
  private:
   // ----- align.cc: building the state -----
   void buildComms();
+  void alignProc(int proc, const std::vector<char>& aligned);
+  void findCompletedTransfers();
+  void alignSkipped();
   void excludeShrunkMembers();
   // The earliest pending call of a process (by issue time): where it waits.
   uint32_t waitPoint(int proc) const;
@@ -194,6 +250,17 @@ class JobAnalysis {
 
   // ----- check_stragglers.cc -----
   void checkStragglers();
+  StragglerTally tallyStragglers(const Comm& comm) const;
+
+  // ----- analyze.cc: partial passes -----
+  // Whether nothing the cross-communicator checks look at can fire in this pass: every process
+  // alive, none with a failed call, the job not quiet, no shrunk communicator.
+  // Returns "" when it holds, else why not (IncrementalAnalysis::Stats::fullBecause).
+  const char* crossCommChecksQuiet() const;
+  uint64_t identity() const;
+  // Whether this pass aligns and checks `comm` (a full pass: all of them).
+  bool redo(const Comm& comm) const { return !partial_ || redo_.count(comm.hash) != 0; }
+  CommSummary summarize(const Comm& comm) const;
 
   // ----- finish_verdicts.cc -----
   void finishVerdicts();
@@ -249,6 +316,29 @@ class JobAnalysis {
   int64_t jobLastActivity_ = 0;
   std::vector<Verdict> verdicts_;
   std::set<int> deadRanks_;  // proc indices judged dead
+  // Partial passes (incremental.h).
+  JobCache* cache_ = nullptr;
+  const std::unordered_set<uint64_t>* dirty_ = nullptr;
+  bool partial_ = false;
+  bool abandoned_ = false;  // a partial pass found it needs the other comms too (alignSkipped)
+  const char* whyFull_ = "first";
+  mutable bool readsOtherComms_ = false;  // set by whereIs
+  std::unordered_set<uint64_t> redo_;     // in a partial pass: the comms aligned and checked
+  // Per process, its memberships in its comm table's order: (hash, (comm index, member index)).
+  std::vector<std::vector<std::pair<uint64_t, std::pair<int, int>>>> procMembers_;
 };
+
+// The state of an IncrementalAnalysis (incremental.h): per job, what the last pass kept; what
+// changed since.
+struct IncrementalState {
+  std::map<std::string, JobCache> jobs;  // by "job/attempt"
+  std::unordered_set<uint64_t> dirty;
+  bool all = true;
+  IncrementalAnalysis::Stats stats;
+};
+
+// analysis::analyze, and IncrementalAnalysis::analyze when `incremental` is given.
+Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& options,
+                   IncrementalState* incremental);
 
 }  // namespace ncclwatch::analysis::internal

@@ -25,9 +25,15 @@ bool LiveTriage::observe(const trace::CallRecord& record, int64_t wallNs) {
   Open& open = slot->second;
   if (added) open.fingerprint = record.fingerprint;
   bool diverges = open.fingerprint != record.fingerprint;
+  open.diverged |= diverges;
   if (++open.reported >= comm.size) {
-    comm.open.erase(slot);  // every member agreed (or the divergence is already noted)
-  } else if (comm.open.size() > maxOpen_) {
+    // Every member has spoken. Where they diverged, the collector looks again at once: the
+    // mismatch's classes are now complete, and it can be said without waiting to settle.
+    bool completesDivergence = open.diverged;
+    comm.open.erase(slot);
+    return diverges || completesDivergence;
+  }
+  if (comm.open.size() > maxOpen_) {
     comm.open.erase(comm.open.begin());
     ++forgotten_;
   }

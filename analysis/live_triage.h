@@ -25,7 +25,9 @@ class LiveTriage {
 
   // A record seen for the first time. `wallNs`: the record's latest time (issue, start or
   // completion) on the wall clock, 0 if none. Returns true when the record's collective has a
-  // fingerprint other than the one another member reported at the same (comm, ordinal).
+  // fingerprint other than the one another member reported at the same (comm, ordinal), and
+  // when it is the last member's record at an ordinal where members diverged (every member has
+  // spoken: the mismatch can be said at once).
   bool observe(const trace::CallRecord& record, int64_t wallNs);
   // A record seen again with a newer state: only its times count, as activity.
   void observeUpdate(int64_t wallNs);
@@ -38,6 +40,7 @@ class LiveTriage {
   struct Open {
     uint64_t fingerprint = 0;
     int reported = 0;
+    bool diverged = false;
   };
   struct Comm {
     int size = 0;

@@ -198,6 +198,17 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
       << " relay_links=" << counters.relayLinks.load() << " rejected=" << counters.rejected.load()
       << " frames=" << counters.frames.load() << " records=" << counters.records.load()
       << " verdicts=" << counters.verdicts.load() << " analyses=" << counters.analyses.load()
+      << " partial=" << counters.partialAnalyses.load() << " full_because=" <<
+      [&] {
+        std::string reasons;
+        for (size_t i = 0; i < std::size(Counters::kFullReasons); ++i) {
+          if (counters.fullBecause[i].load() == 0) continue;
+          if (!reasons.empty()) reasons += ",";
+          reasons += std::string(Counters::kFullReasons[i]) + ":" +
+                     std::to_string(counters.fullBecause[i].load());
+        }
+        return reasons.empty() ? std::string("-") : reasons;
+      }()
       << " analysis_ms=" << counters.analysisNs.load() / 1'000'000 << "\n";
   return counters.verdicts.load() > 0 ? 1 : 0;
 }

@@ -44,12 +44,18 @@ struct Counters {
   std::atomic<uint64_t> rejected{0};    // connections dropped: bad secret or malformed frames
   // HELLOs with another secret from processes started after this collector (a newer job's).
   std::atomic<uint64_t> newerJobKnocks{0};
-  std::atomic<uint64_t> frames{0};       // frames accepted
-  std::atomic<uint64_t> records{0};      // records received
-  std::atomic<uint64_t> recordsHeld{0};  // records kept for analysis now (bounded)
-  std::atomic<uint64_t> verdicts{0};     // verdicts reported
-  std::atomic<uint64_t> analyses{0};     // analysis passes run
-  std::atomic<uint64_t> analysisNs{0};   // time spent in them
+  std::atomic<uint64_t> frames{0};           // frames accepted
+  std::atomic<uint64_t> records{0};          // records received
+  std::atomic<uint64_t> recordsHeld{0};      // records kept for analysis now (bounded)
+  std::atomic<uint64_t> verdicts{0};         // verdicts reported
+  std::atomic<uint64_t> analyses{0};         // analysis passes run
+  std::atomic<uint64_t> partialAnalyses{0};  // of which redid only the touched communicators
+  // Why the other passes were full (analysis::IncrementalAnalysis::Stats::fullBecause), by
+  // kFullReasons' order.
+  static constexpr const char* kFullReasons[] = {"first",  "changed", "gone",   "no_comm",
+                                                 "shrink", "quiet",   "failed", "absent"};
+  std::atomic<uint64_t> fullBecause[8] = {};
+  std::atomic<uint64_t> analysisNs{0};  // time spent in them
 };
 
 class Collector {

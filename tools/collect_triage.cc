@@ -100,10 +100,14 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
   Process& process = processes_[index];
   std::vector<trace::CallRecord>& records = files_[index].records;
   size_t before = records.size();
+  analysis_.touch(record.commHash);  // the next pass redoes this communicator
   int64_t wall = analysis::latestTime(record);
   wall = wall == 0 ? 0 : wall + process.toWall;
   if (record.ringIndex >= process.firstNewIndex) {
-    if (triage_.observe(record, wall)) wanted_ = true;
+    if (triage_.observe(record, wall)) {
+      wanted_ = true;
+      divergent_.insert(record.commHash);
+    }
     process.firstNewIndex = record.ringIndex + 1;
   } else {
     triage_.observeUpdate(wall);  // a state change, or a resend after a reconnect
@@ -125,6 +129,12 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
   }
   // Trim in steps of a quarter window, so that each record is moved a few times at most.
   if (records.size() > process.window + process.window / 4) {
+    // What leaves the window changes its communicators' alignment too.
+    uint64_t lastHash = record.commHash;
+    for (auto it = records.begin();
+         it != records.end() - static_cast<std::ptrdiff_t>(process.window); ++it) {
+      if (it->commHash != lastHash) analysis_.touch(lastHash = it->commHash);
+    }
     records.erase(records.begin(), records.end() - static_cast<std::ptrdiff_t>(process.window));
   }
   counters_.recordsHeld += records.size() - before;  // unsigned: wraps right when it shrank
@@ -341,8 +351,23 @@ void Triage::maybeAnalyze(int64_t now) {
              (quiet && since >= std::max<int64_t>(200 * kMs, 3 * lastCostNs_)) ||
              (activity_ && since >= 9 * lastCostNs_) ||
              since >= std::max<int64_t>(2000 * kMs, 20 * lastCostNs_);
-  if (!due || processes_.empty()) return;
+  // A divergence the triage saw is looked at on its own communicator at once, by a pass that
+  // redoes only that one (when the rest still holds: analysis/incremental.h), paced by its own
+  // cost: at most half a core.
+  bool divergence = !divergent_.empty() && since >= lastFirstCostNs_;
+  if ((!due && !divergence) || processes_.empty()) return;
+  if (!due) {
+    std::set<uint64_t> first = std::move(divergent_);
+    divergent_.clear();
+    analyze(now, false, &first);
+    int64_t end = steadyNs();
+    lastFirstCostNs_ = end - now;
+    counters_.analysisNs += static_cast<uint64_t>(lastFirstCostNs_);
+    lastAnalysisNs_ = end;
+    return;
+  }
   wanted_ = activity_ = false;
+  divergent_.clear();
   analyze(now);
   int64_t end = steadyNs();
   lastCostNs_ = end - now;
@@ -350,7 +375,7 @@ void Triage::maybeAnalyze(int64_t now) {
   lastAnalysisNs_ = end;
 }
 
-void Triage::analyze(int64_t now, bool final) {
+void Triage::analyze(int64_t now, bool final, const std::set<uint64_t>* first) {
   analysis::Options analysisOptions;
   analysisOptions.nowNs = realtimeNs();
   analysisOptions.quietNs = options_.quietMs * kMs;
@@ -368,7 +393,17 @@ void Triage::analyze(int64_t now, bool final) {
   }
   if (graceRunning) wanted_ = true;  // look again once the grace is over
   counters_.analyses++;
-  analysis::Report result = analysis::analyze(files_, analysisOptions);
+  // Only the communicators touched since the last pass are redone when the rest still holds
+  // (analysis/incremental.h); the verdicts are those of analysis::analyze on the same files.
+  analysis::Report result = first != nullptr
+                                ? analysis_.analyzeFirst(files_, analysisOptions, *first)
+                                : analysis_.analyze(files_, analysisOptions);
+  counters_.partialAnalyses = analysis_.stats().partialPasses;
+  for (const auto& [why, count] : analysis_.stats().fullBecause) {
+    for (size_t i = 0; i < std::size(Counters::kFullReasons); ++i) {
+      if (why == Counters::kFullReasons[i]) counters_.fullBecause[i] = count;
+    }
+  }
   // A verdict is said once every member of its communicator has issued the call, or once it
   // has held, with the same culprits, for settleMs: ranks report a little apart, and a verdict
   // drawn before the last of them has spoken can blame the wrong one.

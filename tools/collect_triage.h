@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "analysis/analyze.h"
+#include "analysis/incremental.h"
 #include "analysis/live_triage.h"
 #include "collect.h"
 #include "collect_connections.h"
@@ -69,7 +70,8 @@ class Triage : public FrameSink {
   void reloadFromFile(size_t process);
   void maybeAnalyze(int64_t now);
   // `final`: the job is over (every rank said BYE): every verdict is said, none waits to settle.
-  void analyze(int64_t now, bool final = false);
+  // `first`: communicators where the triage saw a divergence, redone before the others.
+  void analyze(int64_t now, bool final = false, const std::set<uint64_t>* first = nullptr);
   // Reads the trace files in the collector's folder of ranks that never connected (or that
   // ended while it thought them alive): a rank that crashed before its first exchange is still
   // evidence, as `ncclwatch inspect` sees it.
@@ -89,6 +91,7 @@ class Triage : public FrameSink {
   std::vector<trace::TraceFile> files_;                            // parallel to processes_
   std::map<std::tuple<std::string, int, int>, int> processIndex_;  // (job, rank, pid)
   analysis::LiveTriage triage_;
+  analysis::IncrementalAnalysis analysis_;
   std::set<std::string> reported_;  // verdict keys already said
   struct Candidate {
     std::string culprits;
@@ -102,6 +105,8 @@ class Triage : public FrameSink {
   int64_t nextCheckNs_ = 0;
   int64_t lastAnalysisNs_ = 0;
   int64_t lastCostNs_ = 0;
+  std::set<uint64_t> divergent_;  // comms where the triage saw a divergence since the last pass
+  int64_t lastFirstCostNs_ = 0;   // the cost of the last pass over those alone
   int64_t nextAdoptNs_ = 0;
   std::set<std::string> foreignFiles_;  // trace files in the folder that are not this job's
   struct PendingAbort {

@@ -1,0 +1,47 @@
+// IncrementalAnalysis: analysis::analyze's own code (analyzeJobs) with the kept state of the
+// passes before. The rules of a partial pass are in analyze.cc (JobAnalysis::run).
+#include "analysis/incremental.h"
+
+#include "analysis/job_state.h"
+
+namespace ncclwatch::analysis {
+
+IncrementalAnalysis::IncrementalAnalysis()
+    : state_(std::make_unique<internal::IncrementalState>()) {}
+IncrementalAnalysis::~IncrementalAnalysis() = default;
+
+void IncrementalAnalysis::touch(uint64_t commHash) {
+  state_->dirty.insert(commHash);
+}
+void IncrementalAnalysis::touchAll() {
+  state_->all = true;
+}
+
+const IncrementalAnalysis::Stats& IncrementalAnalysis::stats() const {
+  return state_->stats;
+}
+
+Report IncrementalAnalysis::analyze(std::span<const trace::TraceFile> files,
+                                    const Options& options) {
+  Report report = internal::analyzeJobs(files, options, state_.get());
+  state_->dirty.clear();
+  state_->all = false;
+  return report;
+}
+
+Report IncrementalAnalysis::analyzeFirst(std::span<const trace::TraceFile> files,
+                                         const Options& options, const std::set<uint64_t>& first) {
+  if (state_->all) return analyze(files, options);
+  std::unordered_set<uint64_t> later;
+  for (uint64_t hash : state_->dirty) {
+    if (!first.count(hash)) later.insert(hash);
+  }
+  for (uint64_t hash : later) state_->dirty.erase(hash);
+  Report report = internal::analyzeJobs(files, options, state_.get());
+  // The others are left for the next pass (after a full pass, redoing them is merely redundant).
+  state_->dirty = std::move(later);
+  state_->all = false;
+  return report;
+}
+
+}  // namespace ncclwatch::analysis
