@@ -188,7 +188,9 @@ if want 6; then
   ulimit -n 1048576 2>/dev/null || ulimit -n 65536 2>/dev/null || true
   for mode in ${GPU_CHECK_SCALE_MODES:-4096 relays}; do
     say "step 6: bench/collector_scale.sh $mode ($(nproc) cores)"
-    timeout 150 bench/collector_scale.sh "$(realpath --relative-to="$PWD" "$prefix")" "$mode" 2>&1 | tail -40
+    # shellcheck disable=SC2086  # GPU_CHECK_SCALE_ARGS: collector_load options, word-split
+    timeout 150 bench/collector_scale.sh "$(realpath --relative-to="$PWD" "$prefix")" "$mode" \
+      ${GPU_CHECK_SCALE_ARGS:-} 2>&1 | tail -40
   done
 fi
 say "done"
