@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -15,6 +14,7 @@
 #include <cstring>
 
 #include "watchdog/sidecar.h"
+#include "watchdog/spawn_process.h"
 
 namespace ncclwatch::watchdog {
 namespace {
@@ -25,13 +25,6 @@ socklen_t abstractAddress(const std::string& name, sockaddr_un* address) {
   size_t length = std::min(name.size(), sizeof address->sun_path - 1);
   std::memcpy(address->sun_path + 1, name.data(), length);  // sun_path[0] = 0: abstract
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + length);
-}
-
-std::vector<char*> pointers(std::vector<std::string>& words) {
-  std::vector<char*> result;
-  for (std::string& word : words) result.push_back(word.data());
-  result.push_back(nullptr);
-  return result;
 }
 
 }  // namespace
@@ -129,36 +122,10 @@ void RelayHost::start(const char* secret) {
     }
     environment.push_back(entry);
   }
-  std::vector<char*> argv = pointers(arguments);
-  std::vector<char*> envp = pointers(environment);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, fd, 3);
-  posix_spawn_file_actions_addclosefrom_np(&actions, 4);
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  // As the sidecar: signals unblocked and at their defaults, a process group of its own (a
-  // launcher killing this rank's group leaves the host's other agents their relay).
-  sigset_t none, stopping;
-  sigemptyset(&none);
-  sigemptyset(&stopping);
-  sigaddset(&stopping, SIGINT);
-  sigaddset(&stopping, SIGTERM);
-  sigaddset(&stopping, SIGPIPE);
-  posix_spawnattr_setsigmask(&attributes, &none);
-  posix_spawnattr_setsigdefault(&attributes, &stopping);
-  posix_spawnattr_setpgroup(&attributes, 0);
-  posix_spawnattr_setflags(&attributes,
-                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+  // As the sidecar (watchdog/spawn_process.h); the listening socket becomes its fd 3.
+  DetachedProcess relay{cli, std::move(arguments), std::move(environment), fd, true};
   pid_t pid = -1;
-  int error =
-      cli.find('/') != std::string::npos
-          ? posix_spawn(&pid, cli.c_str(), &actions, &attributes, argv.data(), envp.data())
-          : posix_spawnp(&pid, cli.c_str(), &actions, &attributes, argv.data(), envp.data());
-  posix_spawnattr_destroy(&attributes);
-  posix_spawn_file_actions_destroy(&actions);
+  int error = spawnDetached(relay, &pid);
   close(fd);  // the relay holds the name now; if it could not start, the name is free again
   if (error != 0) {
     std::fprintf(stderr,

@@ -7,7 +7,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -20,6 +19,8 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+
+#include "watchdog/spawn_process.h"
 
 extern char** environ;
 
@@ -81,13 +82,6 @@ bool sameHost(const sockaddr* a, const sockaddr* b) {
                        &reinterpret_cast<const sockaddr_in6*>(b)->sin6_addr, sizeof(in6_addr)) == 0;
   }
   return false;
-}
-
-std::vector<char*> pointers(std::vector<std::string>& words) {
-  std::vector<char*> result;
-  for (std::string& word : words) result.push_back(word.data());
-  result.push_back(nullptr);
-  return result;
 }
 
 }  // namespace
@@ -241,40 +235,12 @@ void Sidecar::spawn(const char* secret) {
   }
   std::vector<std::string> arguments = sidecarArguments(cli, options_);
   std::vector<std::string> environment = sidecarEnvironment(options_.environment, secret);
-  std::vector<char*> argv = pointers(arguments);
-  std::vector<char*> envp = pointers(environment);
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  // The collector prints verdicts on its stderr, rank 0's; its stdout (the "listening" line)
-  // joins it. It reads nothing, and inherits none of the host's other descriptors (a listening
-  // socket kept open by it would outlive the host).
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
-  posix_spawn_file_actions_addclosefrom_np(&actions, STDERR_FILENO + 1);
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  // The watchdog thread blocks every signal, and a child inherits its mask: unblock them, and
-  // undo a host's SIG_IGN of the signals that stop the collector.
-  sigset_t none, stopping;
-  sigemptyset(&none);
-  sigemptyset(&stopping);
-  sigaddset(&stopping, SIGINT);
-  sigaddset(&stopping, SIGTERM);
-  posix_spawnattr_setsigmask(&attributes, &none);
-  posix_spawnattr_setsigdefault(&attributes, &stopping);
-  // A process group of its own: a launcher killing rank 0's group (a crash, a timeout) leaves
-  // the collector to report it; --until-idle ends it once the agents are gone.
-  posix_spawnattr_setpgroup(&attributes, 0);
-  posix_spawnattr_setflags(&attributes,
-                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+  // It prints verdicts on its stderr, rank 0's, and reads nothing; a process group of its own,
+  // so that a launcher killing rank 0's group (a crash, a timeout) leaves the collector to
+  // report it (--until-idle ends it once the agents are gone).
+  DetachedProcess collector{cli, std::move(arguments), std::move(environment)};
   pid_t pid = -1;
-  int error =
-      cli.find('/') != std::string::npos
-          ? posix_spawn(&pid, cli.c_str(), &actions, &attributes, argv.data(), envp.data())
-          : posix_spawnp(&pid, cli.c_str(), &actions, &attributes, argv.data(), envp.data());
-  posix_spawnattr_destroy(&attributes);
-  posix_spawn_file_actions_destroy(&actions);
+  int error = spawnDetached(collector, &pid);
   if (error != 0) {
     std::fprintf(stderr,
                  "[ncclwatch] no sidecar collector: cannot run %s: %s (NCCLWATCH_CLI names the "

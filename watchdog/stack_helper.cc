@@ -17,6 +17,7 @@
 #include <mutex>
 
 #include "watchdog/sidecar.h"
+#include "watchdog/spawn_process.h"
 
 extern char** environ;
 
@@ -130,13 +131,6 @@ struct Pipe {
   }
 };
 
-std::vector<char*> pointers(std::vector<std::string>& words) {
-  std::vector<char*> result;
-  for (std::string& word : words) result.push_back(word.data());
-  result.push_back(nullptr);
-  return result;
-}
-
 bool yamaScopeIsOne() {
   int fd = open("/proc/sys/kernel/yama/ptrace_scope", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
@@ -187,8 +181,8 @@ pid_t spawnHelper(const StackHelperSetup& setup, int in, int out, int err, std::
   std::vector<std::string> arguments = {setup.cli, "stacks-of", std::to_string(getpid()),
                                         "--wait-go"};
   std::vector<std::string> environment = setup.environment;
-  std::vector<char*> argv = pointers(arguments);
-  std::vector<char*> envp = pointers(environment);
+  std::vector<char*> argv = spawnPointers(arguments);
+  std::vector<char*> envp = spawnPointers(environment);
   ChildSetup child;
   child.clone = libcClone();
   child.path = setup.cli.c_str();

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "records.h"
 #include "trace/fingerprint.h"
 #include "trace/ring_writer.h"
 #include "trace/wire.h"
@@ -87,22 +88,7 @@ wire::Hello hello(const std::string& secret, int rank) {
   return h;
 }
 
-ncclwatch::trace::CallRecord allReduce(uint64_t comm, uint64_t seq, uint64_t count) {
-  ncclwatch::trace::CallRecord record{};
-  record.commHash = comm;
-  record.seq = seq;
-  record.op = ncclwatch::trace::OpKind::kAllReduce;
-  record.count = count;
-  record.dtype = 7;
-  record.state = ncclwatch::trace::RecordState::kStarted;
-  record.issueNs = 1'000'000'000 + static_cast<int64_t>(seq) * 1'000'000;
-  record.startNs = record.issueNs + 1000;
-  record.rootOrPeer = -1;
-  record.ringIndex = seq;
-  record.slotVersion = 2;
-  record.fingerprint = ncclwatch::trace::fingerprint({record.op, count, 7, 0, -1});
-  return record;
-}
+using collecttest::allReduce;
 
 // A fake agent: connects, says HELLO (job `job`, `world` ranks) and COMMS (one communicator of
 // `world` ranks), then sends `records` on it. Returns the connection.

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "collect.h"
+#include "records.h"
 #include "relay.h"
 #include "trace/fingerprint.h"
 #include "trace/wire.h"
@@ -111,20 +112,7 @@ bool closedByPeer(int fd, std::chrono::milliseconds timeout) {
 }
 
 CallRecord allReduce(uint64_t seq, uint64_t count) {
-  CallRecord record{};
-  record.commHash = kComm;
-  record.seq = seq;
-  record.op = ncclwatch::trace::OpKind::kAllReduce;
-  record.count = count;
-  record.dtype = 7;
-  record.state = ncclwatch::trace::RecordState::kStarted;
-  record.issueNs = 1'000'000'000 + static_cast<int64_t>(seq) * 1'000'000;
-  record.startNs = record.issueNs + 1000;
-  record.rootOrPeer = -1;
-  record.ringIndex = seq;
-  record.slotVersion = 2;
-  record.fingerprint = ncclwatch::trace::fingerprint({record.op, count, 7, 0, -1});
-  return record;
+  return collecttest::allReduce(kComm, seq, count);
 }
 
 // What one agent of a 2-rank job sends first: HELLO, COMMS, two allreduces, the second of which
