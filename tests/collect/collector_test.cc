@@ -19,7 +19,7 @@
 #include <sstream>
 #include <thread>
 
-#include "records.h"
+#include "harness.h"
 #include "trace/fingerprint.h"
 #include "trace/ring_writer.h"
 #include "trace/wire.h"
@@ -29,49 +29,10 @@ namespace {
 using namespace std::chrono_literals;
 namespace wire = ncclwatch::trace::wire;
 using ncclwatch::collect::Collector;
-
-int connectTo(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  return fd;
-}
-
-void sendAll(int fd, const std::vector<std::byte>& bytes) {
-  size_t sent = 0;
-  while (sent < bytes.size()) {
-    ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) return;
-    sent += static_cast<size_t>(n);
-  }
-}
-
-// True when the peer closed the connection within `timeout`.
-bool closedByPeer(int fd, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    pollfd ready{fd, POLLIN, 0};
-    if (poll(&ready, 1, 20) > 0) {
-      char byte;
-      ssize_t n = recv(fd, &byte, 1, MSG_DONTWAIT);
-      if (n == 0 || (n < 0 && errno != EAGAIN)) return true;
-    }
-  }
-  return false;
-}
-
-template <typename Predicate>
-bool eventually(Predicate predicate, std::chrono::milliseconds timeout = 5000ms) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (predicate()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return predicate();
-}
+using namespace collecttest;
+constexpr char kCollectorSecret[] = "s3cret-for-tests";
+constexpr char kCollectorFolder[] = "nw-collect";
+using CollectorTest = CollectorFixture<kCollectorSecret, kCollectorFolder>;
 
 wire::Hello hello(const std::string& secret, int rank) {
   wire::Hello h{};
@@ -87,8 +48,6 @@ wire::Hello hello(const std::string& secret, int rank) {
   h.anchorRealtimeNs = 1'700'000'000'000'000'000;
   return h;
 }
-
-using collecttest::allReduce;
 
 // A fake agent: connects, says HELLO (job `job`, `world` ranks) and COMMS (one communicator of
 // `world` ranks), then sends `records` on it. Returns the connection.
@@ -113,26 +72,6 @@ int joinAgent(int port, const std::string& secret, int rank, int world, const st
   sendAll(fd, frame);
   return fd;
 }
-
-class CollectorTest : public testing::Test {
- protected:
-  void SetUp() override {
-    directory_ = std::string(testing::TempDir()) + "/nw-collect-" + std::to_string(getpid());
-    std::filesystem::remove_all(directory_);
-    ncclwatch::collect::Options options;
-    options.secret = "s3cret-for-tests";
-    options.directory = directory_;
-    std::string error;
-    ASSERT_TRUE(collector_.start(options, out_, &error)) << error;
-  }
-  void TearDown() override {
-    collector_.stop();
-    std::filesystem::remove_all(directory_);
-  }
-  std::string directory_;
-  std::ostringstream out_;
-  Collector collector_;
-};
 
 TEST_F(CollectorTest, GarbageOversizedAndWrongSecretsAreDroppedAndCounted) {
   int garbage = connectTo(collector_.port());

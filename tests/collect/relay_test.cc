@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "collect.h"
-#include "records.h"
+#include "harness.h"
 #include "relay.h"
 #include "trace/fingerprint.h"
 #include "trace/wire.h"
@@ -30,20 +30,13 @@ namespace {
 using namespace std::chrono_literals;
 namespace wire = ncclwatch::trace::wire;
 using ncclwatch::collect::Collector;
+using namespace collecttest;
 using ncclwatch::trace::CallRecord;
 
 constexpr char kSecret[] = "relay-test-secret";
 constexpr uint64_t kComm = 0x5eed5eed00112233ull;
-
-int connectTcp(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  return fd;
-}
+constexpr char kRelayFolder[] = "nw-relay";
+using RelayLinkTest = CollectorFixture<kSecret, kRelayFolder>;
 
 int connectAbstract(const std::string& name) {
   int fd = socket(AF_UNIX, SOCK_STREAM, 0);
@@ -57,25 +50,6 @@ int connectAbstract(const std::string& name) {
   }
   ADD_FAILURE() << "no relay listens on @" << name;
   return fd;
-}
-
-void sendAll(int fd, const std::vector<std::byte>& bytes) {
-  size_t sent = 0;
-  while (sent < bytes.size()) {
-    ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) return;
-    sent += static_cast<size_t>(n);
-  }
-}
-
-template <typename Predicate>
-bool eventually(Predicate predicate, std::chrono::milliseconds timeout = 5000ms) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (predicate()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return predicate();
 }
 
 // Frames from `fd` until one decodes (its channel in `channel`), within the timeout.
@@ -97,16 +71,6 @@ bool receiveFrame(int fd, std::vector<std::byte>& buffer, wire::Frame* frame, ui
         size_t consumed = 0;
         std::string error;
         return wire::decodeFrame(one, frame, &consumed, &error) == wire::DecodeStatus::kFrame;
-      },
-      timeout);
-}
-
-bool closedByPeer(int fd, std::chrono::milliseconds timeout) {
-  return eventually(
-      [&] {
-        char byte;
-        ssize_t n = recv(fd, &byte, 1, MSG_DONTWAIT);
-        return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
       },
       timeout);
 }
@@ -144,26 +108,6 @@ std::vector<std::byte> agentOpening(int rank, const char* secret = kSecret) {
   wire::encodeRecords(2'000'000'000, records, encoder, bytes);
   return bytes;
 }
-
-class RelayLinkTest : public testing::Test {
- protected:
-  void SetUp() override {
-    directory_ = std::string(testing::TempDir()) + "/nw-relay-" + std::to_string(getpid());
-    std::filesystem::remove_all(directory_);
-    ncclwatch::collect::Options options;
-    options.secret = kSecret;
-    options.directory = directory_;
-    std::string error;
-    ASSERT_TRUE(collector_.start(options, out_, &error)) << error;
-  }
-  void TearDown() override {
-    collector_.stop();
-    std::filesystem::remove_all(directory_);
-  }
-  std::string directory_;
-  std::ostringstream out_;
-  Collector collector_;
-};
 
 TEST(RelayFraming, FramesSplitByTheirHeaderAndCarryTheirChannel) {
   std::vector<std::byte> frames;
@@ -225,7 +169,7 @@ TEST(RelayFraming, FramesSplitByTheirHeaderAndCarryTheirChannel) {
 // mismatch and asks each to dump on its own channel; a third channel with a wrong secret is
 // closed alone.
 TEST_F(RelayLinkTest, ChannelsOfOneLinkAreAgentsOfTheirOwn) {
-  int link = connectTcp(collector_.port());
+  int link = connectTo(collector_.port());
   std::vector<std::byte> bytes;
   wire::appendWithChannel(agentOpening(0), 3, bytes);
   wire::appendWithChannel(agentOpening(1, "wrong-secret"), 9, bytes);
@@ -267,7 +211,7 @@ TEST_F(RelayLinkTest, ChannelsOfOneLinkAreAgentsOfTheirOwn) {
 // A direct connection that sends a stamped frame, or a relay link a frame without a channel,
 // breaks the framing: dropped.
 TEST_F(RelayLinkTest, MixedFramingIsRejected) {
-  int direct = connectTcp(collector_.port());
+  int direct = connectTo(collector_.port());
   std::vector<std::byte> bytes = agentOpening(0);
   sendAll(direct, bytes);
   EXPECT_TRUE(eventually([&] { return collector_.counters().connected.load() == 1; }));
@@ -277,7 +221,7 @@ TEST_F(RelayLinkTest, MixedFramingIsRejected) {
   sendAll(direct, stamped);
   EXPECT_TRUE(closedByPeer(direct, 3000ms));
 
-  int link = connectTcp(collector_.port());
+  int link = connectTo(collector_.port());
   std::vector<std::byte> relayed;
   wire::appendWithChannel(agentOpening(1), 1, relayed);
   wire::encodeBye(relayed);  // channel 0 on a relay link
@@ -287,19 +231,25 @@ TEST_F(RelayLinkTest, MixedFramingIsRejected) {
   close(link);
 }
 
+// `ncclwatch relay` on the abstract name `name`, for the collector at `port`, on a thread of
+// the test; it ends 200 ms after its last agent left. The future holds its exit code.
+std::future<int> startRelay(const std::string& name, int port, std::ostringstream& log) {
+  ncclwatch::relay::Options options;
+  options.listenName = name;
+  options.collectorHost = "127.0.0.1";
+  options.collectorPort = port;
+  options.idleMs = 200;
+  return std::async(std::launch::async,
+                    [options, &log] { return ncclwatch::relay::runRelay(options, log); });
+}
+
 // `ncclwatch relay` between two fake agents and the collector: their frames arrive as two
 // agents over one connection, each gets its DUMP back without a channel, and when the relay's
 // collector goes away the relay ends (3) and closes its agents, which then go direct.
 TEST_F(RelayLinkTest, TheRelayCarriesAHostsAgentsOverOneConnection) {
   std::string name = "ncclwatch-relay-test-" + std::to_string(getpid());
-  ncclwatch::relay::Options options;
-  options.listenName = name;
-  options.collectorHost = "127.0.0.1";
-  options.collectorPort = collector_.port();
-  options.idleMs = 200;
   std::ostringstream relayLog;
-  auto relay =
-      std::async(std::launch::async, [&] { return ncclwatch::relay::runRelay(options, relayLog); });
+  auto relay = startRelay(name, collector_.port(), relayLog);
   int agents[2];
   for (int rank = 0; rank < 2; ++rank) {
     agents[rank] = connectAbstract(name);
@@ -333,14 +283,8 @@ TEST_F(RelayLinkTest, TheRelayCarriesAHostsAgentsOverOneConnection) {
 // Once every agent left (and what they sent went out) the relay ends by itself.
 TEST_F(RelayLinkTest, AnIdleRelayEnds) {
   std::string name = "ncclwatch-relay-idle-" + std::to_string(getpid());
-  ncclwatch::relay::Options options;
-  options.listenName = name;
-  options.collectorHost = "127.0.0.1";
-  options.collectorPort = collector_.port();
-  options.idleMs = 200;
   std::ostringstream relayLog;
-  auto relay =
-      std::async(std::launch::async, [&] { return ncclwatch::relay::runRelay(options, relayLog); });
+  auto relay = startRelay(name, collector_.port(), relayLog);
   int agent = connectAbstract(name);
   sendAll(agent, agentOpening(0));
   EXPECT_TRUE(eventually([&] { return collector_.counters().connected.load() == 1; }));
