@@ -430,8 +430,9 @@ void Triage::analyze(int64_t now, bool final, const std::set<uint64_t>* first) {
       if (!settled) continue;
       reported_.insert(key);
       seen.erase(key);
-      counters_.verdicts++;
       report(verdict, job);
+      // Counted once said: whoever sees the count (a test, the stats line) sees the text.
+      counters_.verdicts++;
     }
   }
   candidates_ = std::move(seen);
