@@ -31,12 +31,14 @@ bool LiveTriage::observe(const trace::CallRecord& record, int64_t wallNs) {
     // mismatch's classes are now complete, and it can be said without waiting to settle.
     bool completesDivergence = open.diverged;
     comm.open.erase(slot);
+    lastCompleted_ = completesDivergence;
     return diverges || completesDivergence;
   }
   if (comm.open.size() > maxOpen_) {
     comm.open.erase(comm.open.begin());
     ++forgotten_;
   }
+  lastCompleted_ = false;
   return diverges;
 }
 

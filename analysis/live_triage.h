@@ -29,6 +29,9 @@ class LiveTriage {
   // when it is the last member's record at an ordinal where members diverged (every member has
   // spoken: the mismatch can be said at once).
   bool observe(const trace::CallRecord& record, int64_t wallNs);
+  // Whether the last observe() that returned true completed its ordinal (every member spoke), as
+  // opposed to a divergence seen while members are still to report.
+  bool lastCompletedOrdinal() const { return lastCompleted_; }
   // A record seen again with a newer state: only its times count, as activity.
   void observeUpdate(int64_t wallNs);
 
@@ -37,6 +40,7 @@ class LiveTriage {
   uint64_t forgotten() const { return forgotten_; }
 
  private:
+  bool lastCompleted_ = false;
   struct Open {
     uint64_t fingerprint = 0;
     int reported = 0;

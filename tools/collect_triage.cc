@@ -106,7 +106,12 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
   if (record.ringIndex >= process.firstNewIndex) {
     if (triage_.observe(record, wall)) {
       wanted_ = true;
-      divergent_.insert(record.commHash);
+      if (triage_.lastCompletedOrdinal()) {
+        divergent_.insert(record.commHash);
+        divergingSince_.erase(record.commHash);
+      } else {
+        divergingSince_.try_emplace(record.commHash, steadyNs());
+      }
     }
     process.firstNewIndex = record.ringIndex + 1;
   } else {
@@ -354,9 +359,21 @@ void Triage::maybeAnalyze(int64_t now) {
   // A divergence the triage saw is looked at on its own communicator at once, by a pass that
   // redoes only that one (when the rest still holds: analysis/incremental.h), paced by its own
   // cost: at most half a core.
+  // A divergence still missing members waits for them, settleMs at most: a pass before the
+  // last member's record would find the mismatch incomplete and redo every communicator.
+  for (auto it = divergingSince_.begin(); it != divergingSince_.end();) {
+    if (now - it->second < options_.settleMs * kMs) {
+      ++it;
+      continue;
+    }
+    divergent_.insert(it->first);
+    it = divergingSince_.erase(it);
+  }
   bool divergence = !divergent_.empty() && since >= lastFirstCostNs_;
   if ((!due && !divergence) || processes_.empty()) return;
-  if (!due) {
+  // A divergence goes first, on its own communicator, even when a full pass is also due: the
+  // full pass follows on a later tick (wanted_ stays set).
+  if (divergence) {
     std::set<uint64_t> first = std::move(divergent_);
     divergent_.clear();
     analyze(now, false, &first);

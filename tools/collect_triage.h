@@ -106,7 +106,10 @@ class Triage : public FrameSink {
   int64_t lastAnalysisNs_ = 0;
   int64_t lastCostNs_ = 0;
   std::set<uint64_t> divergent_;  // comms where the triage saw a divergence since the last pass
-  int64_t lastFirstCostNs_ = 0;   // the cost of the last pass over those alone
+  // Comms where a divergence was seen while members were still to report, and since when: a
+  // pass waits for the last member's record (the mismatch complete: one pass says it) or settleMs.
+  std::map<uint64_t, int64_t> divergingSince_;
+  int64_t lastFirstCostNs_ = 0;  // the cost of the last pass over those alone
   int64_t nextAdoptNs_ = 0;
   std::set<std::string> foreignFiles_;  // trace files in the folder that are not this job's
   struct PendingAbort {

@@ -56,9 +56,11 @@ TEST(LiveTriage, ADifferentCountAtTheSameOrdinalIsFlagged) {
   EXPECT_FALSE(triage.observe(collective(0, 1024), 1));
   EXPECT_FALSE(triage.observe(collective(0, 1024), 1));
   EXPECT_TRUE(triage.observe(collective(0, 512), 1));
+  EXPECT_FALSE(triage.lastCompletedOrdinal());  // a member is still to report: wait for it
   // The last member agrees with the first, and completes a divergent ordinal: flagged again
   // (every member has spoken: the mismatch can be said at once), and the ordinal is closed.
   EXPECT_TRUE(triage.observe(collective(0, 1024), 1));
+  EXPECT_TRUE(triage.lastCompletedOrdinal());
   EXPECT_EQ(triage.openOrdinals(), 0u);
   // An ordinal where every member agreed is never flagged, its last record included.
   for (int member = 0; member < 4; ++member) EXPECT_FALSE(triage.observe(collective(1, 64), 2));
