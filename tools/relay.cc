@@ -6,7 +6,6 @@
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "trace/abstract_socket.h"
 #include "trace/wire.h"
 
 namespace ncclwatch::relay {
@@ -338,7 +338,7 @@ int Relay::run() {
   if (options_.listenFd >= 0) {
     listen_ = options_.listenFd;
   } else {
-    listen_ = listenOnAbstractName(options_.listenName);
+    listen_ = trace::listenOnAbstractName(options_.listenName);
     if (listen_ < 0) {
       log_ << "[ncclwatch] relay: cannot listen on @" << options_.listenName << ": "
            << std::strerror(errno) << "\n"
@@ -409,26 +409,6 @@ int Relay::run() {
 }
 
 }  // namespace
-
-int listenOnAbstractName(const std::string& name) {
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  if (name.empty() || name.size() + 1 > sizeof address.sun_path) {
-    errno = ENAMETOOLONG;
-    return -1;
-  }
-  std::memcpy(address.sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract
-  auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), length) != 0 || ::listen(fd, 1024) != 0) {
-    int why = errno;
-    close(fd);
-    errno = why;
-    return -1;
-  }
-  return fd;
-}
 
 int runRelay(const Options& options, std::ostream& log) {
   if (options.collectorHost.empty() || options.collectorPort <= 0 ||

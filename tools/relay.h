@@ -27,8 +27,4 @@ struct Options {
 // connect directly); 2 for bad options. One line on `log` for each way it ends but idleness.
 int runRelay(const Options& options, std::ostream& log);
 
-// Binds and listens on the abstract unix socket `name` (no leading NUL): a descriptor, or -1
-// with errno (EADDRINUSE: the host has its relay already).
-int listenOnAbstractName(const std::string& name);
-
 }  // namespace ncclwatch::relay

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "trace/abstract_socket.h"
 #include "watchdog/relay_host.h"
 
 namespace ncclwatch::watchdog {
@@ -78,7 +79,7 @@ CollectorLink::~CollectorLink() {
 bool CollectorLink::connectRelay(int64_t nowNs) {
   if (relayName_.empty() || relayGivenUp_) return false;
   if (relayFirstTryNs_ < 0) relayFirstTryNs_ = nowNs;
-  int fd = connectToAbstractName(relayName_);
+  int fd = trace::connectToAbstractName(relayName_);
   if (fd >= 0) {
     // A unix socket connects at once (or not at all).
     fd_ = fd;

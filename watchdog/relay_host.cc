@@ -3,32 +3,19 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
 
+#include "trace/abstract_socket.h"
 #include "watchdog/sidecar.h"
 #include "watchdog/spawn_process.h"
 
 namespace ncclwatch::watchdog {
-namespace {
-
-socklen_t abstractAddress(const std::string& name, sockaddr_un* address) {
-  *address = sockaddr_un{};
-  address->sun_family = AF_UNIX;
-  size_t length = std::min(name.size(), sizeof address->sun_path - 1);
-  std::memcpy(address->sun_path + 1, name.data(), length);  // sun_path[0] = 0: abstract
-  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + length);
-}
-
-}  // namespace
-
 bool relayWanted(RelayMode mode, int world) {
   if (mode == RelayMode::kOn) return true;
   if (mode == RelayMode::kOff) return false;
@@ -50,20 +37,6 @@ std::string relaySocketName(const std::string& secret, const std::string& collec
   return std::string("ncclwatch-relay-") + hex;
 }
 
-int connectToAbstractName(const std::string& name) {
-  sockaddr_un address;
-  socklen_t length = abstractAddress(name, &address);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), length) != 0 && errno != EINPROGRESS) {
-    int why = errno;
-    close(fd);
-    errno = why;
-    return -1;
-  }
-  return fd;
-}
-
 void RelayHost::step(const char* secret) {
   if (state_ == State::kWaiting && secret != nullptr && *secret != '\0') start(secret);
   if (state_ == State::kRunning) reap();
@@ -72,18 +45,10 @@ void RelayHost::step(const char* secret) {
 void RelayHost::start(const char* secret) {
   state_ = State::kFailed;  // one attempt only, whatever happens below
   std::string name = relaySocketName(secret, options_.collectorHost, options_.collectorPort);
-  sockaddr_un address;
-  socklen_t length = abstractAddress(name, &address);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), length) != 0) {
+  int fd = trace::listenOnAbstractName(name);
+  if (fd < 0) {
     // EADDRINUSE: another rank of this host relays already (no LOCAL_RANK: the first one won).
     state_ = errno == EADDRINUSE ? State::kOtherRank : State::kFailed;
-    close(fd);
-    return;
-  }
-  if (listen(fd, 1024) != 0) {
-    close(fd);
     return;
   }
   // The relay finds its socket at descriptor 3; keep ours clear of the ones the child sets up.

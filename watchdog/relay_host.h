@@ -25,10 +25,6 @@ bool relayWanted(RelayMode mode, int world);
 // and secret: "ncclwatch-relay-" and 16 hex digits of a hash of both.
 std::string relaySocketName(const std::string& secret, const std::string& collectorHost,
                             int collectorPort);
-// A non-blocking connection to the abstract socket `name`: the descriptor (connected, or
-// connecting), or -1 with errno (ECONNREFUSED: no relay listens).
-int connectToAbstractName(const std::string& name);
-
 struct RelayHostOptions {
   std::string collectorHost;
   int collectorPort = 0;

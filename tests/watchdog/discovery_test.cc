@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "trace/abstract_socket.h"
 #include "trace/identity.h"
 #include "watchdog/relay_host.h"
 
@@ -275,7 +276,7 @@ TEST(Relay, OneRankOfTheHostClaimsTheName) {
     RelayHost first(options);
     first.step(secret.c_str());
     EXPECT_EQ(first.state(), RelayHost::State::kFailed);  // could not spawn: name released
-    EXPECT_LT(ncclwatch::watchdog::connectToAbstractName(name), 0);
+    EXPECT_LT(ncclwatch::trace::connectToAbstractName(name), 0);
   }
   // Bind it as a relay would hold it, then let another rank try.
   held = socket(AF_UNIX, SOCK_STREAM, 0);
@@ -290,7 +291,7 @@ TEST(Relay, OneRankOfTheHostClaimsTheName) {
   }
   second.step(secret.c_str());
   EXPECT_EQ(second.state(), RelayHost::State::kOtherRank);
-  int agent = ncclwatch::watchdog::connectToAbstractName(name);
+  int agent = ncclwatch::trace::connectToAbstractName(name);
   EXPECT_GE(agent, 0);  // agents of the host reach whoever holds it
   if (agent >= 0) close(agent);
   close(held);
