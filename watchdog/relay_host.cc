@@ -58,18 +58,14 @@ void RelayHost::start(const char* secret) {
     if (moved < 0) return;
     fd = moved;
   }
-  std::string cli = options_.cli;
+  std::string cli = helperProgram(options_.cli);
   if (cli.empty()) {
-    std::string library = ownLibraryPath();
-    if (library.empty()) {
-      std::fprintf(stderr,
-                   "[ncclwatch] no relay on this host: cannot tell where libncclwatch.so was "
-                   "loaded from (set NCCLWATCH_CLI); its agents connect to the collector "
-                   "directly\n");
-      close(fd);
-      return;
-    }
-    cli = cliBesideLibrary(library);
+    std::fprintf(stderr,
+                 "[ncclwatch] no relay on this host: cannot tell where libncclwatch.so was "
+                 "loaded from (set NCCLWATCH_CLI); its agents connect to the collector "
+                 "directly\n");
+    close(fd);
+    return;
   }
   bool ipv6 = options_.collectorHost.find(':') != std::string::npos;
   std::string collector = (ipv6 ? "[" + options_.collectorHost + "]" : options_.collectorHost) +
@@ -77,16 +73,7 @@ void RelayHost::start(const char* secret) {
   std::vector<std::string> arguments = {cli, "relay", "--collector", collector, "--listen-fd", "3"};
   // The parent's environment less our preload (the relay must not record itself) and the
   // secret (the relay authenticates nobody: each agent's HELLO carries it).
-  std::vector<std::string> environment;
-  for (const std::string& entry : options_.environment) {
-    if (entry.rfind("NCCLWATCH_SECRET=", 0) == 0) continue;
-    if (entry.rfind("LD_PRELOAD=", 0) == 0) {
-      std::string kept = withoutOurPreload(entry.substr(std::strlen("LD_PRELOAD=")));
-      if (!kept.empty()) environment.push_back("LD_PRELOAD=" + kept);
-      continue;
-    }
-    environment.push_back(entry);
-  }
+  std::vector<std::string> environment = helperEnvironment(options_.environment);
   // As the sidecar (watchdog/spawn_process.h); the listening socket becomes its fd 3.
   DetachedProcess relay{cli, std::move(arguments), std::move(environment), fd, true};
   pid_t pid = -1;

@@ -116,8 +116,7 @@ std::string withoutOurPreload(const std::string& list) {
   return kept;
 }
 
-std::vector<std::string> sidecarEnvironment(const std::vector<std::string>& parent,
-                                            const std::string& secret) {
+std::vector<std::string> helperEnvironment(const std::vector<std::string>& parent) {
   std::vector<std::string> child;
   for (const std::string& entry : parent) {
     if (startsWith(entry, "NCCLWATCH_SECRET=")) continue;
@@ -128,6 +127,12 @@ std::vector<std::string> sidecarEnvironment(const std::vector<std::string>& pare
     }
     child.push_back(entry);
   }
+  return child;
+}
+
+std::vector<std::string> sidecarEnvironment(const std::vector<std::string>& parent,
+                                            const std::string& secret) {
+  std::vector<std::string> child = helperEnvironment(parent);
   child.push_back(std::string(kSecretVariable) + "=" + secret);
   return child;
 }
@@ -183,6 +188,12 @@ std::string ownLibraryPath() {
   return mappedFileAt(self);
 }
 
+std::string helperProgram(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  std::string library = ownLibraryPath();
+  return library.empty() ? std::string() : cliBesideLibrary(library);
+}
+
 bool isLocalAddress(const std::string& host) {
   if (isLoopbackLiteral(host)) return true;
   char name[256] = {};
@@ -214,16 +225,12 @@ void Sidecar::step(const char* secret) {
 
 void Sidecar::spawn(const char* secret) {
   state_ = State::kFailed;  // one attempt only, whatever happens below
-  std::string cli = options_.cli;
+  std::string cli = helperProgram(options_.cli);
   if (cli.empty()) {
-    std::string library = ownLibraryPath();
-    if (library.empty()) {
-      std::fprintf(stderr,
-                   "[ncclwatch] no sidecar collector: cannot tell where libncclwatch.so was "
-                   "loaded from (set NCCLWATCH_CLI); local detection only\n");
-      return;
-    }
-    cli = cliBesideLibrary(library);
+    std::fprintf(stderr,
+                 "[ncclwatch] no sidecar collector: cannot tell where libncclwatch.so was "
+                 "loaded from (set NCCLWATCH_CLI); local detection only\n");
+    return;
   }
   if (!isLocalAddress(options_.masterAddr)) {
     char host[256] = {};

@@ -29,7 +29,10 @@ SidecarOptions sidecarFromEnvironment(const CollectorAddress& address);
 
 // LD_PRELOAD without the entries naming libncclwatch: the collector must not record itself.
 std::string withoutOurPreload(const std::string& list);
-// The child's environment: the parent's, LD_PRELOAD cleaned, NCCLWATCH_SECRET = `secret`.
+// A helper process's environment (the sidecar's, the relay's): the parent's, LD_PRELOAD
+// cleaned, NCCLWATCH_SECRET left out.
+std::vector<std::string> helperEnvironment(const std::vector<std::string>& parent);
+// The sidecar's: the helper environment with NCCLWATCH_SECRET = `secret`.
 std::vector<std::string> sidecarEnvironment(const std::vector<std::string>& parent,
                                             const std::string& secret);
 // Where the collector listens: loopback when MASTER_ADDR is loopback, else every address of
@@ -40,6 +43,9 @@ std::vector<std::string> sidecarArguments(const std::string& cli, const SidecarO
 std::string cliBesideLibrary(const std::string& libraryPath);
 // The file this code was loaded from (libncclwatch.so in a job), absolute; "" if unknown.
 std::string ownLibraryPath();
+// The ncclwatch binary a helper process runs: `configured` (NCCLWATCH_CLI) if set, else the one
+// beside libncclwatch.so; "" when neither is known.
+std::string helperProgram(const std::string& configured);
 // Whether `host` names this machine: loopback, localhost, our host name, or an address of one
 // of our interfaces.
 bool isLocalAddress(const std::string& host);

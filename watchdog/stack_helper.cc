@@ -251,11 +251,7 @@ StackHelperSetup stackHelperFromEnvironment() {
   libcClone();  // looked up now, on the application thread, rather than at dump time
   StackHelperSetup setup;
   const char* cli = std::getenv("NCCLWATCH_CLI");
-  if (cli != nullptr && *cli != '\0') {
-    setup.cli = cli;
-  } else if (std::string library = ownLibraryPath(); !library.empty()) {
-    setup.cli = cliBesideLibrary(library);
-  }
+  setup.cli = helperProgram(cli != nullptr ? cli : "");
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     std::string text = *entry;
     if (text.rfind("DEBUGINFOD_URLS=", 0) == 0) continue;
