@@ -63,6 +63,13 @@ class Relay {
   bool finishConnect();
   bool flushUpstream();
   bool readUpstream();
+  // Says why the collector link ended and gives the relay's exit code for it (3).
+  int lostCollector() {
+    log_ << "[ncclwatch] relay: lost the collector at " << where() << " (" << lastError_
+         << "); this host's agents connect to it directly\n"
+         << std::flush;
+    return 3;
+  }
   std::string where() const {
     return options_.collectorHost + ":" + std::to_string(options_.collectorPort);
   }
@@ -365,10 +372,7 @@ int Relay::run() {
           if (!finishConnect()) continue;
         }
         if (connected_ && (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) && !readUpstream()) {
-          log_ << "[ncclwatch] relay: lost the collector at " << where() << " (" << lastError_
-               << "); this host's agents connect to it directly\n"
-               << std::flush;
-          return 3;
+          return lostCollector();
         }
       } else if (tag <= wire::kMaxChannel && agents_[tag].fd >= 0) {
         auto channel = static_cast<uint32_t>(tag);
@@ -389,10 +393,7 @@ int Relay::run() {
         return 3;
       }
     } else if (!flushUpstream()) {
-      log_ << "[ncclwatch] relay: lost the collector at " << where() << " (" << lastError_
-           << "); this host's agents connect to it directly\n"
-           << std::flush;
-      return 3;
+      return lostCollector();
     }
     size_t backlog = toCollector_.size() - toCollectorSent_;
     if (backlog > kHighMark) pauseAgents(true);

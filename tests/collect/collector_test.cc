@@ -34,21 +34,6 @@ constexpr char kCollectorSecret[] = "s3cret-for-tests";
 constexpr char kCollectorFolder[] = "nw-collect";
 using CollectorTest = CollectorFixture<kCollectorSecret, kCollectorFolder>;
 
-wire::Hello hello(const std::string& secret, int rank) {
-  wire::Hello h{};
-  std::strncpy(h.secret, secret.c_str(), sizeof h.secret - 1);
-  h.pid = 1000 + rank;
-  h.rank = rank;
-  h.world = 2;
-  h.localRank = rank;
-  std::strcpy(h.host, "fakehost");
-  std::strcpy(h.jobId, "fake-job");
-  std::snprintf(h.tracePath, sizeof h.tracePath, "/fake/rank%d.ncclwatch", rank);
-  h.anchorMonotonicNs = 1'000'000'000;
-  h.anchorRealtimeNs = 1'700'000'000'000'000'000;
-  return h;
-}
-
 // A fake agent: connects, says HELLO (job `job`, `world` ranks) and COMMS (one communicator of
 // `world` ranks), then sends `records` on it. Returns the connection.
 int joinAgent(int port, const std::string& secret, int rank, int world, const std::string& job,

@@ -20,6 +20,7 @@
 #include "collect.h"
 #include "trace/fingerprint.h"
 #include "trace/record.h"
+#include "trace/wire.h"
 
 namespace collecttest {
 
@@ -85,6 +86,22 @@ inline ncclwatch::trace::CallRecord allReduce(uint64_t comm, uint64_t seq, uint6
   record.slotVersion = 2;
   record.fingerprint = ncclwatch::trace::fingerprint({record.op, count, 7, 0, -1});
   return record;
+}
+
+// A rank of a 2-rank job on "fakehost" saying hello with `secret`.
+inline ncclwatch::trace::wire::Hello hello(const std::string& secret, int rank) {
+  ncclwatch::trace::wire::Hello h{};
+  std::strncpy(h.secret, secret.c_str(), sizeof h.secret - 1);
+  h.pid = 1000 + rank;
+  h.rank = rank;
+  h.world = 2;
+  h.localRank = rank;
+  std::strcpy(h.host, "fakehost");
+  std::strcpy(h.jobId, "fake-job");
+  std::snprintf(h.tracePath, sizeof h.tracePath, "/fake/rank%d.ncclwatch", rank);
+  h.anchorMonotonicNs = 1'000'000'000;
+  h.anchorRealtimeNs = 1'700'000'000'000'000'000;
+  return h;
 }
 
 // A collector started for each test, with `kSecret` and its own folder, stopped after it.

@@ -83,17 +83,12 @@ CallRecord allReduce(uint64_t seq, uint64_t count) {
 // diverges on rank 1.
 std::vector<std::byte> agentOpening(int rank, const char* secret = kSecret) {
   std::vector<std::byte> bytes;
-  wire::Hello hello{};
-  std::snprintf(hello.secret, sizeof hello.secret, "%s", secret);
-  hello.pid = 4000 + rank;
-  hello.rank = rank;
-  hello.world = 2;
-  hello.localRank = rank;
-  std::strcpy(hello.host, "relayhost");
-  std::strcpy(hello.jobId, "relay-job");
-  hello.anchorMonotonicNs = 1'000'000'000;
-  hello.anchorRealtimeNs = 1'700'000'000'000'000'000;
-  wire::encodeHello(hello, bytes);
+  wire::Hello opening = hello(secret, rank);
+  opening.pid = 4000 + rank;
+  std::strcpy(opening.host, "relayhost");
+  std::strcpy(opening.jobId, "relay-job");
+  opening.tracePath[0] = '\0';
+  wire::encodeHello(opening, bytes);
   ncclwatch::trace::CommInfo comm{};
   comm.commHash = kComm;
   comm.nranks = 2;
