@@ -58,30 +58,30 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
     cache_->valid = false;  // until this pass completes
     if (!partial_) cache_->comms.clear();
   }
+  auto openingChecks = [this] {
+    excludeShrunkMembers();
+    decideStalled();
+    // The hang families below look across communicators; when crossCommChecksQuiet() holds
+    // they find nothing (each needs a process gone, a failed call or a quiet job), so a partial
+    // pass skips them.
+    if (!partial_) {
+      checkErrors();
+      checkInit();
+    }
+    checkMismatches();
+  };
   buildComms();
-  excludeShrunkMembers();
-  decideStalled();
-  // The hang families below look across communicators; when crossCommChecksQuiet() holds they
-  // find nothing (each needs a process gone, a failed call or a quiet job), so a partial pass
-  // skips them.
-  if (!partial_) {
-    checkErrors();
-    checkInit();
-  }
-  checkMismatches();
+  openingChecks();
   if (abandoned_) {
     // A mismatch with absent members says where they are, which needs their other
-    // communicators: align those too, and start the checks over as a full pass.
+    // communicators: align those too (the pass is a full one from here), and start the checks
+    // over.
     abandoned_ = false;
     whyFull_ = "absent";
     alignSkipped();
     verdicts_.clear();
     cache_->comms.clear();
-    excludeShrunkMembers();
-    decideStalled();
-    checkErrors();
-    checkInit();
-    checkMismatches();
+    openingChecks();
   }
   if (!partial_) checkDeadAndMissing();
   checkP2p();
