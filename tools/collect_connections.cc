@@ -219,12 +219,17 @@ void Connections::drop(Connection& connection, bool rejected) {
 
 bool Connections::handle(Connection& connection, wire::Frame& frame) {
   if (frame.type == wire::FrameType::kClosed) return false;  // relay links only
-  if (connection.authenticated) return sink_.frame(connection.process, frame);
+  return agentFrame(connection.authenticated, connection.process, slotOf(connection), frame);
+}
+
+bool Connections::agentFrame(bool& authenticated, int& process, size_t endpoint,
+                             wire::Frame& frame) {
+  if (authenticated) return sink_.frame(process, frame);
   if (frame.type != wire::FrameType::kHello) return false;
-  int process = sink_.hello(slotOf(connection), frame.hello);
-  if (process < 0) return false;
-  connection.authenticated = true;
-  connection.process = process;
+  int helloProcess = sink_.hello(endpoint, frame.hello);
+  if (helloProcess < 0) return false;
+  authenticated = true;
+  process = helloProcess;
   return true;
 }
 
@@ -267,7 +272,7 @@ void Connections::read(Connection& connection) {
     }
     if (connection.relay) {
       if (split != wire::SplitStatus::kFrame || channel == 0 || channel > wire::kMaxChannel ||
-          !handleChannel(connection, channel, rest.first(frameBytes))) {
+          !handleChannel(connection, channel, type, rest.first(frameBytes))) {
         drop(connection, true);
         return;
       }
@@ -299,11 +304,9 @@ void Connections::read(Connection& connection) {
 // One frame of a relay link, its channel stamped in the header. Each channel is an agent
 // connection of its own: HELLO first, its own delta bases, rejected alone (CLOSED goes back and
 // the relay drops that agent). Only a frame that breaks the framing drops the whole link.
-bool Connections::handleChannel(Connection& connection, uint32_t channel,
+bool Connections::handleChannel(Connection& connection, uint32_t channel, uint16_t type,
                                 std::span<std::byte> bytes) {
   auto found = connection.channels.find(channel);
-  uint16_t type = 0;
-  std::memcpy(&type, bytes.data() + offsetof(wire::FrameHeader, type), sizeof type);
   if (type == static_cast<uint16_t>(wire::FrameType::kClosed)) {
     // The agent's connection at the relay ended (or the relay dropped one this side closed):
     // the end of that agent's connection here.
@@ -333,19 +336,10 @@ bool Connections::handleChannel(Connection& connection, uint32_t channel,
     closeChannel(connection, channel, true);
     return true;
   }
-  bool ok = status == wire::DecodeStatus::kFrame && frame.type != wire::FrameType::kClosed;
-  if (ok && agent.authenticated) {
-    ok = sink_.frame(agent.process, frame);
-  } else if (ok) {
-    ok = frame.type == wire::FrameType::kHello;
-    int process = ok ? sink_.hello(endpoint(slotOf(connection), channel), frame.hello) : -1;
-    ok = process >= 0;
-    if (ok) {
-      agent.authenticated = true;
-      agent.process = process;
-      connection.authenticated = true;
-    }
-  }
+  bool ok =
+      status == wire::DecodeStatus::kFrame && frame.type != wire::FrameType::kClosed &&
+      agentFrame(agent.authenticated, agent.process, endpoint(slotOf(connection), channel), frame);
+  connection.authenticated |= agent.authenticated;  // the link, once one of its agents is
   if (!ok) closeChannel(connection, channel, true);
   return true;
 }

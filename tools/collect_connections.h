@@ -93,12 +93,17 @@ class Connections {
   void accept();
   void read(Connection& connection);
   bool handle(Connection& connection, trace::wire::Frame& frame);
+  // One agent's decoded frame, on its own connection or a relay link's channel (`endpoint`):
+  // HELLO first, which makes it the sink's process, then frames for that process. False rejects
+  // the agent.
+  bool agentFrame(bool& authenticated, int& process, size_t endpoint, trace::wire::Frame& frame);
   void drop(Connection& connection, bool rejected);
   void write(Connection& connection);
   void watchWrites(Connection& connection, bool on);
   void refuse(Connection& connection, uint16_t version);
   // A relay link's frame for `channel`; false drops the whole link.
-  bool handleChannel(Connection& connection, uint32_t channel, std::span<std::byte> bytes);
+  bool handleChannel(Connection& connection, uint32_t channel, uint16_t type,
+                     std::span<std::byte> bytes);
   void closeChannel(Connection& connection, uint32_t channel, bool rejected);
   void sayVersion(uint16_t version);
   size_t slotOf(const Connection& connection) const {
