@@ -16,6 +16,8 @@
 #include <random>
 #include <thread>
 
+#include "trace/wire.h"
+
 namespace ncclwatch::launch {
 namespace {
 
@@ -140,7 +142,13 @@ int findFreePortPair() {
   std::random_device device;
   for (int attempt = 0; attempt < 200; ++attempt) {
     int port = 20000 + static_cast<int>(device() % 40000);
-    if (portFree(port) && portFree(port + 1)) return port;
+    // MASTER_PORT, the unique-id port beside it, and the default collector's port, which the
+    // rank-0 sidecar binds later: a taken one made the sidecar fail with "Address already in
+    // use" and the job go without live verdicts (scenarios_repeat).
+    if (portFree(port) && portFree(port + 1) &&
+        portFree(port + trace::wire::kCollectorPortOffset)) {
+      return port;
+    }
   }
   return 0;
 }

@@ -21,6 +21,10 @@ namespace ncclwatch::trace::wire {
 inline constexpr uint32_t kMagic = 0x3150574e;  // "NWP1" little-endian
 // 1: RECORDS carried whole 128-byte CallRecords. 2: RECORDS carry delta-encoded messages.
 inline constexpr uint16_t kVersion = 2;
+// Where an agent looks for the job's collector by default: MASTER_PORT + this. torchrun's store
+// owns MASTER_PORT and the examples rendezvous on MASTER_PORT+1; +17 keeps clear of both and of
+// the small offsets other launchers tend to use.
+inline constexpr int kCollectorPortOffset = 17;
 inline constexpr uint32_t kMaxPayload = 1u << 20;
 // Records one RECORDS frame may carry: the collector's decoded frame stays within 1 MiB.
 inline constexpr uint32_t kMaxRecordsPerFrame = (kMaxPayload - 16) / sizeof(CallRecord);

@@ -7,13 +7,12 @@
 #include <functional>
 #include <string>
 
+#include "trace/wire.h"
 #include "watchdog/exchange.h"
 
 namespace ncclwatch::watchdog {
 
-// torchrun's store owns MASTER_PORT and the examples rendezvous on MASTER_PORT+1; +17 keeps
-// clear of both and of the small offsets other launchers tend to use.
-inline constexpr int kCollectorPortOffset = 17;
+inline constexpr int kCollectorPortOffset = trace::wire::kCollectorPortOffset;
 inline constexpr size_t kDerivedSecretDigits = 32;
 using DerivedSecretText = char[kDerivedSecretDigits + 1];
 
