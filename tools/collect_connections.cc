@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -27,6 +28,12 @@ constexpr int64_t kHelloTimeoutNs = 5'000'000'000;
 // epoll tags of the two descriptors that are not connections (connections use their slot).
 constexpr uint64_t kListenTag = ~0ull;
 constexpr uint64_t kWakeTag = ~0ull - 1;
+
+// Whether the socket holds bytes not read yet.
+bool bytesWaiting(int fd) {
+  int waiting = 0;
+  return ioctl(fd, FIONREAD, &waiting) == 0 && waiting > 0;
+}
 
 // host:port → a bound, listening, non-blocking socket.
 int listenOn(const std::string& address, std::string* error) {
@@ -145,10 +152,13 @@ void Connections::wake() {
 }
 
 void Connections::dropSilent(int64_t nowNs) {
-  // A connection that never proves it belongs to the job is dropped.
+  // A connection that never proves it belongs to the job is dropped. One whose HELLO waits
+  // unread in its socket is not silent: the collector was busy (an analysis pass at tens of
+  // thousands of ranks takes seconds, while thousands of links connect at once), and dropping
+  // it would cost a host's ranks for the collector's own delay. It is read on the next poll.
   for (Connection& connection : connections_) {
     if (connection.fd >= 0 && !connection.authenticated &&
-        nowNs - connection.acceptedNs > kHelloTimeoutNs) {
+        nowNs - connection.acceptedNs > kHelloTimeoutNs && !bytesWaiting(connection.fd)) {
       drop(connection, true);
     }
   }

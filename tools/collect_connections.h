@@ -49,7 +49,8 @@ class Connections {
   int poll(int timeoutMs, bool writes);
   // Interrupts a poll() from another thread.
   void wake();
-  // Drops connections that did not authenticate within the HELLO timeout.
+  // Drops connections that did not authenticate within the HELLO timeout and have nothing
+  // unread (a HELLO still in the socket buffer is the collector's delay, not the agent's).
   void dropSilent(int64_t nowNs);
   // Whether any connection is open.
   bool anyOpen() const;
