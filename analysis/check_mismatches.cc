@@ -262,14 +262,25 @@ void JobAnalysis::checkMismatches(Comm& comm) {
     }
     v.classes.push_back(std::move(rc));
   }
+  // Absent members grouped by where they are (as the missing-rank verdict does): at thousands of
+  // ranks, a class per absent rank made a verdict of hundreds of identical lines.
+  std::map<std::tuple<uint64_t, uint64_t, int, std::string>, size_t> absentClass;
   for (int mi : absent) {
-    RankClass rc;
-    rc.ranks.push_back(procs_[comm.members[mi].proc].rank);
-    rc.call = whereIs(comm.members[mi].proc);
-    rc.call.note = "never issued call #" + std::to_string(majorityCall.seq) + "; " + rc.call.note;
-    v.classes.push_back(std::move(rc));
+    CallDesc where = whereIs(comm.members[mi].proc);
+    auto key = std::make_tuple(where.commHash, where.seq, static_cast<int>(where.op), where.note);
+    auto [at, added] = absentClass.try_emplace(key, v.classes.size());
+    if (added) {
+      RankClass rc;
+      rc.call = std::move(where);
+      rc.call.note = "never issued call #" + std::to_string(majorityCall.seq) + "; " + rc.call.note;
+      v.classes.push_back(std::move(rc));
+    }
+    v.classes[at->second].ranks.push_back(procs_[comm.members[mi].proc].rank);
   }
   if (majorityIdx != 0) std::swap(v.classes[0], v.classes[majorityIdx]);
+  // The odd class the texts quote: the last class of callers (absent members' classes follow
+  // them; quoting one of those said "rank 2 called -").
+  const CallDesc culpritCall = v.classes[classes.size() - 1].call;
   std::sort(v.culprits.begin(), v.culprits.end());
   v.fields = differingFields(calls);
   v.divergenceNs = divergence == INT64_MAX ? 0 : divergence;
@@ -337,15 +348,15 @@ void JobAnalysis::checkMismatches(Comm& comm) {
                     ": which side is wrong cannot be decided from the records; compare both "
                     "sides' code at these calls";
   } else if (shiftKind == 2) {
-    v.explanation = who + " issued " + callText(v.classes.back().call) + " and " +
-                    callText(majorityCall) + " in the opposite order of " + others + " (at " +
-                    seqText + "): issue collectives in the same order on every rank";
+    v.explanation = who + " issued " + callText(culpritCall) + " and " + callText(majorityCall) +
+                    " in the opposite order of " + others + " (at " + seqText +
+                    "): issue collectives in the same order on every rank";
   } else if (shiftKind < 0) {
     v.explanation = who + " skipped " + callText(majorityCall) + ": its call " + seqText + " (" +
-                    callText(v.classes.back().call) +
+                    callText(culpritCall) +
                     ") is the one the others issue next; look for rank-dependent control flow";
   } else if (shiftKind > 0) {
-    v.explanation = who + " issued an extra " + callText(v.classes.back().call) + " at " + seqText +
+    v.explanation = who + " issued an extra " + callText(culpritCall) + " at " + seqText +
                     "; its next call is the one the others issue here: remove it or "
                     "issue it on every rank";
   } else {
@@ -353,14 +364,14 @@ void JobAnalysis::checkMismatches(Comm& comm) {
     for (const std::string& field : v.fields) f += (f.empty() ? "" : ", ") + field;
     if (corrupts(calls)) {
       v.effect = Effect::kSilentDataCorruption;
-      v.explanation = who + " called " + callText(v.classes.back().call) + " where " + others +
-                      " called " + callText(v.classes[0].call) + " (" + f +
+      v.explanation = who + " called " + callText(culpritCall) + " where " + others + " called " +
+                      callText(v.classes[0].call) + " (" + f +
                       " differ, the same bytes): NCCL does not notice and completes it with "
                       "wrong results on every rank: silent data corruption, not a hang; every "
                       "rank must pass the same dtype and reduction";
     } else {
-      v.explanation = who + " called " + callText(v.classes.back().call) + " where " + others +
-                      " called " + callText(v.classes[0].call) + " (" + f +
+      v.explanation = who + " called " + callText(culpritCall) + " where " + others + " called " +
+                      callText(v.classes[0].call) + " (" + f +
                       " differ): every rank must issue the same collective with the same "
                       "arguments";
     }

@@ -162,6 +162,30 @@ TEST(Mismatch, TextShowsTheClasses) {
   EXPECT_NE(out.find("  rank 5         Broadcast 4194304 x f32 root=0"), std::string::npos) << out;
 }
 
+// A mismatch seen before every member issued the call: the absent members that are in the same
+// place make one class (at thousands of ranks a class each made hundreds of identical lines).
+TEST(Mismatch, AbsentRanksInTheSamePlaceAreOneClass) {
+  auto ranks = world(8);
+  history(ranks, 2);
+  ranks[0].call(kWorld, OpKind::kAllReduce, 4194304, RecordState::kStarted, 10 * kMs);
+  ranks[1].call(kWorld, OpKind::kAllReduce, 4194304, RecordState::kStarted, 10 * kMs);
+  ranks[2].call(kWorld, OpKind::kAllReduce, 4194303, RecordState::kStarted, 10 * kMs);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kMismatch);
+  ASSERT_NE(v, nullptr) << text(report);
+  ASSERT_EQ(v->classes.size(), 3u) << text(report);
+  EXPECT_EQ(formatRanks(v->classes[2].ranks), "3-7") << text(report);
+  EXPECT_NE(v->classes[2].call.note.find("never issued call #3"), std::string::npos)
+      << v->classes[2].call.note;
+  std::string out = text(report);
+  EXPECT_NE(out.find("  ranks 3-7  never issued call #3"), std::string::npos) << out;
+  // The explanation quotes the odd caller's call, not an absent class's.
+  EXPECT_NE(v->explanation.find("rank 2 called AllReduce 4194303 x f32 sum where ranks 0-1"),
+            std::string::npos)
+      << v->explanation;
+}
+
 // Trap 1: identical calls every step; rank 1 skipped one, so every call matched one later and
 // the job hangs at teardown with no fingerprint difference.
 TEST(IdenticalCalls, SkippedCallShowsAtTeardown) {
