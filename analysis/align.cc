@@ -167,6 +167,7 @@ void JobAnalysis::alignProc(int p, const std::vector<char>& aligned) {
     uint64_t pos = ordinal - m.base;
     if (pos >= m.coll.size()) m.coll.resize(pos + 1, kNone);
     m.coll[pos] = i;
+    comm.hasSplits |= r.op == OpKind::kSplit;
     if (pending) pendingOrdinal_[p][i] = ordinal;
     if (r.state == RecordState::kCompleted && trace::isCollective(r.op)) {
       comm.maxCompletedOrdinal = std::max(comm.maxCompletedOrdinal, ordinal);

@@ -38,6 +38,7 @@ void JobAnalysis::checkErrors() {
   };
   std::map<uint64_t, std::vector<Failure>> byComm;  // comm hash -> unrecovered failures
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
+    if (!procs_[p].failed) continue;  // no failed call at all (analyzeJobs' scan): nothing here
     const auto& records = procs_[p].file->records;
     std::unordered_map<uint64_t, uint32_t> failed;  // comm -> first unrecovered failure
     for (uint32_t i = 0; i < records.size(); ++i) {

@@ -383,6 +383,7 @@ void JobAnalysis::checkMismatches(Comm& comm) {
 // (blocks of consecutive ranks, or strided) explains all but a few ranks: those chose a wrong
 // colour.
 void JobAnalysis::checkColours(Comm& comm) {
+  if (!comm.hasSplits) return;  // no split to check: spares a scan of every member's calls
   uint64_t hi = 0;
   for (const Member& m : comm.members) hi = std::max(hi, m.lastOrdinal());
   // Each split ordinal once: the check reads every member at it, whichever member found it

@@ -124,6 +124,7 @@ struct Comm {
   std::vector<Member> members;
   std::unordered_map<int, int> byCommRank;  // comm rank -> member index
   uint64_t maxCompletedOrdinal = 0;         // a collective at or below it finished everywhere
+  bool hasSplits = false;  // a member's aligned calls include ncclCommSplit (checkColours)
 };
 
 // A send or receive by (comm, sender, receiver, p2pSeq) in comm ranks.

@@ -116,9 +116,10 @@ int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
     ncclwatch::analysis::Report report = ncclwatch::analysis::analyze(files, options);
     double cpu = cpuSeconds() - cpuStart;
     size_t verdicts = report.jobs.empty() ? 0 : report.jobs[0].verdicts.size();
-    std::printf("inspect_bench --live: %d ranks x %d records, pass %d: CPU %.3f s, %.1f M "
-                "records/CPU s, %zu verdicts\n",
-                ranks, records, pass + 1, cpu, total / cpu / 1e6, verdicts);
+    std::printf(
+        "inspect_bench --live: %d ranks x %d records, pass %d: CPU %.3f s, %.1f M "
+        "records/CPU s, %zu verdicts\n",
+        ranks, records, pass + 1, cpu, total / cpu / 1e6, verdicts);
   }
   return 0;
 }
