@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "analysis/analyze.h"
+#include "analysis/incremental.h"
 #include "analysis/timing.h"
 #include "trace/fingerprint.h"
 
@@ -33,6 +34,7 @@ using ncclwatch::trace::RecordState;
 using ncclwatch::trace::TraceFile;
 
 constexpr int kTp = 8;
+constexpr uint64_t kWorldHash = 0xabc;
 bool g_live = false;  // --live: a healthy job that is still running
 
 TraceFile makeRank(int rank, int world, int records) {
@@ -48,7 +50,7 @@ TraceFile makeRank(int rank, int world, int records) {
   std::strcpy(h.host, "bench");
   std::strcpy(h.jobId, "bench");
   int dp = world / kTp;
-  uint64_t worldHash = 0xabc, tpHash = 0x1000 + rank / kTp, dpHash = 0x2000 + rank % kTp;
+  uint64_t worldHash = kWorldHash, tpHash = 0x1000 + rank / kTp, dpHash = 0x2000 + rank % kTp;
   auto comm = [&](uint64_t hash, int n, int r, uint64_t parent, int color) {
     ncclwatch::trace::CommInfo info{};
     info.commHash = hash;
@@ -120,6 +122,20 @@ int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
         "inspect_bench --live: %d ranks x %d records, pass %d: CPU %.3f s, %.1f M "
         "records/CPU s, %zu verdicts\n",
         ranks, records, pass + 1, cpu, total / cpu / 1e6, verdicts);
+  }
+  // What a divergence on the world communicator costs the collector: the incremental pass that
+  // redoes that communicator alone (IncrementalAnalysis::analyzeFirst), after a full one.
+  ncclwatch::analysis::IncrementalAnalysis incremental;
+  incremental.analyze(files, options);
+  for (int pass = 0; pass < 3; ++pass) {
+    incremental.touch(kWorldHash);
+    double cpuStart = cpuSeconds();
+    ncclwatch::analysis::Report report = incremental.analyzeFirst(files, options, {kWorldHash});
+    double cpu = cpuSeconds() - cpuStart;
+    std::printf(
+        "inspect_bench --live: the world communicator alone (a divergence's pass) %d: "
+        "CPU %.3f s, %s\n",
+        pass + 1, cpu, incremental.stats().partialPasses > 0 ? "partial" : "full");
   }
   return 0;
 }

@@ -343,7 +343,10 @@ bool Triage::culpritsEnded(const analysis::Verdict& verdict, const analysis::Job
 }
 
 void Triage::maybeAnalyze(int64_t now) {
-  if (now < nextCheckNs_) return;
+  // A divergence whose last member has reported goes at once, not at the next check: waiting
+  // for the check's beat cost up to analyzeEveryMs of the verdict's latency.
+  bool divergenceReady = !divergent_.empty() && now - lastAnalysisNs_ >= lastFirstCostNs_;
+  if (now < nextCheckNs_ && !divergenceReady) return;
   nextCheckNs_ = now + options_.analyzeEveryMs * kMs;
   // Time-based verdicts (missing, stuck, deadlock, dead rank) need passes while nothing moves.
   bool quiet = counters_.connected.load() > 0 && triage_.lastActivityNs() > 0 &&
