@@ -310,6 +310,9 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
               .count();
   }
   std::string host = options.probeProcesses ? hostName() : "";
+  // Sorted once: a linear find per process costs 8 M comparisons a pass at 4096 ranks.
+  std::vector<int> aliveRanks = options.aliveRanks;
+  std::sort(aliveRanks.begin(), aliveRanks.end());
   // job id -> its processes in start order
   std::map<std::string, std::vector<const trace::TraceFile*>> byJob;
   for (const trace::TraceFile& file : files) {
@@ -335,8 +338,7 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
       if (options.probeProcesses) {
         proc.alive = !proc.clean && fileHost == host && stillRunning(*file);
       } else {
-        proc.alive = std::find(options.aliveRanks.begin(), options.aliveRanks.end(), proc.rank) !=
-                     options.aliveRanks.end();
+        proc.alive = std::binary_search(aliveRanks.begin(), aliveRanks.end(), proc.rank);
       }
       int64_t last = file->header.anchorMonotonicNs;
       for (const CallRecord& r : file->records) {
