@@ -1,9 +1,12 @@
 #include "collect_triage.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -46,7 +49,37 @@ bool everyMemberSpoke(const analysis::Verdict& verdict, const analysis::JobRepor
   return false;
 }
 
+// A TraceFile's header is the ring file's (trace/ring_format.h): 15 KB, 14 KB of which are the
+// ring's own communicator table and wait notes. The collector never fills those two (an agent's
+// tables arrive as TraceFile::comms and ::waits, which the analysis reads): they hold zeros, and
+// the whole pages inside them go back to the kernel, where they read as zeros again. At 4096
+// ranks that is about 40 of the 59 MiB the headers took (docs/scale.md).
+static_assert(offsetof(trace::RingHeader, waits) ==
+              offsetof(trace::RingHeader, comms) + sizeof(trace::RingHeader::comms));
+void releaseRingTables(trace::TraceFile& file) {
+  static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  auto begin = reinterpret_cast<uintptr_t>(&file.header.comms[0]);
+  auto end = reinterpret_cast<uintptr_t>(&file.header.waits[0]) + sizeof file.header.waits;
+  uintptr_t from = (begin + kPage - 1) & ~(kPage - 1), to = end & ~(kPage - 1);
+  if (to > from) madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
+}
+
 }  // namespace
+
+void Triage::addFile(trace::TraceFile file, int world) {
+  std::memset(file.header.comms, 0, sizeof file.header.comms);
+  std::memset(file.header.waits, 0, sizeof file.header.waits);
+  // Room for the whole job at once: every move to a larger array would bring the pages back.
+  size_t wanted = std::min<size_t>(static_cast<size_t>(std::max(world, 1)), 4 * options_.maxAgents);
+  if (files_.capacity() < wanted) files_.reserve(wanted);
+  const trace::TraceFile* before = files_.data();
+  files_.push_back(std::move(file));
+  if (files_.data() != before) {
+    for (trace::TraceFile& moved : files_) releaseRingTables(moved);
+  } else {
+    releaseRingTables(files_.back());
+  }
+}
 
 int Triage::hello(size_t connection, const wire::Hello& hello) {
   if (!wire::secretMatches(hello.secret, options_.secret)) {
@@ -66,8 +99,7 @@ int Triage::hello(size_t connection, const wire::Hello& hello) {
     }
     Process process;
     // The record budget is shared by the job's ranks; the world size is known from HELLO.
-    size_t share = options_.maxRecords / static_cast<size_t>(std::max(hello.world, 1));
-    process.window = std::clamp<size_t>(share, 256, 65536);
+    process.window = windowFor(options_.maxRecords, hello.world);
     process.toWall = hello.anchorRealtimeNs - hello.anchorMonotonicNs;
     trace::TraceFile file;
     trace::RingHeader& header = file.header;
@@ -83,7 +115,7 @@ int Triage::hello(size_t connection, const wire::Hello& hello) {
     file.usable = true;
     file.path = std::string(hello.tracePath, strnlen(hello.tracePath, sizeof hello.tracePath));
     processes_.push_back(process);
-    files_.push_back(std::move(file));
+    addFile(std::move(file), hello.world);
   }
   Process& process = processes_[static_cast<size_t>(found->second)];
   if (process.connected) return -1;  // one connection per process
@@ -536,8 +568,7 @@ void Triage::adoptTraceFiles(int64_t now) {
       if (processes_.size() >= 4 * options_.maxAgents) return;
       Process process;
       process.adopted = true;
-      size_t share = options_.maxRecords / static_cast<size_t>(std::max(file.header.world, 1));
-      process.window = std::clamp<size_t>(share, 256, 65536);
+      process.window = windowFor(options_.maxRecords, file.header.world);
       process.toWall = file.header.anchorRealtimeNs - file.header.anchorMonotonicNs;
       index = processes_.size();
       processIndex_.emplace(key, static_cast<int>(index));
@@ -546,7 +577,7 @@ void Triage::adoptTraceFiles(int64_t now) {
       known.header = file.header;
       known.path = path;
       known.usable = true;
-      files_.push_back(std::move(known));
+      addFile(std::move(known), file.header.world);
     } else {
       index = static_cast<size_t>(found->second);
       if (!processes_[index].adopted || processes_[index].connected) continue;
