@@ -150,7 +150,7 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
     triage_.observeUpdate(wall);  // a state change, or a resend after a reconnect
   }
   // Exactly the window and its trim slack: growth by doubling would overshoot the budget.
-  if (records.capacity() == 0) records.reserve(process.window + process.window / 4 + 1);
+  if (records.capacity() == 0) records.reserve(process.window + trimSlack(process.window) + 1);
   if (records.empty() || record.ringIndex > records.back().ringIndex) {
     records.push_back(record);
   } else {
@@ -164,8 +164,8 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
       records.insert(at, record);
     }
   }
-  // Trim in steps of a quarter window, so that each record is moved a few times at most.
-  if (records.size() > process.window + process.window / 4) {
+  // Trim in steps of the slack: each record is moved window / slack times (twice) at most.
+  if (records.size() > process.window + trimSlack(process.window)) {
     // What leaves the window changes its communicators' alignment too.
     uint64_t lastHash = record.commHash;
     for (auto it = records.begin();

@@ -37,6 +37,13 @@ namespace ncclwatch::collect {
 // 32,768 ranks, and a 4096-rank collector over 150 MiB; docs/scale.md.)
 constexpr size_t kMinWindow = 128;
 constexpr size_t kMaxWindow = 65536;
+// What a window may grow past its size before it is trimmed back to it (Triage::store): a trim
+// moves the window's records to its front, so each record is moved window / slack times. Half a
+// window: twice (with a quarter, four times, the collector's largest single cost at 4096 ranks,
+// 8% of its time).
+constexpr size_t trimSlack(size_t window) {
+  return window / 2;
+}
 // A rank's window in a job of `world` ranks.
 inline size_t windowFor(size_t maxRecords, int world) {
   size_t share = maxRecords / static_cast<size_t>(world > 1 ? world : 1);
