@@ -66,7 +66,7 @@ inline bool startSeen(const CallRecord& r) {
 }
 // A call NCCL refused or reported failed (not "in progress").
 inline bool isFailed(const CallRecord& r) {
-  return r.state == RecordState::kFailed && r.result != 0 && r.result != 7;
+  return isFailedCall(r);
 }
 inline bool isSequenced(const CallRecord& r) {
   return r.seq > 0 && r.op != OpKind::kInit && r.op != OpKind::kGroupStart &&

@@ -149,6 +149,8 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
   } else {
     triage_.observeUpdate(wall);  // a state change, or a resend after a reconnect
   }
+  // A failed call is an error verdict to be said (urgent pacing), not plain activity.
+  if (analysis::isFailedCall(record)) wanted_ = true;
   // Exactly the window and its trim slack: growth by doubling would overshoot the budget.
   if (records.capacity() == 0) records.reserve(process.window + trimSlack(process.window) + 1);
   if (records.empty() || record.ringIndex > records.back().ringIndex) {
@@ -381,12 +383,17 @@ void Triage::maybeAnalyze(int64_t now) {
   bool quiet = counters_.connected.load() > 0 && triage_.lastActivityNs() > 0 &&
                realtimeNs() - triage_.lastActivityNs() >= options_.quietMs * kMs;
   int64_t since = now - lastAnalysisNs_;
-  // Each pass's cost paces the next: a divergence, a settling verdict or a quiet job may use a
-  // quarter of a core; plain activity a tenth (a healthy job of thousands of ranks costs little).
+  // Each pass's cost paces the next: a divergence, a failed call, a settling verdict or a quiet
+  // job may use a quarter of a core; plain activity a twentieth. What plain activity brings that
+  // nothing above flags (split colours, unpaired sends and receives, stragglers) ends in a hang,
+  // said once the job is quiet, or is information: a healthy job of thousands of ranks, whose
+  // passes cost 0.1-0.3 s, must not spend a tenth of a core on them (a tenth before: a third of
+  // the collector's time at 4096 ranks). Jobs whose passes cost under 2.5 ms still get one every
+  // analyzeEveryMs.
   bool urgent = wanted_ || !candidates_.empty();
   bool due = (urgent && since >= 3 * lastCostNs_) ||
              (quiet && since >= std::max<int64_t>(200 * kMs, 3 * lastCostNs_)) ||
-             (activity_ && since >= 9 * lastCostNs_) ||
+             (activity_ && since >= 19 * lastCostNs_) ||
              since >= std::max<int64_t>(2000 * kMs, 20 * lastCostNs_);
   // A divergence the triage saw is looked at on its own communicator at once, by a pass that
   // redoes only that one (when the rest still holds: analysis/incremental.h), paced by its own
