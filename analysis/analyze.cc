@@ -310,7 +310,7 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
               .count();
   }
   std::string host = options.probeProcesses ? hostName() : "";
-  // Sorted once: a linear search per process cost 32,768 x 32,768 compares a pass.
+  // Sorted once: a linear search per process was quadratic (~5e8 compares a pass at 32,768).
   std::vector<int> aliveRanks = options.aliveRanks;
   std::sort(aliveRanks.begin(), aliveRanks.end());
   // job id -> its processes in start order

@@ -166,6 +166,11 @@ Report analyze(std::span<const trace::TraceFile> files, const Options& options =
 // One record as the verdicts describe a call (redop -1 where the op has no reduction).
 CallDesc describeCall(const trace::CallRecord& record);
 
+// A call NCCL refused or reported failed (not "in progress"): what the error verdicts read.
+inline bool isFailedCall(const trace::CallRecord& record) {
+  return record.state == trace::RecordState::kFailed && record.result != 0 && record.result != 7;
+}
+
 // Whether the file's process runs on this host and still maps its trace file (pids are reused;
 // the mapping is not); onThisHost: whether it was written on this host at all.
 bool runningHere(const trace::TraceFile& file);

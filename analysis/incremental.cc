@@ -11,6 +11,9 @@ IncrementalAnalysis::IncrementalAnalysis()
 IncrementalAnalysis::~IncrementalAnalysis() = default;
 
 void IncrementalAnalysis::touch(uint64_t commHash) {
+  uint64_t& recent = state_->recentlyDirty[trace::mix64(commHash) % state_->recentlyDirty.size()];
+  if (recent == commHash && commHash != 0) return;
+  recent = commHash;
   state_->dirty.insert(commHash);
 }
 void IncrementalAnalysis::touchAll() {
@@ -25,6 +28,7 @@ Report IncrementalAnalysis::analyze(std::span<const trace::TraceFile> files,
                                     const Options& options) {
   Report report = internal::analyzeJobs(files, options, state_.get());
   state_->dirty.clear();
+  state_->recentlyDirty.fill(0);
   state_->all = false;
   return report;
 }
@@ -37,6 +41,7 @@ Report IncrementalAnalysis::analyzeFirst(std::span<const trace::TraceFile> files
     if (!first.count(hash)) later.insert(hash);
   }
   for (uint64_t hash : later) state_->dirty.erase(hash);
+  state_->recentlyDirty.fill(0);
   Report report = internal::analyzeJobs(files, options, state_.get());
   // The others are left for the next pass (after a full pass, redoing them is merely redundant).
   state_->dirty = std::move(later);

@@ -20,6 +20,7 @@
 //    completed p2p transfer keys, whether the job stalled, and the verdicts. The hang checks
 //    (dead/missing, the wait-for graph, init) and stragglers look across communicators.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -65,7 +66,7 @@ inline bool startSeen(const CallRecord& r) {
 }
 // A call NCCL refused or reported failed (not "in progress").
 inline bool isFailed(const CallRecord& r) {
-  return r.state == RecordState::kFailed && r.result != 0 && r.result != 7;
+  return isFailedCall(r);
 }
 inline bool isSequenced(const CallRecord& r) {
   return r.seq > 0 && r.op != OpKind::kInit && r.op != OpKind::kGroupStart &&
@@ -334,6 +335,11 @@ class JobAnalysis {
 struct IncrementalState {
   std::map<std::string, JobCache> jobs;  // by "job/attempt"
   std::unordered_set<uint64_t> dirty;
+  // Hashes certainly in `dirty`, by their low bits: the collector touches a communicator per
+  // record stored, and most are the few its frames alternate between. A hash found here skips
+  // the set's insert; cleared whenever `dirty` is changed other than by touch(). (Hash 0 is the
+  // empty slot's value: it always goes to the set.)
+  std::array<uint64_t, 1024> recentlyDirty{};
   bool all = true;
   IncrementalAnalysis::Stats stats;
 };

@@ -22,6 +22,13 @@ namespace wire = trace::wire;
 
 namespace {
 constexpr int64_t kMs = 1'000'000;
+// A round that found fewer connections ready than this is followed by a linger of kLingerMs:
+// agents send a frame each per poll interval (thousands of frames a second from a large job),
+// and a round per frame or two costs an epoll_wait, a wake-up and their kernel work each. A
+// linger lets a few ms of frames gather, which one round then reads. No frame, verdict, DUMP or
+// abort waits longer than kLingerMs for it, and stop() interrupts it (Connections::wake).
+constexpr int kFewReady = 64;
+constexpr int kLingerMs = 4;
 }  // namespace
 
 // The collector's thread: the connections (collect_connections.h) hand the agents' frames to
@@ -41,13 +48,14 @@ struct Collector::State {
 
 void Collector::State::run() {
   while (!stopping.load()) {
-    connections->poll(options.analyzeEveryMs, true);
+    int ready = connections->poll(options.analyzeEveryMs, true);
     int64_t now = steadyNs();
     if (now >= nextSweepNs) {
       nextSweepNs = now + 100 * kMs;
       connections->dropSilent(now);
     }
     triage->tick(now);
+    if (ready > 0 && ready < kFewReady && !stopping.load()) connections->linger(kLingerMs);
   }
   drainAndFinish();
 }

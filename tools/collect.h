@@ -26,8 +26,11 @@ struct Options {
   bool colour = false;
   size_t maxAgents = 8192;
   // Call records kept for analysis, shared by the job's ranks: each keeps the newest
-  // maxRecords / world of its calls, between 256 and 65536 (128 bytes each).
-  size_t maxRecords = 1u << 20;
+  // maxRecords / world of its calls, between kMinWindow and kMaxWindow (collect_triage.h; 128
+  // bytes each, plus trimSlack). 512 Ki records (64 MiB, 96 MiB with the slack) keep a
+  // 4096-rank collector within 150 MiB (docs/scale.md); a job of up to 1024 ranks keeps 512
+  // calls or more a rank.
+  size_t maxRecords = 1u << 19;
   // `collect --until-idle`: end once agents came and none has been connected for 1 s, or
   // when none came within 60 s (the sidecar a rank starts must not outlive its job), or at
   // once when none is connected and agents of a newer job knock (an elastic restart's).

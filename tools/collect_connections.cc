@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <iterator>
 #include <thread>
 
 namespace ncclwatch::collect {
@@ -125,8 +127,9 @@ bool Connections::listen(const std::string& address, int listenWaitMs, size_t ma
 }
 
 int Connections::poll(int timeoutMs, bool writes) {
-  epoll_event events[256];
-  int ready = epoll_wait(epollFd_, events, 256, timeoutMs);
+  // Enough for a lingered round (Collector::State::run) at thousands of agents in one call.
+  epoll_event events[1024];
+  int ready = epoll_wait(epollFd_, events, static_cast<int>(std::size(events)), timeoutMs);
   int news = 0;
   for (int i = 0; i < ready; ++i) {
     uint64_t tag = events[i].data.u64;
@@ -149,6 +152,13 @@ void Connections::wake() {
   char byte = 1;
   ssize_t ignored = ::write(wakePipe_[1], &byte, 1);
   (void)ignored;
+}
+
+void Connections::linger(int ms) {
+  // The wake pipe is never drained (stop() is its only writer): once woken, this returns at once.
+  pollfd wakeOnly{wakePipe_[0], POLLIN, 0};
+  while (::poll(&wakeOnly, 1, ms) < 0 && errno == EINTR) {
+  }
 }
 
 void Connections::dropSilent(int64_t nowNs) {

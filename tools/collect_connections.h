@@ -47,8 +47,11 @@ class Connections {
   // One round: waits up to `timeoutMs` for events, accepts, reads (frames go to the sink) and,
   // with `writes`, sends what waits. Returns how many events were not wake() calls.
   int poll(int timeoutMs, bool writes);
-  // Interrupts a poll() from another thread.
+  // Interrupts a poll() or a linger() from another thread.
   void wake();
+  // Waits up to `ms` for wake() alone, not for the agents: after a round that found only a few
+  // connections ready, the next round then reads many with one epoll_wait and one wake-up.
+  void linger(int ms);
   // Drops connections that did not authenticate within the HELLO timeout and have nothing
   // unread (a HELLO still in the socket buffer is the collector's delay, not the agent's).
   void dropSilent(int64_t nowNs);

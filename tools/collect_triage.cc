@@ -1,9 +1,12 @@
 #include "collect_triage.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -46,7 +49,37 @@ bool everyMemberSpoke(const analysis::Verdict& verdict, const analysis::JobRepor
   return false;
 }
 
+// A TraceFile's header is the ring file's (trace/ring_format.h): 15 KB, 14 KB of which are the
+// ring's own communicator table and wait notes. The collector never fills those two (an agent's
+// tables arrive as TraceFile::comms and ::waits, which the analysis reads): they hold zeros, and
+// the whole pages inside them go back to the kernel, where they read as zeros again. At 4096
+// ranks that is about 40 of the 59 MiB the headers took (docs/scale.md).
+static_assert(offsetof(trace::RingHeader, waits) ==
+              offsetof(trace::RingHeader, comms) + sizeof(trace::RingHeader::comms));
+void releaseRingTables(trace::TraceFile& file) {
+  static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  auto begin = reinterpret_cast<uintptr_t>(&file.header.comms[0]);
+  auto end = reinterpret_cast<uintptr_t>(&file.header.waits[0]) + sizeof file.header.waits;
+  uintptr_t from = (begin + kPage - 1) & ~(kPage - 1), to = end & ~(kPage - 1);
+  if (to > from) madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
+}
+
 }  // namespace
+
+void Triage::addFile(trace::TraceFile file, int world) {
+  std::memset(file.header.comms, 0, sizeof file.header.comms);
+  std::memset(file.header.waits, 0, sizeof file.header.waits);
+  // Room for the whole job at once: every move to a larger array would bring the pages back.
+  size_t wanted = std::min<size_t>(static_cast<size_t>(std::max(world, 1)), 4 * options_.maxAgents);
+  if (files_.capacity() < wanted) files_.reserve(wanted);
+  const trace::TraceFile* before = files_.data();
+  files_.push_back(std::move(file));
+  if (files_.data() != before) {
+    for (trace::TraceFile& moved : files_) releaseRingTables(moved);
+  } else {
+    releaseRingTables(files_.back());
+  }
+}
 
 int Triage::hello(size_t connection, const wire::Hello& hello) {
   if (!wire::secretMatches(hello.secret, options_.secret)) {
@@ -66,8 +99,7 @@ int Triage::hello(size_t connection, const wire::Hello& hello) {
     }
     Process process;
     // The record budget is shared by the job's ranks; the world size is known from HELLO.
-    size_t share = options_.maxRecords / static_cast<size_t>(std::max(hello.world, 1));
-    process.window = std::clamp<size_t>(share, 256, 65536);
+    process.window = windowFor(options_.maxRecords, hello.world);
     process.toWall = hello.anchorRealtimeNs - hello.anchorMonotonicNs;
     trace::TraceFile file;
     trace::RingHeader& header = file.header;
@@ -83,7 +115,7 @@ int Triage::hello(size_t connection, const wire::Hello& hello) {
     file.usable = true;
     file.path = std::string(hello.tracePath, strnlen(hello.tracePath, sizeof hello.tracePath));
     processes_.push_back(process);
-    files_.push_back(std::move(file));
+    addFile(std::move(file), hello.world);
   }
   Process& process = processes_[static_cast<size_t>(found->second)];
   if (process.connected) return -1;  // one connection per process
@@ -117,8 +149,10 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
   } else {
     triage_.observeUpdate(wall);  // a state change, or a resend after a reconnect
   }
+  // A failed call is an error verdict to be said (urgent pacing), not plain activity.
+  if (analysis::isFailedCall(record)) wanted_ = true;
   // Exactly the window and its trim slack: growth by doubling would overshoot the budget.
-  if (records.capacity() == 0) records.reserve(process.window + process.window / 4 + 1);
+  if (records.capacity() == 0) records.reserve(process.window + trimSlack(process.window) + 1);
   if (records.empty() || record.ringIndex > records.back().ringIndex) {
     records.push_back(record);
   } else {
@@ -132,8 +166,8 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
       records.insert(at, record);
     }
   }
-  // Trim in steps of a quarter window, so that each record is moved a few times at most.
-  if (records.size() > process.window + process.window / 4) {
+  // Trim in steps of the slack: each record is moved window / slack times (twice) at most.
+  if (records.size() > process.window + trimSlack(process.window)) {
     // What leaves the window changes its communicators' alignment too.
     uint64_t lastHash = record.commHash;
     for (auto it = records.begin();
@@ -352,12 +386,17 @@ void Triage::maybeAnalyze(int64_t now) {
   bool quiet = counters_.connected.load() > 0 && triage_.lastActivityNs() > 0 &&
                realtimeNs() - triage_.lastActivityNs() >= options_.quietMs * kMs;
   int64_t since = now - lastAnalysisNs_;
-  // Each pass's cost paces the next: a divergence, a settling verdict or a quiet job may use a
-  // quarter of a core; plain activity a tenth (a healthy job of thousands of ranks costs little).
+  // Each pass's cost paces the next: a divergence, a failed call, a settling verdict or a quiet
+  // job may use a quarter of a core; plain activity a twentieth. What plain activity brings that
+  // nothing above flags (split colours, unpaired sends and receives, stragglers) ends in a hang,
+  // said once the job is quiet, or is information: a healthy job of thousands of ranks, whose
+  // passes cost 0.1-0.3 s, must not spend a tenth of a core on them (a tenth before: a third of
+  // the collector's time at 4096 ranks). Jobs whose passes cost under 2.5 ms still get one every
+  // analyzeEveryMs.
   bool urgent = wanted_ || !candidates_.empty();
   bool due = (urgent && since >= 3 * lastCostNs_) ||
              (quiet && since >= std::max<int64_t>(200 * kMs, 3 * lastCostNs_)) ||
-             (activity_ && since >= 9 * lastCostNs_) ||
+             (activity_ && since >= 19 * lastCostNs_) ||
              since >= std::max<int64_t>(2000 * kMs, 20 * lastCostNs_);
   // A divergence the triage saw is looked at on its own communicator at once, by a pass that
   // redoes only that one (when the rest still holds: analysis/incremental.h), paced by its own
@@ -539,8 +578,7 @@ void Triage::adoptTraceFiles(int64_t now) {
       if (processes_.size() >= 4 * options_.maxAgents) return;
       Process process;
       process.adopted = true;
-      size_t share = options_.maxRecords / static_cast<size_t>(std::max(file.header.world, 1));
-      process.window = std::clamp<size_t>(share, 256, 65536);
+      process.window = windowFor(options_.maxRecords, file.header.world);
       process.toWall = file.header.anchorRealtimeNs - file.header.anchorMonotonicNs;
       index = processes_.size();
       processIndex_.emplace(key, static_cast<int>(index));
@@ -549,7 +587,7 @@ void Triage::adoptTraceFiles(int64_t now) {
       known.header = file.header;
       known.path = path;
       known.usable = true;
-      files_.push_back(std::move(known));
+      addFile(std::move(known), file.header.world);
     } else {
       index = static_cast<size_t>(found->second);
       if (!processes_[index].adopted || processes_[index].connected) continue;

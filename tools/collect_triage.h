@@ -23,6 +23,33 @@
 
 namespace ncclwatch::collect {
 
+// Each rank's window of calls: its share of Options::maxRecords, within these bounds.
+//
+// The floor is what a verdict needs from a window: the divergent call on every member until the
+// pass that says it. The live triage flags a divergence as records arrive (its own per-comm
+// fingerprints, not the windows), and a pass over that communicator runs when its last member
+// reports, or settleMs (150 ms) after the divergence at the latest. So a window must cover how
+// far the fastest member runs ahead of the slowest, plus 150 ms of calls: 128 calls are a lead
+// of about a hundred calls at 100 calls/s (ranks of a job meet at every collective: a rank
+// that issued 100 calls on its communicators past the others' is a rank whose calls cannot
+// complete). It binds above 4096 ranks (512 Ki / 4096 = 128); a job whose ranks run further
+// apart, or call far faster, needs a larger --max-records. (256 before: 1 GiB of windows at
+// 32,768 ranks, and a 4096-rank collector over 150 MiB; docs/scale.md.)
+constexpr size_t kMinWindow = 128;
+constexpr size_t kMaxWindow = 65536;
+// What a window may grow past its size before it is trimmed back to it (Triage::store): a trim
+// moves the window's records to its front, so each record is moved window / slack times. Half a
+// window: twice (with a quarter, four times, the collector's largest single cost at 4096 ranks,
+// 8% of its time).
+constexpr size_t trimSlack(size_t window) {
+  return window / 2;
+}
+// A rank's window in a job of `world` ranks.
+inline size_t windowFor(size_t maxRecords, int world) {
+  size_t share = maxRecords / static_cast<size_t>(world > 1 ? world : 1);
+  return share < kMinWindow ? kMinWindow : share > kMaxWindow ? kMaxWindow : share;
+}
+
 // What the collector knows of one process (one rank of one job attempt). Its calls are
 // Triage::files_[i]: the newest `window` of them, in ring-index order, as the analysis reads
 // them.
@@ -66,6 +93,9 @@ class Triage : public FrameSink {
   void finish();
 
  private:
+  // Appends a process's file (files_ parallel to processes_), its header's ring tables cleared
+  // and their pages returned (they are never used here); `world`: its job's size.
+  void addFile(trace::TraceFile file, int world);
   void store(size_t process, const trace::CallRecord& record);
   void reloadFromFile(size_t process);
   void maybeAnalyze(int64_t now);
