@@ -145,13 +145,13 @@ __attribute__((noinline)) ncclResult_t wrappedAllReduce(const void* sendbuff, vo
   ncclwatch::interpose::CallScope scope;
   if (!scope.outermost()) return real(sendbuff, recvbuff, count, datatype, op, comm, stream);
   ncclwatch::interpose::CallDescription call{
-      ncclwatch::trace::OpKind::kAllReduce,
-      static_cast<uint64_t>(count),
-      static_cast<int>(datatype),
-      static_cast<int>(op),
-      -1,
-      reinterpret_cast<uint64_t>(stream),
-      reinterpret_cast<uint64_t>(__builtin_return_address(0))};
+      .count = static_cast<uint64_t>(count),
+      .stream = reinterpret_cast<uint64_t>(stream),
+      .callSite = reinterpret_cast<uint64_t>(__builtin_return_address(0)),
+      .dtype = static_cast<int>(datatype),
+      .redop = static_cast<int>(op),
+      .rootOrPeer = -1,
+      .op = ncclwatch::trace::OpKind::kAllReduce};
   return ncclwatch::interpose::recordAndCall(
       comm, call, [&] { return real(sendbuff, recvbuff, count, datatype, op, comm, stream); });
 }

@@ -674,9 +674,9 @@ void deferCall(watchdog::CompletionTracker& completion, trace::RingWriter& write
 
 }  // namespace
 
-IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
+void Recorder::issueInto(CommEntry* comm, const CallDescription& call, IssuedCall* out) {
   auto* state = static_cast<State*>(this);
-  IssuedCall issued;
+  IssuedCall& issued = *out;  // default-constructed by the caller
   issued.op = call.op;
   issued.stream = call.stream;
   // Every field is set below (no zeroing of the whole record first: the hot path writes each
@@ -774,7 +774,6 @@ IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
       trackable && issued.ticket == watchdog::kNoTicket && !issued.inGroupBatch;
   issued.index = state->writer.append(record);
   if (issued.inGroupBatch) addToBatch(t_batches->group, issued);
-  return issued;
 }
 
 void Recorder::finish(const IssuedCall& issued, ncclComm_t comm, ncclResult_t result) {
