@@ -119,6 +119,9 @@ class Recorder {
   // parent threads that do not exist here); the child starts its own on its next NCCL call.
   static void forgetAfterFork();
 
+  // Most threads call NCCL on one communicator after another of a few: the last one this
+  // thread found is checked first, inline (still that comm's entry unless it was destroyed
+  // since), then the table.
   CommEntry* find(ncclComm_t comm);
   // The live entry of a communicator by its hash (a linear scan: for the plugin's first event
   // on a communicator, never per call).
@@ -162,6 +165,7 @@ class Recorder {
   Recorder() = default;
   static Recorder* start();
   CommEntry* findInTable(ncclComm_t comm);
+  CommEntry* findAndRemember(ncclComm_t comm);
   friend struct RecorderState;  // the one concrete recorder, defined in recorder.cc
   static inline std::atomic<Recorder*> instance_{nullptr};
 };
@@ -172,7 +176,18 @@ namespace detail {
 // thread_local: no dynamic initialization, so no TLS wrapper function either.
 extern __thread int t_callDepth __attribute__((tls_model("initial-exec")));
 extern __thread const IssuedCall* t_callInProgress __attribute__((tls_model("initial-exec")));
+// find()'s last answer on this thread.
+extern __thread ncclComm_t t_lastComm __attribute__((tls_model("initial-exec")));
+extern __thread CommEntry* t_lastEntry __attribute__((tls_model("initial-exec")));
 }  // namespace detail
+
+inline CommEntry* Recorder::find(ncclComm_t comm) {
+  if (detail::t_lastComm == comm && comm != nullptr &&
+      detail::t_lastEntry->key.load(std::memory_order_acquire) == comm) {
+    return detail::t_lastEntry;
+  }
+  return findAndRemember(comm);
+}
 
 // Thread-local nesting of NCCL calls: NCCL calls some of its own exported functions through
 // the PLT (ncclBcast → ncclBroadcast, GetAsyncError inside every collective); only the
