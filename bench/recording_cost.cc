@@ -3,20 +3,52 @@
 // file-backed 4 MiB ring, and, to size what the append's one locked instruction costs under
 // the ring's store traffic, the same 128-byte slot writes indexed by a locked fetch_add against
 // a plain increment. overhead.sh gives the whole call's added time; this says which part is
-// which (issue 15.1). Run it on a quiet machine: bench/recording_cost [--benchmark_repetitions=3]
+// which (issue 15.1).
+//
+// BM_WholeCall runs the whole recording path of one ncclAllReduce as the LD_PRELOAD wrapper
+// does (interpose/wrapper_macros.h: the resolved pointer, the call scope, the call's
+// description, recordAndCall: the recorder, the comm lookup, issue into the ring, the NVTX and
+// in-progress marks, the check for finish) around a "real NCCL" that returns at once, with
+// events off as NCCLWATCH_EVENTS=0 sets it. Its "added_ns" counter is the recording path's own
+// cost: batches of wrapped calls timed against batches of the same call made directly,
+// interleaved in the same run, median of the per-batch differences.
+// Run it on a quiet machine: bench/recording_cost [--benchmark_repetitions=3]
 #include <benchmark/benchmark.h>
+#include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "interpose/lifecycle.h"
+#include "interpose/recorder.h"
 #include "trace/clock.h"
 #include "trace/fingerprint.h"
 #include "trace/record.h"
 #include "trace/ring_writer.h"
+
+// The recorder's objects call these NCCL functions off the hot path (queries at init, abort on
+// a hang); no NCCL is linked here, and this program never reaches them.
+extern "C" {
+ncclResult_t ncclCommAbort(ncclComm_t) {
+  return ncclInvalidUsage;
+}
+ncclResult_t ncclCommCount(const ncclComm_t, int*) {
+  return ncclInvalidUsage;
+}
+ncclResult_t ncclCommUserRank(const ncclComm_t, int*) {
+  return ncclInvalidUsage;
+}
+ncclResult_t ncclCommCuDevice(const ncclComm_t, int*) {
+  return ncclInvalidUsage;
+}
+}
 
 namespace {
 
@@ -89,6 +121,137 @@ void BM_SlotWrites(benchmark::State& state) {
 }
 BENCHMARK(BM_SlotWrites<true>)->Name("BM_SlotWrites/locked_fetch_add");
 BENCHMARK(BM_SlotWrites<false>)->Name("BM_SlotWrites/plain_increment");
+
+// The whole path. ---------------------------------------------------------------------------
+
+// The "real" ncclAllReduce: returns at once (an empty asm keeps the call).
+__attribute__((noinline)) ncclResult_t realAllReduce(const void* sendbuff, void* recvbuff,
+                                                     size_t count, ncclDataType_t, ncclRedOp_t,
+                                                     ncclComm_t, cudaStream_t) {
+  asm volatile("" : : "r"(sendbuff), "r"(recvbuff), "r"(count) : "memory");
+  return ncclSuccess;
+}
+// As the wrapper finds NCCL's function: resolved once, then one acquire load per call.
+std::atomic<void*> g_realAllReduce{reinterpret_cast<void*>(&realAllReduce)};
+using AllReduceFunction = decltype(&realAllReduce);
+
+// The body of NCCL_COLLECTIVE (interpose/wrapper_macros.h) for ncclAllReduce, the resolution
+// aside (no NCCL under this program to resolve).
+__attribute__((noinline)) ncclResult_t wrappedAllReduce(const void* sendbuff, void* recvbuff,
+                                                        size_t count, ncclDataType_t datatype,
+                                                        ncclRedOp_t op, ncclComm_t comm,
+                                                        cudaStream_t stream) {
+  auto real = reinterpret_cast<AllReduceFunction>(g_realAllReduce.load(std::memory_order_acquire));
+  ncclwatch::interpose::CallScope scope;
+  if (!scope.outermost()) return real(sendbuff, recvbuff, count, datatype, op, comm, stream);
+  ncclwatch::interpose::CallDescription call{
+      .count = static_cast<uint64_t>(count),
+      .stream = reinterpret_cast<uint64_t>(stream),
+      .callSite = reinterpret_cast<uint64_t>(__builtin_return_address(0)),
+      .dtype = static_cast<int>(datatype),
+      .redop = static_cast<int>(op),
+      .rootOrPeer = -1,
+      .op = ncclwatch::trace::OpKind::kAllReduce};
+  return ncclwatch::interpose::recordAndCall(
+      comm, call, [&] { return real(sendbuff, recvbuff, count, datatype, op, comm, stream); });
+}
+// Without ncclwatch: the application calls NCCL's function itself.
+__attribute__((noinline)) ncclResult_t directAllReduce(const void* sendbuff, void* recvbuff,
+                                                       size_t count, ncclDataType_t datatype,
+                                                       ncclRedOp_t op, ncclComm_t comm,
+                                                       cudaStream_t stream) {
+  auto real = reinterpret_cast<AllReduceFunction>(g_realAllReduce.load(std::memory_order_acquire));
+  return real(sendbuff, recvbuff, count, datatype, op, comm, stream);
+}
+
+// A recorder (trace file in $TMPDIR, events off, no watchdog thread: the clock is calibrated
+// here as the watchdog would) and one registered communicator.
+ncclComm_t wholeCallSetup() {
+  static ncclComm_t comm = [] {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string dir =
+        std::string(tmp != nullptr ? tmp : "/tmp") + "/recording_cost." + std::to_string(getpid());
+    setenv("NCCLWATCH_DIR", dir.c_str(), 1);
+    static std::string folder = dir;  // removed at exit (the mapping may outlive the name)
+    std::atexit([] {
+      std::error_code ignored;
+      std::filesystem::remove_all(folder, ignored);
+    });
+    setenv("NCCLWATCH_EVENTS", "0", 1);
+    setenv("NCCLWATCH_PLUGIN", "off", 1);
+    for (int i = 0; i < 40 && !ncclwatch::trace::FastClock::calibrated(); ++i) {
+      ncclwatch::trace::FastClock::calibrate();
+      usleep(1000);
+    }
+    auto* recorder = ncclwatch::interpose::Recorder::get();
+    if (recorder == nullptr) return static_cast<ncclComm_t>(nullptr);
+    static char commStorage[64];
+    auto* fake = reinterpret_cast<ncclComm_t>(commStorage);
+    ncclwatch::interpose::CommCreation creation;
+    creation.comm = fake;
+    creation.hash = 0x5eedf00dcafe1234ull;
+    creation.nranks = 8;
+    creation.rank = 0;
+    recorder->add(creation);
+    return fake;
+  }();
+  return comm;
+}
+
+enum class WholeCallMode { kDirect, kWrapped };
+template <WholeCallMode kMode>
+void BM_WholeCall(benchmark::State& state) {
+  ncclComm_t comm = wholeCallSetup();
+  if (comm == nullptr) {
+    state.SkipWithError("no recorder");
+    return;
+  }
+  float buffer[16];
+  auto* stream = reinterpret_cast<cudaStream_t>(0x1000);
+  for (auto _ : state) {
+    ncclResult_t result =
+        kMode == WholeCallMode::kWrapped
+            ? wrappedAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream)
+            : directAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream);
+    benchmark::DoNotOptimize(result);
+  }
+}
+BENCHMARK(BM_WholeCall<WholeCallMode::kDirect>)->Name("BM_WholeCall/direct");
+BENCHMARK(BM_WholeCall<WholeCallMode::kWrapped>)->Name("BM_WholeCall/recorded");
+
+// Batches of 1000 direct and 1000 wrapped calls in turn; added_ns is the median over the
+// iterations of (wrapped - direct) / 1000, so that both sides see the same machine.
+void BM_WholeCallAdded(benchmark::State& state) {
+  ncclComm_t comm = wholeCallSetup();
+  if (comm == nullptr) {
+    state.SkipWithError("no recorder");
+    return;
+  }
+  constexpr int kBatch = 1000;
+  float buffer[16];
+  auto* stream = reinterpret_cast<cudaStream_t>(0x1000);
+  std::vector<double> added;
+  added.reserve(1 << 16);
+  for (auto _ : state) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kBatch; ++i) {
+      benchmark::DoNotOptimize(
+          directAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream));
+    }
+    auto t1 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kBatch; ++i) {
+      benchmark::DoNotOptimize(
+          wrappedAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream));
+    }
+    auto t2 = std::chrono::steady_clock::now();
+    added.push_back((std::chrono::duration<double, std::nano>(t2 - t1).count() -
+                     std::chrono::duration<double, std::nano>(t1 - t0).count()) /
+                    kBatch);
+  }
+  std::sort(added.begin(), added.end());
+  state.counters["added_ns"] = added.empty() ? 0 : added[added.size() / 2];
+}
+BENCHMARK(BM_WholeCallAdded);
 
 }  // namespace
 

@@ -16,7 +16,7 @@ ncclResult_t recordAndCall(ncclComm_t comm, const CallDescription& call, CallRea
   IssuedCall issued;
   try {
     recorder = Recorder::get();
-    if (recorder != nullptr) issued = recorder->issue(recorder->find(comm), call);
+    if (recorder != nullptr) recorder->issueInto(recorder->find(comm), call, &issued);
   } catch (...) {
     recorder = nullptr;
   }

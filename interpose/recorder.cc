@@ -81,6 +81,8 @@ struct RecorderState final : Recorder {
 __thread int detail::t_callDepth __attribute__((tls_model("initial-exec"))) = 0;
 __thread const IssuedCall* detail::t_callInProgress __attribute__((tls_model("initial-exec"))) =
     nullptr;
+__thread ncclComm_t detail::t_lastComm __attribute__((tls_model("initial-exec"))) = nullptr;
+__thread CommEntry* detail::t_lastEntry __attribute__((tls_model("initial-exec"))) = nullptr;
 
 namespace {
 
@@ -98,8 +100,6 @@ NCCLWATCH_TLS int t_threadId = 0;
 NCCLWATCH_TLS bool t_haveNestedId = false;
 NCCLWATCH_TLS ncclUniqueId t_nestedId;
 NCCLWATCH_TLS ThreadBatches* t_batches = nullptr;
-NCCLWATCH_TLS ncclComm_t t_lastComm = nullptr;  // find()'s last answer on this thread
-NCCLWATCH_TLS CommEntry* t_lastEntry = nullptr;
 pthread_key_t g_batchesKey;
 std::once_flag g_batchesKeyOnce;
 
@@ -328,8 +328,8 @@ void resetAfterFork() {
   Recorder::forgetAfterFork();
   // The forking thread is the child's only thread, with a thread id of its own.
   t_threadId = 0;
-  t_lastComm = nullptr;  // find()'s cache pointed into the parent's recorder
-  t_lastEntry = nullptr;
+  detail::t_lastComm = nullptr;  // find()'s cache pointed into the parent's recorder
+  detail::t_lastEntry = nullptr;
   new (&g_initMutex) std::mutex();
 }
 
@@ -445,17 +445,11 @@ Recorder* Recorder::start() {
   return state;
 }
 
-CommEntry* Recorder::find(ncclComm_t comm) {
-  // Most threads call NCCL on one communicator after another of a few: the last one this
-  // thread found is checked first (still that comm's entry unless it was destroyed since).
-  if (t_lastComm == comm && comm != nullptr &&
-      t_lastEntry->key.load(std::memory_order_acquire) == comm) {
-    return t_lastEntry;
-  }
+CommEntry* Recorder::findAndRemember(ncclComm_t comm) {
   CommEntry* entry = findInTable(comm);
   if (entry != nullptr) {
-    t_lastComm = comm;
-    t_lastEntry = entry;
+    detail::t_lastComm = comm;
+    detail::t_lastEntry = entry;
   }
   return entry;
 }
@@ -674,9 +668,9 @@ void deferCall(watchdog::CompletionTracker& completion, trace::RingWriter& write
 
 }  // namespace
 
-IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
+void Recorder::issueInto(CommEntry* comm, const CallDescription& call, IssuedCall* out) {
   auto* state = static_cast<State*>(this);
-  IssuedCall issued;
+  IssuedCall& issued = *out;  // default-constructed by the caller
   issued.op = call.op;
   issued.stream = call.stream;
   // Every field is set below (no zeroing of the whole record first: the hot path writes each
@@ -774,7 +768,6 @@ IssuedCall Recorder::issue(CommEntry* comm, const CallDescription& call) {
       trackable && issued.ticket == watchdog::kNoTicket && !issued.inGroupBatch;
   issued.index = state->writer.append(record);
   if (issued.inGroupBatch) addToBatch(t_batches->group, issued);
-  return issued;
 }
 
 void Recorder::finish(const IssuedCall& issued, ncclComm_t comm, ncclResult_t result) {

@@ -53,26 +53,41 @@ struct CommCreation {
   bool abortable = true;  // false: `comm` is not an ncclComm_t (the plugin's entries)
 };
 
-// What a recorded call looks like before it is issued.
+// What a recorded call looks like before it is issued. Wide fields first, then the narrow
+// ones: no padding, so that the wrappers build it with one store per field (a padded one was
+// cleared whole first, with rep stos, on every call).
 struct CallDescription {
-  trace::OpKind op = trace::OpKind::kUnknown;
   uint64_t count = 0;
-  int dtype = 0;
-  int redop = 0;
-  int rootOrPeer = -1;
   uint64_t stream = 0;
   uint64_t callSite = 0;
-  bool countsInSequence = true;  // false for init: a comm's seq starts with its first operation
-  uint64_t commHash = 0;         // used when there is no CommEntry (e.g. a failed init)
+  uint64_t commHash = 0;  // used when there is no CommEntry (e.g. a failed init)
   // Set by the profiler plugin, which sees a call after the fact on another thread: the call's
   // own time and thread (0: now, this thread), its group depth (-1: this thread's), record
   // flags to add, and whether CUDA events may track it (the plugin's KernelCh events do).
   int64_t issueNs = 0;
+  int dtype = 0;
+  int redop = 0;
+  int rootOrPeer = -1;
   int threadId = 0;
   int groupDepth = -1;
+  trace::OpKind op = trace::OpKind::kUnknown;
+  bool countsInSequence = true;  // false for init: a comm's seq starts with its first operation
   uint8_t extraFlags = 0;
   bool eventsAllowed = true;
 };
+static_assert(sizeof(CallDescription) == 64);
+
+// A wrapper's call: the NCCL arguments, the rest as the wrapper leaves it.
+inline CallDescription describeCall(trace::OpKind op, uint64_t count, int dtype, int redop,
+                                    int rootOrPeer, uint64_t stream, uint64_t callSite) {
+  return CallDescription{.count = count,
+                         .stream = stream,
+                         .callSite = callSite,
+                         .dtype = dtype,
+                         .redop = redop,
+                         .rootOrPeer = rootOrPeer,
+                         .op = op};
+}
 
 // What issue() decided for a call, carried to finish() after the real call returned.
 struct IssuedCall {
@@ -104,6 +119,9 @@ class Recorder {
   // parent threads that do not exist here); the child starts its own on its next NCCL call.
   static void forgetAfterFork();
 
+  // Most threads call NCCL on one communicator after another of a few: the last one this
+  // thread found is checked first, inline (still that comm's entry unless it was destroyed
+  // since), then the table.
   CommEntry* find(ncclComm_t comm);
   // The live entry of a communicator by its hash (a linear scan: for the plugin's first event
   // on a communicator, never per call).
@@ -113,7 +131,14 @@ class Recorder {
 
   // Appends the call's record (seq, fingerprint, p2p sequence...) and, for a collective or
   // p2p call outside a group, records the "before" completion event on its stream.
-  IssuedCall issue(CommEntry* comm, const CallDescription& call);
+  IssuedCall issue(CommEntry* comm, const CallDescription& call) {
+    IssuedCall issued;
+    issueInto(comm, call, &issued);
+    return issued;
+  }
+  // The same into a default-constructed IssuedCall of the caller's (the wrappers' hot path: no
+  // copy of the result).
+  void issueInto(CommEntry* comm, const CallDescription& call, IssuedCall* issued);
   // After the real call returned: records the "after" event (or defers it while a non-blocking
   // comm is still enqueueing), marks a host-synchronous lifecycle call completed and a failure
   // failed with its result.
@@ -140,6 +165,7 @@ class Recorder {
   Recorder() = default;
   static Recorder* start();
   CommEntry* findInTable(ncclComm_t comm);
+  CommEntry* findAndRemember(ncclComm_t comm);
   friend struct RecorderState;  // the one concrete recorder, defined in recorder.cc
   static inline std::atomic<Recorder*> instance_{nullptr};
 };
@@ -150,7 +176,18 @@ namespace detail {
 // thread_local: no dynamic initialization, so no TLS wrapper function either.
 extern __thread int t_callDepth __attribute__((tls_model("initial-exec")));
 extern __thread const IssuedCall* t_callInProgress __attribute__((tls_model("initial-exec")));
+// find()'s last answer on this thread.
+extern __thread ncclComm_t t_lastComm __attribute__((tls_model("initial-exec")));
+extern __thread CommEntry* t_lastEntry __attribute__((tls_model("initial-exec")));
 }  // namespace detail
+
+inline CommEntry* Recorder::find(ncclComm_t comm) {
+  if (detail::t_lastComm == comm && comm != nullptr &&
+      detail::t_lastEntry->key.load(std::memory_order_acquire) == comm) {
+    return detail::t_lastEntry;
+  }
+  return findAndRemember(comm);
+}
 
 // Thread-local nesting of NCCL calls: NCCL calls some of its own exported functions through
 // the PLT (ncclBcast → ncclBroadcast, GetAsyncError inside every collective); only the

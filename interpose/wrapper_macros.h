@@ -45,19 +45,16 @@ namespace ni = ncclwatch::interpose;
     real();                                 \
   }
 
-#define NCCL_COLLECTIVE(name, op, params, args, count, dtype, redop, root, comm, stream) \
-  extern "C" NCCLWATCH_EXPORT ncclResult_t name params {                                 \
-    NCCLWATCH_RESOLVE(name, ncclSystemError);                                            \
-    ni::CallScope scope;                                                                 \
-    if (!scope.outermost()) return real args;                                            \
-    ni::CallDescription call{ncclwatch::trace::OpKind::op,                               \
-                             static_cast<uint64_t>(count),                               \
-                             static_cast<int>(dtype),                                    \
-                             static_cast<int>(redop),                                    \
-                             static_cast<int>(root),                                     \
-                             reinterpret_cast<uint64_t>(stream),                         \
-                             reinterpret_cast<uint64_t>(__builtin_return_address(0))};   \
-    return ni::recordAndCall(comm, call, [&] { return real args; });                     \
+#define NCCL_COLLECTIVE(name, op, params, args, count, dtype, redop, root, comm, stream)     \
+  extern "C" NCCLWATCH_EXPORT ncclResult_t name params {                                     \
+    NCCLWATCH_RESOLVE(name, ncclSystemError);                                                \
+    ni::CallScope scope;                                                                     \
+    if (!scope.outermost()) return real args;                                                \
+    ni::CallDescription call = ni::describeCall(                                             \
+        ncclwatch::trace::OpKind::op, static_cast<uint64_t>(count), static_cast<int>(dtype), \
+        static_cast<int>(redop), static_cast<int>(root), reinterpret_cast<uint64_t>(stream), \
+        reinterpret_cast<uint64_t>(__builtin_return_address(0)));                            \
+    return ni::recordAndCall(comm, call, [&] { return real args; });                         \
   }
 
 #define NCCL_P2P(name, op, params, args, count, dtype, peer, comm, stream) \
@@ -66,20 +63,17 @@ namespace ni = ncclwatch::interpose;
 // A one-sided operation (NCCL 2.29+): recorded with its peer, count, type and stream like a
 // send, and tracked on its stream, but outside the communicator's sequence (no peer posts a
 // matching call, so ranks' sequences must not shift by it).
-#define NCCL_ONE_SIDED(name, op, params, args, count, dtype, peer, comm, stream)       \
-  extern "C" NCCLWATCH_EXPORT ncclResult_t name params {                               \
-    NCCLWATCH_RESOLVE(name, ncclSystemError);                                          \
-    ni::CallScope scope;                                                               \
-    if (!scope.outermost()) return real args;                                          \
-    ni::CallDescription call{ncclwatch::trace::OpKind::op,                             \
-                             static_cast<uint64_t>(count),                             \
-                             static_cast<int>(dtype),                                  \
-                             -1,                                                       \
-                             static_cast<int>(peer),                                   \
-                             reinterpret_cast<uint64_t>(stream),                       \
-                             reinterpret_cast<uint64_t>(__builtin_return_address(0))}; \
-    call.countsInSequence = false;                                                     \
-    return ni::recordAndCall(comm, call, [&] { return real args; });                   \
+#define NCCL_ONE_SIDED(name, op, params, args, count, dtype, peer, comm, stream)                 \
+  extern "C" NCCLWATCH_EXPORT ncclResult_t name params {                                         \
+    NCCLWATCH_RESOLVE(name, ncclSystemError);                                                    \
+    ni::CallScope scope;                                                                         \
+    if (!scope.outermost()) return real args;                                                    \
+    ni::CallDescription call = ni::describeCall(                                                 \
+        ncclwatch::trace::OpKind::op, static_cast<uint64_t>(count), static_cast<int>(dtype), -1, \
+        static_cast<int>(peer), reinterpret_cast<uint64_t>(stream),                              \
+        reinterpret_cast<uint64_t>(__builtin_return_address(0)));                                \
+    call.countsInSequence = false;                                                               \
+    return ni::recordAndCall(comm, call, [&] { return real args; });                             \
   }
 
 #define NCCL_LIFECYCLE(name, params, args)                    \

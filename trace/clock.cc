@@ -6,22 +6,11 @@
 #include <cstdio>
 #include <cstring>
 
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
-
 namespace ncclwatch::trace {
 namespace {
 
-// The published line: ns = baseNs + ((tsc - baseTsc) * multQ32) >> 32, under a seqlock whose
-// version is 0 while no line exists and odd while one is being written.
-struct Line {
-  std::atomic<uint32_t> version{0};
-  std::atomic<uint64_t> baseTsc{0};
-  std::atomic<int64_t> baseNs{0};
-  std::atomic<uint64_t> multQ32{0};
-};
-Line g_line;
+using detail::ClockLine;
+constexpr ClockLine& g_line = detail::g_clockLine;
 
 // Calibration state, touched only by the calibrating thread.
 struct Calibration {
@@ -99,20 +88,6 @@ int64_t monotonicNs() {
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);
   return static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
-}
-
-int64_t FastClock::nowNs() {
-  uint32_t before = g_line.version.load(std::memory_order_acquire);
-  if (before == 0 || (before & 1u) != 0) return monotonicNs();
-  uint64_t tsc = readTsc();
-  uint64_t baseTsc = g_line.baseTsc.load(std::memory_order_relaxed);
-  int64_t baseNs = g_line.baseNs.load(std::memory_order_relaxed);
-  uint64_t multQ32 = g_line.multQ32.load(std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_acquire);
-  if (g_line.version.load(std::memory_order_relaxed) != before || tsc < baseTsc) {
-    return monotonicNs();
-  }
-  return extrapolate(tsc, baseTsc, baseNs, multQ32);
 }
 
 bool FastClock::calibrated() {

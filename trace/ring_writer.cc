@@ -38,49 +38,11 @@ std::atomic_ref<uint32_t> atomicField(uint32_t& field) {
   return std::atomic_ref<uint32_t>(field);
 }
 
-// Seqlock write: odd while inside, the next even value once done.
-template <typename Body>
-void writeSlot(CallRecord* slot, Body body) {
-  auto version = std::atomic_ref<uint32_t>(slot->slotVersion);
-  uint32_t before = version.load(std::memory_order_relaxed);
-  // A writer that died inside left an odd value: step past it, staying odd.
-  uint32_t inside = (before & 1u) ? before + 2 : before + 1;
-  version.store(inside, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  body();
-  version.store(inside + 1, std::memory_order_release);
-}
-
-// A slot's contents are stored and loaded with relaxed atomic operations: plain moves on every
-// target, but a persisting thread that copies a slot while an application thread rewrites it
-// then reads torn values only (which the seqlock discards), never races in the C++ sense, and
-// thread sanitizer agrees. Layout: 14 words of fields, 4 bytes of small fields, slotVersion,
-// ringIndex.
-constexpr size_t kBodyWords = offsetof(CallRecord, redop) / 8;
-static_assert(offsetof(CallRecord, redop) == kBodyWords * 8);
-static_assert(offsetof(CallRecord, slotVersion) == offsetof(CallRecord, redop) + 4);
-static_assert(offsetof(CallRecord, ringIndex) == 120);
-
-uint64_t* words(CallRecord* slot) {
-  return reinterpret_cast<uint64_t*>(slot);
-}
-uint32_t* smallFields(CallRecord* slot) {
-  return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(slot) + offsetof(CallRecord, redop));
-}
-
-// Every field but slotVersion and ringIndex.
-void storeBody(CallRecord* slot, const CallRecord& record) {
-  const auto* source = reinterpret_cast<const unsigned char*>(&record);
-#pragma GCC unroll 16
-  for (size_t i = 0; i < kBodyWords; ++i) {
-    uint64_t word;
-    std::memcpy(&word, source + i * 8, sizeof word);
-    std::atomic_ref<uint64_t>(words(slot)[i]).store(word, std::memory_order_relaxed);
-  }
-  uint32_t small;
-  std::memcpy(&small, &record.redop, sizeof small);
-  std::atomic_ref<uint32_t>(*smallFields(slot)).store(small, std::memory_order_relaxed);
-}
+using detail::kBodyWords;
+using detail::smallFields;
+using detail::storeBody;
+using detail::words;
+using detail::writeSlot;
 
 // The reader's protocol on the live ring: a copy between two equal, even reads of slotVersion.
 bool loadStableSlot(CallRecord* slot, CallRecord* out) {
@@ -285,20 +247,6 @@ void RingWriter::initializeHeader(const ProcessInfo& info, bool continuous) {
   std::memcpy(header_->magic, kRingMagic, sizeof kRingMagic);
   headerCopy_.resize(sizeof(RingHeader));
   std::memcpy(headerCopy_.data(), header_, sizeof(RingHeader));
-}
-
-CallRecord* RingWriter::slot(uint64_t index) const {
-  return &records_[index & (capacity_ - 1)];
-}
-
-uint64_t RingWriter::append(const CallRecord& record) {
-  uint64_t index = atomicField(header_->nextIndex).fetch_add(1, std::memory_order_relaxed);
-  CallRecord* target = slot(index);
-  writeSlot(target, [&] {
-    storeBody(target, record);
-    std::atomic_ref<uint64_t>(target->ringIndex).store(index, std::memory_order_relaxed);
-  });
-  return index;
 }
 
 bool RingWriter::updateState(uint64_t index, RecordState state, int64_t startNs,

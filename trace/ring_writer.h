@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <span>
 #include <string>
@@ -18,6 +19,54 @@
 #include "trace/ring_format.h"
 
 namespace ncclwatch::trace {
+
+namespace detail {
+
+// Seqlock write of a slot: odd while inside, the next even value once done.
+template <typename Body>
+inline void writeSlot(CallRecord* slot, Body body) {
+  auto version = std::atomic_ref<uint32_t>(slot->slotVersion);
+  uint32_t before = version.load(std::memory_order_relaxed);
+  // A writer that died inside left an odd value: step past it, staying odd.
+  uint32_t inside = (before & 1u) ? before + 2 : before + 1;
+  version.store(inside, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  body();
+  version.store(inside + 1, std::memory_order_release);
+}
+
+// A slot's contents are stored and loaded with relaxed atomic operations: plain moves on every
+// target, but a persisting thread that copies a slot while an application thread rewrites it
+// then reads torn values only (which the seqlock discards), never races in the C++ sense, and
+// thread sanitizer agrees. Layout: 14 words of fields, 4 bytes of small fields, slotVersion,
+// ringIndex.
+inline constexpr size_t kBodyWords = offsetof(CallRecord, redop) / 8;
+static_assert(offsetof(CallRecord, redop) == kBodyWords * 8);
+static_assert(offsetof(CallRecord, slotVersion) == offsetof(CallRecord, redop) + 4);
+static_assert(offsetof(CallRecord, ringIndex) == 120);
+
+inline uint64_t* words(CallRecord* slot) {
+  return reinterpret_cast<uint64_t*>(slot);
+}
+inline uint32_t* smallFields(CallRecord* slot) {
+  return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(slot) + offsetof(CallRecord, redop));
+}
+
+// Every field but slotVersion and ringIndex.
+inline void storeBody(CallRecord* slot, const CallRecord& record) {
+  const auto* source = reinterpret_cast<const unsigned char*>(&record);
+#pragma GCC unroll 16
+  for (size_t i = 0; i < kBodyWords; ++i) {
+    uint64_t word;
+    std::memcpy(&word, source + i * 8, sizeof word);
+    std::atomic_ref<uint64_t>(words(slot)[i]).store(word, std::memory_order_relaxed);
+  }
+  uint32_t small;
+  std::memcpy(&small, &record.redop, sizeof small);
+  std::atomic_ref<uint32_t>(*smallFields(slot)).store(small, std::memory_order_relaxed);
+}
+
+}  // namespace detail
 
 struct ProcessInfo {
   int rank = -1;
@@ -75,8 +124,26 @@ class RingWriter {
   bool continuous() const { return continuous_; }
 
   // Appends a copy of `record` (its slotVersion and ringIndex are set here) and returns its
-  // ring index, which later updates refer to.
-  uint64_t append(const CallRecord& record);
+  // ring index, which later updates refer to. Inline: the recorder's hot path builds the record
+  // in registers and stores it straight into the slot.
+  uint64_t append(const CallRecord& record) {
+    uint64_t index =
+        std::atomic_ref<uint64_t>(header_->nextIndex).fetch_add(1, std::memory_order_relaxed);
+    CallRecord* target = slot(index);
+    detail::writeSlot(target, [&] {
+      detail::storeBody(target, record);
+      std::atomic_ref<uint64_t>(target->ringIndex).store(index, std::memory_order_relaxed);
+    });
+    // The next record's slot, asked for in the state a store needs: the next call finds its two
+    // cache lines owned instead of waiting on a read-for-ownership of each (a slot was last
+    // written a whole ring ago and is out of this core's caches). A hint: it never faults, and
+    // another thread taking that slot first only makes it useless. prefetchw where the build
+    // targets it (-mprfchw), else a read prefetch (exclusive when no other core holds the line).
+    const char* next = reinterpret_cast<const char*>(slot(index + 1));
+    __builtin_prefetch(next, 1, 3);
+    __builtin_prefetch(next + 64, 1, 3);
+    return index;
+  }
 
   // Changes the state of record `index` if it has not been overwritten since; false if it was.
   bool updateState(uint64_t index, RecordState state, int64_t startNs, int64_t completeNs);
@@ -138,7 +205,7 @@ class RingWriter {
   void close();
 
  private:
-  CallRecord* slot(uint64_t index) const;
+  CallRecord* slot(uint64_t index) const { return &records_[index & (capacity_ - 1)]; }
   bool writeSegment(uint64_t firstIndex, uint32_t count);
   bool appendTextBlock(const char (&magic)[8], std::string_view text);
   void initializeHeader(const ProcessInfo& info, bool continuous);
