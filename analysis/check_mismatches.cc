@@ -121,24 +121,29 @@ void JobAnalysis::checkMismatches(Comm& comm) {
     hi = std::max(hi, m.lastOrdinal());
   }
   if (lo == UINT64_MAX) return;
-  uint64_t divergent = 0;
-  for (uint64_t k = lo; k <= hi && divergent == 0; ++k) {
-    uint64_t key = 0;
-    bool have = false;
-    for (const Member& m : comm.members) {
-      uint32_t i = m.at(k);
+  // The first ordinal where the members present disagree with the first of them. Read member by
+  // member, each one's window in order: one record of every member per ordinal missed the cache
+  // on nearly every record at 4096 members.
+  std::vector<uint64_t> firstKey(hi - lo + 1);
+  std::vector<char> seen(hi - lo + 1, 0);
+  uint64_t earliest = UINT64_MAX;
+  for (const Member& m : comm.members) {
+    for (size_t pos = 0; pos < m.coll.size(); ++pos) {
+      uint64_t k = m.base + pos;
+      if (k >= earliest) break;  // cannot make the first divergence earlier
+      uint32_t i = m.coll[pos];
       if (i == kNone) continue;
-      uint64_t kk = alignKey(procs_[m.proc].rec(i));
-      if (!have) {
-        key = kk;
-        have = true;
-      } else if (kk != key) {
-        divergent = k;
-        break;
+      uint64_t key = alignKey(procs_[m.proc].rec(i));
+      if (!seen[k - lo]) {
+        seen[k - lo] = 1;
+        firstKey[k - lo] = key;
+      } else if (key != firstKey[k - lo]) {
+        earliest = k;
       }
     }
   }
-  if (divergent == 0) return;
+  if (earliest == UINT64_MAX) return;
+  uint64_t divergent = earliest;
   // Classes at the divergent ordinal.
   std::map<uint64_t, std::vector<int>> byKey;  // key -> member indices
   std::vector<int> absent;

@@ -26,32 +26,44 @@ StragglerTally JobAnalysis::tallyStragglers(const Comm& comm) const {
     lo = std::max(lo, m.base);
     hi = std::min(hi, m.lastOrdinal());
   }
-  std::unordered_map<int, size_t> lateAt;  // proc -> index in tally.late
-  for (uint64_t k = lo; k <= hi; ++k) {
-    int64_t first = INT64_MIN, second = INT64_MIN;
+  if (lo > hi) return tally;
+  // The latest and second latest arrival at each ordinal, member by member (each one's window
+  // read in order: one record of every member per ordinal missed the cache on nearly every
+  // record at 4096 members). An ordinal some member lacks, or where it made no collective, is
+  // not one every member joined.
+  struct Arrivals {
+    int64_t first = INT64_MIN;
+    int64_t second = INT64_MIN;
     const Member* who = nullptr;
     bool ok = true;
-    for (const Member& m : comm.members) {
+  };
+  std::vector<Arrivals> arrivals(hi - lo + 1);
+  for (const Member& m : comm.members) {
+    for (uint64_t k = lo; k <= hi; ++k) {
+      Arrivals& a = arrivals[k - lo];
+      if (!a.ok) continue;
       uint32_t i = m.at(k);
-      if (i == kNone) {
-        ok = false;
-        break;
+      const CallRecord* r = i == kNone ? nullptr : &procs_[m.proc].rec(i);
+      if (r == nullptr || !trace::isCollective(r->op)) {
+        a.ok = false;
+        continue;
       }
-      const CallRecord& r = procs_[m.proc].rec(i);
-      if (!trace::isCollective(r.op)) {
-        ok = false;
-        break;
-      }
-      int64_t t = procs_[m.proc].wall(r.issueNs);
-      if (t > first) {
-        second = first;
-        first = t;
-        who = &m;
-      } else if (t > second) {
-        second = t;
+      int64_t t = procs_[m.proc].wall(r->issueNs);
+      if (t > a.first) {
+        a.second = a.first;
+        a.first = t;
+        a.who = &m;
+      } else if (t > a.second) {
+        a.second = t;
       }
     }
-    if (!ok) continue;
+  }
+  std::unordered_map<int, size_t> lateAt;  // proc -> index in tally.late
+  for (uint64_t k = lo; k <= hi; ++k) {
+    const Arrivals& a = arrivals[k - lo];
+    if (!a.ok) continue;
+    int64_t first = a.first, second = a.second;
+    const Member* who = a.who;
     ++tally.joinedEach;
     if (first - second < options_.stragglerLagNs) continue;
     auto [at, added] = lateAt.try_emplace(who->proc, tally.late.size());

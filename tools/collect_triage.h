@@ -28,19 +28,18 @@ namespace ncclwatch::collect {
 // The floor is what a verdict needs from a window: the divergent call on every member until the
 // pass that says it. The live triage flags a divergence as records arrive (its own per-comm
 // fingerprints, not the windows), and a pass over that communicator runs when its last member
-// reports, or settleMs (150 ms) after the divergence at the latest. So a window must cover how
-// far the fastest member runs ahead of the slowest, plus 150 ms of calls: 128 calls are a lead
-// of about a hundred calls at 100 calls/s (ranks of a job meet at every collective: a rank
-// that issued 100 calls on its communicators past the others' is a rank whose calls cannot
-// complete). It binds above 4096 ranks (512 Ki / 4096 = 128); a job whose ranks run further
-// apart, or call far faster, needs a larger --max-records. (256 before: 1 GiB of windows at
-// 32,768 ranks, and a 4096-rank collector over 150 MiB; docs/scale.md.)
+// reports, or settleMs (150 ms) after the divergence at the latest. So a window must keep the
+// divergent call while the slowest member catches up to it, plus settleMs: with 128 calls, a
+// rank may be about 110 calls ahead of the slowest member at 100 calls a second (15 are made in
+// 150 ms). Ranks that meet at every collective rarely run that far apart (the bench's stay
+// within one poll interval, 10 calls); a job whose ranks do, or that calls far faster, needs a
+// larger --max-records. The floor binds from 4096 ranks on (512 Ki / 4096 = 128). It was 256:
+// a 4096-rank collector then took 160 MiB of windows alone (docs/scale.md).
 constexpr size_t kMinWindow = 128;
 constexpr size_t kMaxWindow = 65536;
 // What a window may grow past its size before it is trimmed back to it (Triage::store): a trim
 // moves the window's records to its front, so each record is moved window / slack times. Half a
-// window: twice (with a quarter, four times, the collector's largest single cost at 4096 ranks,
-// 8% of its time).
+// window: twice (with a quarter, four times: 8% of the collector's time at 4096 ranks).
 constexpr size_t trimSlack(size_t window) {
   return window / 2;
 }
