@@ -42,6 +42,11 @@ class BoundedQueue {
 
   // False when empty.
   bool pop(T* value) {
+    size_t position;
+    return pop(value, &position);
+  }
+  // The same, saying where the value stood: the count of values popped before it.
+  bool pop(T* value, size_t* taken) {
     size_t position = head_.load(std::memory_order_relaxed);
     for (;;) {
       Cell& cell = cells_[position & (Capacity - 1)];
@@ -51,6 +56,7 @@ class BoundedQueue {
         if (head_.compare_exchange_weak(position, position + 1, std::memory_order_relaxed)) {
           *value = cell.value;
           cell.sequence.store(position + Capacity, std::memory_order_release);
+          *taken = position;
           return true;
         }
       } else if (difference < 0) {

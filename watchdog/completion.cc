@@ -22,21 +22,19 @@ std::mutex g_poolCreation;
 
 }  // namespace
 
+__thread uint64_t detail::t_cachedStream __attribute__((tls_model("initial-exec"))) = 0;
+__thread uint64_t detail::t_cachedTracker __attribute__((tls_model("initial-exec"))) = 0;
+__thread int detail::t_cachedSlot __attribute__((tls_model("initial-exec"))) = -1;
+
 namespace {
-// The pool slot of the stream this thread recorded on last (per tracker): a stream belongs to
-// one context for life, so a thread issuing on the same stream again needs no cuCtxGetCurrent
-// and no search. The default streams (legacy 0/1, per-thread 2) follow the current device and
-// are never cached. Keyed by the tracker's serial, so that a tracker made later at the same
-// address never sees another's slots.
-__thread uint64_t t_cachedStream __attribute__((tls_model("initial-exec"))) = 0;
-__thread uint64_t t_cachedTracker __attribute__((tls_model("initial-exec"))) = 0;
-__thread int t_cachedSlot __attribute__((tls_model("initial-exec"))) = -1;
 std::atomic<uint64_t> g_trackerSerials{0};
 }  // namespace
 
 CompletionTracker::CompletionTracker(const DriverApi& driver, trace::RingWriter& writer,
                                      EventMode mode)
     : driver_(driver),
+      eventRecord_(driver.eventRecord),
+      streamIsCapturing_(driver.streamIsCapturing),
       writer_(writer),
       mode_(mode),
       serial_(g_trackerSerials.fetch_add(1, std::memory_order_relaxed) + 1) {
@@ -115,65 +113,52 @@ void CompletionTracker::prepareCurrentContext() {
   }
 }
 
-StreamCheck CompletionTracker::checkStream(uint64_t stream) const {
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (driver_.streamIsCapturing(asStream(stream), &status) != CUDA_SUCCESS) {
-    return StreamCheck::kUntrackable;
-  }
-  return status == CU_STREAM_CAPTURE_STATUS_NONE ? StreamCheck::kTrackable : StreamCheck::kCaptured;
-}
-
-int CompletionTracker::slotForStream(uint64_t stream) {
+int CompletionTracker::slotForNewStream(uint64_t stream) {
   constexpr uint64_t kLastDefaultStream = 2;  // cudaStreamLegacy 1, cudaStreamPerThread 2
-  if (stream > kLastDefaultStream && t_cachedStream == stream && t_cachedTracker == serial_) {
-    return t_cachedSlot;
-  }
   int slot = slotForCurrentContext(false);
   if (slot >= 0 && stream > kLastDefaultStream) {
-    t_cachedStream = stream;
-    t_cachedTracker = serial_;
-    t_cachedSlot = slot;
+    detail::t_cachedStream = stream;
+    detail::t_cachedTracker = serial_;
+    detail::t_cachedSlot = slot;
   }
   return slot;
 }
 
-Ticket CompletionTracker::recordBefore(uint64_t stream, bool* shed) {
-  if (shed != nullptr) *shed = false;
-  int slot = slotForStream(stream);
-  if (slot < 0) return kNoTicket;
-  uint32_t index = 0;
-  ContextPool& pool = *pools_[slot];
-  if (!pool.free.pop(&index)) {
-    pool.misses.fetch_add(1, std::memory_order_relaxed);
-    counters_.noPair.fetch_add(1, std::memory_order_relaxed);
-    if (shed != nullptr) *shed = true;
-    // The first miss since the last poll wakes the poller to recycle and grow now rather than
-    // at its next interval: one write per poll at most, on a path that is already the slow one.
-    if (!pool.wokePoller.exchange(true, std::memory_order_relaxed)) Triggers::wake();
-    return kNoTicket;
-  }
-  // Running low: wake the poller now to recycle finished pairs and grow the pool, before calls
-  // find it empty (once per poll at most).
-  if (pool.free.size() < pool.created.load(std::memory_order_relaxed) / 4 &&
-      !pool.wokePoller.exchange(true, std::memory_order_relaxed)) {
-    Triggers::wake();
-  }
-  Ticket ticket = (static_cast<uint32_t>(slot) << 16) | index;
-  // The pair is this thread's alone until it is submitted: a plain increment, no locked
-  // instruction (each costs ~8 ns more than a plain one on an H200 host, bench/recording_cost).
-  std::atomic<uint32_t>& generation = pairOf(ticket).generation;
-  generation.store(generation.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  if (mode_ == EventMode::kFull &&
-      driver_.eventRecord(pairOf(ticket).before, asStream(stream)) != CUDA_SUCCESS) {
-    counters_.recordErrors.fetch_add(1, std::memory_order_relaxed);
-    poolOf(ticket)->free.push(index);
-    return kNoTicket;
-  }
-  return ticket;
+void CompletionTracker::wakePollerOnce(ContextPool& pool) {
+  if (!pool.wokePoller.exchange(true, std::memory_order_relaxed)) Triggers::wake();
+}
+
+Ticket CompletionTracker::noFreePair(ContextPool& pool, bool* shed) {
+  pool.misses.fetch_add(1, std::memory_order_relaxed);
+  counters_.noPair.fetch_add(1, std::memory_order_relaxed);
+  if (shed != nullptr) *shed = true;
+  // The first miss since the last poll wakes the poller to recycle and grow now rather than at
+  // its next interval: one write per poll at most, on a path that is already the slow one.
+  wakePollerOnce(pool);
+  return kNoTicket;
+}
+
+Ticket CompletionTracker::recordBeforeFailed(Ticket ticket) {
+  counters_.recordErrors.fetch_add(1, std::memory_order_relaxed);
+  abandon(ticket);
+  return kNoTicket;
+}
+
+void CompletionTracker::afterEventFailed(Ticket ticket, uint64_t ringIndex) {
+  counters_.recordErrors.fetch_add(1, std::memory_order_relaxed);
+  abandon(ticket);
+  writer_.updateFlags(ringIndex, trace::kRecordNoEvents, 0);  // untracked, not pending
+}
+
+void CompletionTracker::pushFailed(Ticket ticket, uint64_t ringIndex, bool updatesState) {
+  // The poller will never hear of it: its record says it is untracked, not pending.
+  if (updatesState) writer_.updateFlags(ringIndex, trace::kRecordNoEvents | trace::kRecordShed, 0);
+  counters_.queueFull.fetch_add(1, std::memory_order_relaxed);
+  if (pairOf(ticket).sharers.fetch_sub(1, std::memory_order_acq_rel) == 1) abandon(ticket);
 }
 
 bool CompletionTracker::recordAfter(Ticket ticket, uint64_t stream) {
-  if (driver_.eventRecord(pairOf(ticket).after, asStream(stream)) == CUDA_SUCCESS) return true;
+  if (eventRecord_(pairOf(ticket).after, asStream(stream)) == CUDA_SUCCESS) return true;
   counters_.recordErrors.fetch_add(1, std::memory_order_relaxed);
   abandon(ticket);
   return false;
