@@ -42,11 +42,6 @@ class BoundedQueue {
 
   // False when empty.
   bool pop(T* value) {
-    size_t position;
-    return pop(value, &position);
-  }
-  // The same, saying where the value stood: the count of values popped before it.
-  bool pop(T* value, size_t* taken) {
     size_t position = head_.load(std::memory_order_relaxed);
     for (;;) {
       Cell& cell = cells_[position & (Capacity - 1)];
@@ -56,13 +51,44 @@ class BoundedQueue {
         if (head_.compare_exchange_weak(position, position + 1, std::memory_order_relaxed)) {
           *value = cell.value;
           cell.sequence.store(position + Capacity, std::memory_order_release);
-          *taken = position;
           return true;
         }
       } else if (difference < 0) {
         return false;
       } else {
         position = head_.load(std::memory_order_relaxed);
+      }
+    }
+  }
+
+  // Pops up to `max` values that stand ready at the head with one compare-exchange (a consumer
+  // taking values in chunks pays one locked instruction per chunk); returns how many (0: empty).
+  size_t popMany(T* values, size_t max) {
+    size_t position = head_.load(std::memory_order_relaxed);
+    for (;;) {
+      // A ready cell stays as it is while the head stays at `position`: no other consumer took
+      // it, and no producer fills it again before it is released below. So the values are read
+      // in the same pass, and kept only if the head is claimed.
+      size_t ready = 0;
+      for (; ready < max; ++ready) {
+        const Cell& cell = cells_[(position + ready) & (Capacity - 1)];
+        if (cell.sequence.load(std::memory_order_acquire) != position + ready + 1) break;
+        values[ready] = cell.value;
+      }
+      if (ready == 0) {
+        const Cell& cell = cells_[position & (Capacity - 1)];
+        auto difference = static_cast<intptr_t>(cell.sequence.load(std::memory_order_acquire)) -
+                          static_cast<intptr_t>(position + 1);
+        if (difference < 0) return 0;
+        position = head_.load(std::memory_order_relaxed);
+        continue;
+      }
+      if (head_.compare_exchange_weak(position, position + ready, std::memory_order_relaxed)) {
+        for (size_t i = 0; i < ready; ++i) {
+          cells_[(position + i) & (Capacity - 1)].sequence.store(position + i + Capacity,
+                                                                 std::memory_order_release);
+        }
+        return ready;
       }
     }
   }

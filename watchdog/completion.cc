@@ -1,9 +1,11 @@
 #include "watchdog/completion.h"
 
+#include <pthread.h>
 #include <time.h>
 
 #include <algorithm>
 #include <mutex>
+#include <new>
 
 #include "trace/clock.h"
 #include "watchdog/triggers.h"
@@ -26,9 +28,69 @@ __thread uint64_t detail::t_cachedStream __attribute__((tls_model("initial-exec"
 __thread uint64_t detail::t_cachedTracker __attribute__((tls_model("initial-exec"))) = 0;
 __thread int detail::t_cachedSlot __attribute__((tls_model("initial-exec"))) = -1;
 
+__thread uint32_t detail::t_stash[CompletionTracker::kStashPairs]
+    __attribute__((tls_model("initial-exec")));
+__thread uint32_t detail::t_stashNext __attribute__((tls_model("initial-exec"))) = 0;
+__thread uint32_t detail::t_stashCount __attribute__((tls_model("initial-exec"))) = 0;
+__thread uint64_t detail::t_stashTracker __attribute__((tls_model("initial-exec"))) = 0;
+__thread int detail::t_stashSlot __attribute__((tls_model("initial-exec"))) = -1;
+
 namespace {
 std::atomic<uint64_t> g_trackerSerials{0};
+
+// The live trackers, so that a thread's stash goes back to its pool when the thread exits, and
+// never into a tracker destroyed meanwhile. Taken at a thread's exit and a tracker's birth and
+// death only.
+std::mutex g_liveMutex;
+constexpr size_t kMaxLiveTrackers = 64;
+CompletionTracker* g_live[kMaxLiveTrackers];
+pthread_key_t g_stashKey;
+std::once_flag g_stashKeyOnce;
 }  // namespace
+
+void returnStashAtThreadExit(void* value) {
+  auto* tracker = static_cast<CompletionTracker*>(value);
+  std::lock_guard<std::mutex> lock(g_liveMutex);
+  for (CompletionTracker* live : g_live) {
+    if (live == tracker && tracker != nullptr) tracker->returnStash();
+  }
+}
+
+void CompletionTracker::returnStash() {
+  if (detail::t_stashTracker == serial_ && detail::t_stashSlot >= 0 &&
+      static_cast<uint32_t>(detail::t_stashSlot) < poolCount_.load(std::memory_order_acquire)) {
+    ContextPool& pool = *pools_[detail::t_stashSlot];
+    while (detail::t_stashNext != detail::t_stashCount) {
+      pool.free.push(detail::t_stash[detail::t_stashNext++]);
+    }
+  }
+  detail::t_stashNext = detail::t_stashCount = 0;
+}
+
+// The stash is empty or holds another pool's pairs: those go back, and a chunk of this pool's
+// free pairs is taken with one compare-exchange. Also where a thread says it is running low.
+bool CompletionTracker::refillStash(int slot, uint32_t* index) {
+  if (detail::t_stashTracker == serial_) {
+    returnStash();
+  } else {
+    detail::t_stashNext = detail::t_stashCount = 0;  // another tracker's: not ours to give back
+    detail::t_stashTracker = serial_;
+    // Once per thread and tracker: at the thread's exit its stash goes back to this pool.
+    pthread_setspecific(g_stashKey, this);
+  }
+  detail::t_stashSlot = slot;
+  ContextPool& pool = *pools_[slot];
+  // Taken straight into the stash.
+  auto got = static_cast<uint32_t>(pool.free.popMany(detail::t_stash, kStashPairs));
+  if (got == 0) return false;
+  // Running low: wake the poller now to recycle finished pairs and grow the pool, before calls
+  // find it empty (once per poll at most).
+  if (pool.free.size() < pool.created.load(std::memory_order_relaxed) / 4) wakePollerOnce(pool);
+  detail::t_stashNext = 1;
+  detail::t_stashCount = got;
+  *index = detail::t_stash[0];
+  return true;
+}
 
 CompletionTracker::CompletionTracker(const DriverApi& driver, trace::RingWriter& writer,
                                      EventMode mode)
@@ -40,9 +102,28 @@ CompletionTracker::CompletionTracker(const DriverApi& driver, trace::RingWriter&
       serial_(g_trackerSerials.fetch_add(1, std::memory_order_relaxed) + 1) {
   inflight_.reserve(1024);
   blockedStreams_.reserve(kMaxBlocked);
+  std::call_once(g_stashKeyOnce, [] {
+    pthread_key_create(&g_stashKey, returnStashAtThreadExit);
+    // A fork child's only thread may exit through the key's destructor: the lock must not be
+    // one a parent thread held at the fork.
+    pthread_atfork(nullptr, nullptr, [] { new (&g_liveMutex) std::mutex(); });
+  });
+  std::lock_guard<std::mutex> lock(g_liveMutex);
+  for (CompletionTracker*& live : g_live) {
+    if (live == nullptr) {
+      live = this;
+      break;
+    }
+  }
 }
 
 CompletionTracker::~CompletionTracker() {
+  {
+    std::lock_guard<std::mutex> lock(g_liveMutex);
+    for (CompletionTracker*& live : g_live) {
+      if (live == this) live = nullptr;
+    }
+  }
   // Events belong to the driver; at exit the driver may be gone already, so they are left to
   // process teardown rather than destroyed here.
 }

@@ -75,6 +75,10 @@ class CompletionTracker {
   // What the watchdog thread tops a new pool up to on its next pass, unasked.
   static constexpr uint32_t kWarmPairs = 4096;
   static constexpr size_t kQueueCapacity = 32768;
+  // Free pairs a thread takes from its pool at once (one locked instruction per chunk instead
+  // of one per call) and keeps for its next calls; given back when it exits or moves to
+  // another context's pool.
+  static constexpr uint32_t kStashPairs = 16;
 
   CompletionTracker(const DriverApi& driver, trace::RingWriter& writer,
                     EventMode mode = EventMode::kEnd);
@@ -163,6 +167,9 @@ class CompletionTracker {
   int slotForStream(uint64_t stream);     // hot path: a per-thread cache, then the current context
   int slotForNewStream(uint64_t stream);  // the cache missed
   Ticket noFreePair(ContextPool& pool, bool* shed);
+  bool refillStash(int slot, uint32_t* index);
+  void returnStash();
+  friend void returnStashAtThreadExit(void*);
   void wakePollerOnce(ContextPool& pool);
   Ticket recordBeforeFailed(Ticket ticket);
   void afterEventFailed(Ticket ticket, uint64_t ringIndex);
@@ -210,6 +217,16 @@ namespace detail {
 extern __thread uint64_t t_cachedStream __attribute__((tls_model("initial-exec")));
 extern __thread uint64_t t_cachedTracker __attribute__((tls_model("initial-exec")));
 extern __thread int t_cachedSlot __attribute__((tls_model("initial-exec")));
+// The thread's stash of free pairs: pairs of the pool in slot t_stashSlot of the tracker with
+// serial t_stashTracker (a stash of another tracker, e.g. the parent's in a fork child, is
+// forgotten, never given back).
+extern __thread uint32_t t_stash[CompletionTracker::kStashPairs]
+    __attribute__((tls_model("initial-exec")));
+// Pairs t_stash[t_stashNext..t_stashCount) are free, handed out in the pool's order.
+extern __thread uint32_t t_stashNext __attribute__((tls_model("initial-exec")));
+extern __thread uint32_t t_stashCount __attribute__((tls_model("initial-exec")));
+extern __thread uint64_t t_stashTracker __attribute__((tls_model("initial-exec")));
+extern __thread int t_stashSlot __attribute__((tls_model("initial-exec")));
 }  // namespace detail
 
 inline StreamCheck CompletionTracker::checkStream(uint64_t stream) const {
@@ -227,27 +244,27 @@ inline int CompletionTracker::slotForStream(uint64_t stream) {
   return slotForNewStream(stream);
 }
 
-inline Ticket CompletionTracker::recordBefore(uint64_t stream, bool* shed) {
+// Inlined into the recorder's issue even where the compiler would not: its call's register
+// saves and restores cost as much as its work.
+__attribute__((always_inline)) inline Ticket CompletionTracker::recordBefore(uint64_t stream,
+                                                                             bool* shed) {
   int slot = slotForStream(stream);
   if (slot < 0) {
     if (shed != nullptr) *shed = false;
     return kNoTicket;
   }
-  ContextPool& pool = *pools_[slot];
   uint32_t index = 0;
-  size_t position = 0;
-  if (!pool.free.pop(&index, &position)) return noFreePair(pool, shed);
-  if (shed != nullptr) *shed = false;
-  // Running low: wake the poller now to recycle finished pairs and grow the pool, before calls
-  // find it empty (once per poll at most). Looked at every 16th pair taken: the look reads the
-  // queue's tail, a line the poller writes as it frees pairs.
-  if ((position & 15) == 0 && pool.free.size() < pool.created.load(std::memory_order_relaxed) / 4) {
-    wakePollerOnce(pool);
+  if (detail::t_stashNext != detail::t_stashCount && detail::t_stashTracker == serial_ &&
+      detail::t_stashSlot == slot) {
+    index = detail::t_stash[detail::t_stashNext++];
+  } else if (!refillStash(slot, &index)) {
+    return noFreePair(*pools_[slot], shed);
   }
+  if (shed != nullptr) *shed = false;
   Ticket ticket = (static_cast<uint32_t>(slot) << 16) | index;
   // The pair is this thread's alone until it is submitted: a plain increment, no locked
   // instruction (each costs ~8 ns more than a plain one on an H200 host, bench/recording_cost).
-  EventPair& pair = pool.pairs[index];
+  EventPair& pair = pools_[slot]->pairs[index];
   pair.generation.store(pair.generation.load(std::memory_order_relaxed) + 1,
                         std::memory_order_relaxed);
   if (mode_ == EventMode::kFull &&
