@@ -28,11 +28,11 @@ ncclResult_t recordAndCall(ncclComm_t comm, const CallDescription& call, CallRea
     result = callReal();
   }
   if (ranged) nvtxPopCall();
-  if (recorder != nullptr) {
+  if (recorder != nullptr && (result != ncclSuccess || !issued.finishOnlyOnFailure)) {
     if (result == ncclSuccess && issued.ticket != watchdog::kNoTicket) {
       // A tracked single call that succeeded: its event and its hand-over to the poller.
       issued.completion->finishCall(issued.ticket, issued.stream, issued.index, issued.commHash);
-    } else if (result != ncclSuccess || !issued.finishOnlyOnFailure) {
+    } else {
       recorder->finish(issued, comm, result);
     }
   }
