@@ -9,8 +9,8 @@
 //    call on its stream finished: started is seen, not inferred. One more driver call per call.
 //
 // Application threads only take pairs from a lock-free free list (in chunks, into a per-thread
-// stash) and push to a lock-free queue;
-// every driver query, state change and pool growth happens on the watchdog thread.
+// stash) and push to a lock-free queue; every driver query, state change and pool growth
+// happens on the watchdog thread.
 #pragma once
 #include <cuda.h>
 
