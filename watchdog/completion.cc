@@ -287,11 +287,13 @@ void CompletionTracker::release(Ticket ticket) {
   if (pairOf(ticket).sharers.fetch_sub(1, std::memory_order_acq_rel) == 1) abandon(ticket);
 }
 
-void CompletionTracker::queryPair(EventPair& pair) {
+void CompletionTracker::queryPair(Ticket ticket) {
+  PairPoll& pair = pollOf(ticket);
+  const EventPair& events = pairOf(ticket);
   if (pair.queriedPass == pass_) return;
   pair.queriedPass = pass_;
   if (!pair.afterDone) {
-    CUresult after = driver_.eventQuery(pair.after);
+    CUresult after = driver_.eventQuery(events.after);
     if (after == CUDA_SUCCESS) {
       pair.afterDone = pair.beforeDone = true;
     } else if (after != CUDA_ERROR_NOT_READY) {
@@ -300,7 +302,7 @@ void CompletionTracker::queryPair(EventPair& pair) {
     }
   }
   if (mode_ == EventMode::kFull && !pair.beforeDone && !pair.failed) {
-    CUresult before = driver_.eventQuery(pair.before);
+    CUresult before = driver_.eventQuery(events.before);
     if (before == CUDA_SUCCESS) pair.beforeDone = true;
   }
 }
@@ -329,7 +331,7 @@ size_t CompletionTracker::poll() {
   for (Pending pending; queue_.pop(&pending);) {
     counters_.tracked.store(counters_.tracked.load(std::memory_order_relaxed) + 1,
                             std::memory_order_relaxed);  // the poller is its only writer
-    EventPair& pair = pairOf(pending.ticket);
+    PairPoll& pair = pollOf(pending.ticket);
     if (pair.seenGeneration != pending.generation) {  // a new use of the pair: forget the old
       pair.seenGeneration = pending.generation;
       pair.queriedPass = 0;
@@ -353,7 +355,7 @@ size_t CompletionTracker::poll() {
   // plus about one per stream.
   blockedStreams_.clear();
   for (Pending& pending : inflight_) {
-    EventPair& pair = pairOf(pending.ticket);
+    PairPoll& pair = pollOf(pending.ticket);
     bool abortedComm = false;
     for (uint64_t hash : aborted) abortedComm |= hash == pending.commHash;
     if (abortedComm) {
@@ -378,7 +380,7 @@ size_t CompletionTracker::poll() {
       inflight_[kept++] = pending;
       continue;
     }
-    queryPair(pair);
+    queryPair(pending.ticket);
     bool atHead = false;
     if (!pair.afterDone && !pair.failed && !blocked) {
       if (head != nullptr) {

@@ -130,15 +130,20 @@ class CompletionTracker {
   const std::vector<CommProgress>& progress() const { return progress_; }
 
  private:
-  struct EventPair {
+  // What application threads touch: the events, the sharers and the generation. 32 bytes,
+  // aligned: two pairs a line, none across two; the poller only reads it (and counts sharers
+  // down), its own state per pair is in PairPoll, on lines of its own.
+  struct alignas(32) EventPair {
     CUevent before = nullptr;
     CUevent after = nullptr;
     std::atomic<uint32_t> sharers{0};
     std::atomic<uint32_t> generation{0};  // bumped each time the pair is taken
-    // Poller-only, for the generation seen last: one query per pair per pass, so that the
-    // records sharing the pair agree.
-    uint32_t seenGeneration = 0;
+  };
+  // Poller-only, for the generation seen last: one query per pair per pass, so that the records
+  // sharing the pair agree.
+  struct PairPoll {
     uint64_t queriedPass = 0;
+    uint32_t seenGeneration = 0;
     bool beforeDone = false;
     bool afterDone = false;
     bool failed = false;
@@ -151,6 +156,7 @@ class CompletionTracker {
     uint64_t missesSeen = 0;              // poller-only: misses already answered by growth
     BoundedQueue<uint32_t, kPairsPerContext> free;
     EventPair pairs[kPairsPerContext];
+    PairPoll polls[kPairsPerContext];
   };
   struct Pending {
     uint64_t ringIndex;
@@ -164,6 +170,7 @@ class CompletionTracker {
 
   ContextPool* poolOf(Ticket ticket) const { return pools_[ticket >> 16].get(); }
   EventPair& pairOf(Ticket ticket) const { return poolOf(ticket)->pairs[ticket & 0xffff]; }
+  PairPoll& pollOf(Ticket ticket) const { return poolOf(ticket)->polls[ticket & 0xffff]; }
   int slotForCurrentContext(bool create);
   int slotForStream(uint64_t stream);     // hot path: a per-thread cache, then the current context
   int slotForNewStream(uint64_t stream);  // the cache missed
@@ -177,7 +184,7 @@ class CompletionTracker {
   void pushFailed(Ticket ticket, uint64_t ringIndex, bool updatesState);
   void grow(ContextPool& pool, uint32_t pairs);
   void release(Ticket ticket);
-  void queryPair(EventPair& pair);
+  void queryPair(Ticket ticket);
 
   const DriverApi& driver_;
   // The two driver functions of every call, copied here: one load each instead of two.
