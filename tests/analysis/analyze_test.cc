@@ -186,6 +186,37 @@ TEST(Mismatch, AbsentRanksInTheSamePlaceAreOneClass) {
       << v->explanation;
 }
 
+// A damaged record (a seq far past any call the process made) must cost neither unbounded
+// memory nor time: the alignment skips it, and the other ranks' mismatch is still found.
+TEST(Damaged, ASeqFarAheadIsSkippedAndTheRealMismatchStillFound) {
+  auto ranks = world(3);
+  history(ranks, 2);
+  ranks[1].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kCompleted, 5 * kMs).seq =
+      uint64_t{1} << 50;
+  ranks[0].call(kWorld, OpKind::kAllReduce, 4096, RecordState::kStarted, 10 * kMs);
+  ranks[2].call(kWorld, OpKind::kAllReduce, 4095, RecordState::kStarted, 10 * kMs);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kMismatch);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->seq, 3u) << text(report);
+}
+
+// A member whose only calls are damaged far ahead of the others': the others' ordinals are
+// read where they are, not walked one by one up to the damaged one.
+TEST(Damaged, AMemberFarAheadIsNotWalkedTo) {
+  auto ranks = world(3);
+  ranks[1].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kCompleted, kMs).seq = uint64_t{1}
+                                                                                      << 50;
+  ranks[0].call(kWorld, OpKind::kAllReduce, 4096, RecordState::kStarted, 10 * kMs);
+  ranks[2].call(kWorld, OpKind::kAllReduce, 4095, RecordState::kStarted, 10 * kMs);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kMismatch);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->seq, 1u) << text(report);
+}
+
 // Trap 1: identical calls every step; rank 1 skipped one, so every call matched one later and
 // the job hangs at teardown with no fingerprint difference.
 TEST(IdenticalCalls, SkippedCallShowsAtTeardown) {
