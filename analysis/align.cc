@@ -165,6 +165,9 @@ void JobAnalysis::alignProc(int p, const std::vector<char>& aligned) {
     if (m.coll.empty()) m.base = ordinal;
     if (ordinal < m.base) continue;
     uint64_t pos = ordinal - m.base;
+    // A seq further ahead than every call this process recorded (and then some, for calls
+    // dropped between): a damaged record, whose alignment would take memory without bound.
+    if (pos >= m.coll.size() && pos - m.coll.size() > 4 * records.size() + 4096) continue;
     if (pos >= m.coll.size()) m.coll.resize(pos + 1, kNone);
     m.coll[pos] = i;
     comm.hasSplits |= r.op == OpKind::kSplit;

@@ -53,7 +53,8 @@ void JobAnalysis::checkErrors() {
     }
     for (auto [hash, index] : failed) byComm[hash].push_back({p, index});
   }
-  for (auto& [hash, failures] : byComm) {
+  for (auto& [failedHash, failures] : byComm) {
+    const uint64_t hash = failedHash;  // a plain local: lambdas below capture it (clang 14)
     bool matters = stalled_;
     for (const Failure& f : failures) {
       const Proc& proc = procs_[f.proc];

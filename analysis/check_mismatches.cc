@@ -65,7 +65,8 @@ int64_t JobAnalysis::siteDelta(const Comm& comm, int a, int b, uint64_t before) 
   const Member& mb = comm.members[b];
   std::map<int64_t, int> votes;
   uint64_t from = std::max(ma.base, mb.base);
-  for (uint64_t k = from; k < before; ++k) {
+  uint64_t to = std::min({before, ma.lastOrdinal() + 1, mb.lastOrdinal() + 1});
+  for (uint64_t k = from; k < to; ++k) {
     uint32_t i = ma.at(k), j = mb.at(k);
     if (i == kNone || j == kNone) continue;
     const CallRecord& x = procs_[ma.proc].rec(i);
@@ -111,19 +112,40 @@ void JobAnalysis::checkMismatches() {
   }
 }
 
-void JobAnalysis::checkMismatches(Comm& comm) {
-  if (comm.members.size() < 2) return;
-  checkColours(comm);
-  uint64_t lo = UINT64_MAX, hi = 0;
-  for (const Member& m : comm.members) {
-    if (m.coll.empty()) continue;
-    lo = std::min(lo, m.base);
-    hi = std::max(hi, m.lastOrdinal());
+// The first ordinal where the members present disagree with the first of them (0: none).
+uint64_t JobAnalysis::firstDivergentOrdinal(const Comm& comm, uint64_t lo, uint64_t hi) const {
+  // Ordinals far apart (a member far behind the others, or a damaged trace's seq): the ordinals
+  // some member issued, in order, in memory that does not grow with the span between them.
+  size_t held = 0;
+  for (const Member& m : comm.members) held = std::max(held, m.coll.size());
+  if (hi - lo >= 4 * held + 1024) {
+    std::vector<uint64_t> issued;
+    for (const Member& m : comm.members) {
+      for (size_t pos = 0; pos < m.coll.size(); ++pos) {
+        if (m.coll[pos] != kNone) issued.push_back(m.base + pos);
+      }
+    }
+    std::sort(issued.begin(), issued.end());
+    issued.erase(std::unique(issued.begin(), issued.end()), issued.end());
+    for (uint64_t k : issued) {
+      uint64_t key = 0;
+      bool have = false;
+      for (const Member& m : comm.members) {
+        uint32_t i = m.at(k);
+        if (i == kNone) continue;
+        uint64_t kk = alignKey(procs_[m.proc].rec(i));
+        if (!have) {
+          key = kk;
+          have = true;
+        } else if (kk != key) {
+          return k;
+        }
+      }
+    }
+    return 0;
   }
-  if (lo == UINT64_MAX) return;
-  // The first ordinal where the members present disagree with the first of them. Read member by
-  // member, each one's window in order: one record of every member per ordinal missed the cache
-  // on nearly every record at 4096 members.
+  // Else member by member, each one's window in order: one record of every member per ordinal
+  // missed the cache on nearly every record at 4096 members.
   std::vector<uint64_t> firstKey(hi - lo + 1);
   std::vector<char> seen(hi - lo + 1, 0);
   uint64_t earliest = UINT64_MAX;
@@ -142,8 +164,21 @@ void JobAnalysis::checkMismatches(Comm& comm) {
       }
     }
   }
-  if (earliest == UINT64_MAX) return;
-  uint64_t divergent = earliest;
+  return earliest == UINT64_MAX ? 0 : earliest;
+}
+
+void JobAnalysis::checkMismatches(Comm& comm) {
+  if (comm.members.size() < 2) return;
+  checkColours(comm);
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (const Member& m : comm.members) {
+    if (m.coll.empty()) continue;
+    lo = std::min(lo, m.base);
+    hi = std::max(hi, m.lastOrdinal());
+  }
+  if (lo == UINT64_MAX) return;
+  uint64_t divergent = firstDivergentOrdinal(comm, lo, hi);
+  if (divergent == 0) return;
   // Classes at the divergent ordinal.
   std::map<uint64_t, std::vector<int>> byKey;  // key -> member indices
   std::vector<int> absent;

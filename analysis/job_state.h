@@ -213,6 +213,7 @@ class JobAnalysis {
   // ----- check_mismatches.cc (per comm) -----
   void checkMismatches();
   void checkMismatches(Comm& comm);
+  uint64_t firstDivergentOrdinal(const Comm& comm, uint64_t lo, uint64_t hi) const;
   void checkColours(Comm& comm);
   // The most common difference between two members' call sites over the calls before
   // `before` on which they agree: the load-address offset between their processes; 0 unknown.

@@ -15,6 +15,7 @@ void LiveTriage::addComm(const trace::CommInfo& comm) {
 
 bool LiveTriage::observe(const trace::CallRecord& record, int64_t wallNs) {
   observeUpdate(wallNs);
+  lastJoinedDivergence_ = false;
   if (!trace::isCollective(record.op)) return false;
   auto found = comms_.find(record.commHash);
   if (found == comms_.end()) return false;  // its COMMS frame has not arrived: nothing to align
@@ -34,6 +35,7 @@ bool LiveTriage::observe(const trace::CallRecord& record, int64_t wallNs) {
     lastCompleted_ = completesDivergence;
     return diverges || completesDivergence;
   }
+  lastJoinedDivergence_ = open.diverged;  // before the bound below may forget this very ordinal
   if (comm.open.size() > maxOpen_) {
     comm.open.erase(comm.open.begin());
     ++forgotten_;

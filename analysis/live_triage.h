@@ -32,6 +32,10 @@ class LiveTriage {
   // Whether the last observe() that returned true completed its ordinal (every member spoke), as
   // opposed to a divergence seen while members are still to report.
   bool lastCompletedOrdinal() const { return lastCompleted_; }
+  // Whether the last observe() added a member's record to an ordinal where members already
+  // diverged, without completing it (its own fingerprint may match): the mismatch's classes are
+  // still filling, and a collector that waits for them says it whole.
+  bool lastJoinedDivergence() const { return lastJoinedDivergence_; }
   // A record seen again with a newer state: only its times count, as activity.
   void observeUpdate(int64_t wallNs);
 
@@ -41,6 +45,7 @@ class LiveTriage {
 
  private:
   bool lastCompleted_ = false;
+  bool lastJoinedDivergence_ = false;
   struct Open {
     uint64_t fingerprint = 0;
     int reported = 0;

@@ -24,6 +24,10 @@ if [ "$verb" = pack ]; then
   if [ -n "${GPU_CHECK_BASE_LIB:-}" ]; then
     mkdir -p "$dest/lib-base" && cp "$GPU_CHECK_BASE_LIB" "$dest/lib-base/"
   fi
+  # GPU_CHECK_BASE_BENCH: an older recording_cost (with BM_WholeCall) to run beside this one.
+  if [ -n "${GPU_CHECK_BASE_BENCH:-}" ]; then
+    cp "$GPU_CHECK_BASE_BENCH" "$dest/bench/recording_cost_base"
+  fi
   # The CLI's and the benchmark's libraries that a machine without Debian's packages may lack.
   for lib in $(ldd "$build/bin/ncclwatch" "$build/bench/recording_cost" | awk '/=>/ {print $3}' | sort -u); do
     case "$(basename "$lib")" in
@@ -151,6 +155,16 @@ done
 timeout 60 "$prefix/bench/driver_cost" 2>&1 | sed 's/^/  /'
 [ -x "$prefix/bench/recording_cost" ] &&
   timeout 120 "$prefix/bench/recording_cost" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true 2>&1 | sed 's/^/  /'
+# The whole recording path of one call, this build against an older one (packed with
+# GPU_CHECK_BASE_BENCH), interleaved.
+if [ -x "$prefix/bench/recording_cost_base" ]; then
+  for ((round = 0; round < rounds; round++)); do
+    for which in recording_cost_base recording_cost; do
+      printf '  %-20s ' "$which"
+      timeout 60 "$prefix/bench/$which" --benchmark_filter=WholeCallAdded 2>&1 | grep -E "WholeCallAdded" | tr -s ' ' | cut -c1-160
+    done
+  done
+fi
 fi
 
 # 4. Real torchrun and ProcessGroupNCCL under `ncclwatch run`; then a collective held behind a

@@ -28,6 +28,9 @@ constexpr int64_t kMs = 1'000'000;
 constexpr int64_t kReconnectGraceNs = 1000 * kMs;
 // Agents poll every 100 ms by default and a dump takes tens of ms: the aborts wait for them.
 constexpr int64_t kAbortAfterDumpNs = 400 * kMs;
+// How long a divergence waits for its ordinal's last member while members keep reporting it, in
+// settles (settleMs each).
+constexpr int64_t kDivergenceWaitSettles = 8;
 
 int64_t realtimeNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -142,8 +145,14 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
         divergent_.insert(record.commHash);
         divergingSince_.erase(record.commHash);
       } else {
-        divergingSince_.try_emplace(record.commHash, steadyNs());
+        int64_t now = steadyNs();
+        auto [at, added] = divergingSince_.try_emplace(record.commHash, Diverging{now, now});
+        at->second.lastJoinNs = now;
       }
+    } else if (triage_.lastJoinedDivergence()) {
+      // Another member reached the diverged ordinal: its classes are still filling.
+      auto at = divergingSince_.find(record.commHash);
+      if (at != divergingSince_.end()) at->second.lastJoinNs = steadyNs();
     }
     process.firstNewIndex = record.ringIndex + 1;
   } else {
@@ -401,10 +410,16 @@ void Triage::maybeAnalyze(int64_t now) {
   // A divergence the triage saw is looked at on its own communicator at once, by a pass that
   // redoes only that one (when the rest still holds: analysis/incremental.h), paced by its own
   // cost: at most half a core.
-  // A divergence still missing members waits for them, settleMs at most: a pass before the
-  // last member's record would find the mismatch incomplete and redo every communicator.
+  // A divergence still missing members waits for them while they keep coming (settleMs after
+  // the last one, kDivergenceWaitSettles settles at most): a pass before the last member's record
+  // finds the mismatch incomplete, redoes every communicator to say where the absent ones are,
+  // and its verdict must then settle (at 32,768 ranks the members' records of one call arrive
+  // over a few hundred ms, and that cost 1.6 s).
   for (auto it = divergingSince_.begin(); it != divergingSince_.end();) {
-    if (now - it->second < options_.settleMs * kMs) {
+    const Diverging& diverging = it->second;
+    bool stillComing = now - diverging.lastJoinNs < options_.settleMs * kMs &&
+                       now - diverging.sinceNs < kDivergenceWaitSettles * options_.settleMs * kMs;
+    if (stillComing) {
       ++it;
       continue;
     }

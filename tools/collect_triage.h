@@ -135,9 +135,15 @@ class Triage : public FrameSink {
   int64_t lastAnalysisNs_ = 0;
   int64_t lastCostNs_ = 0;
   std::set<uint64_t> divergent_;  // comms where the triage saw a divergence since the last pass
-  // Comms where a divergence was seen while members were still to report, and since when: a
-  // pass waits for the last member's record (the mismatch complete: one pass says it) or settleMs.
-  std::map<uint64_t, int64_t> divergingSince_;
+  // Comms where a divergence was seen while members were still to report: since when, and when
+  // a member last joined the diverged ordinal. A pass waits for the last member's record (the
+  // mismatch complete: one partial pass says it), or until members stop coming for settleMs, or
+  // kDivergenceWaitSettles settles in all.
+  struct Diverging {
+    int64_t sinceNs = 0;
+    int64_t lastJoinNs = 0;
+  };
+  std::map<uint64_t, Diverging> divergingSince_;
   int64_t lastFirstCostNs_ = 0;  // the cost of the last pass over those alone
   int64_t nextAdoptNs_ = 0;
   std::set<std::string> foreignFiles_;  // trace files in the folder that are not this job's

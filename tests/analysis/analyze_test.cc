@@ -186,6 +186,34 @@ TEST(Mismatch, AbsentRanksInTheSamePlaceAreOneClass) {
       << v->explanation;
 }
 
+// After `steps` agreed calls, rank 1 records one call whose seq is damaged (2^50) and ranks 0
+// and 2 disagree on their next call: the seq of the mismatch found, 0 if none.
+uint64_t mismatchBesideADamagedSeq(int steps) {
+  auto ranks = world(3);
+  history(ranks, steps);
+  ranks[1].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kCompleted, 5 * kMs).seq =
+      uint64_t{1} << 50;
+  ranks[0].call(kWorld, OpKind::kAllReduce, 4096, RecordState::kStarted, 10 * kMs);
+  ranks[2].call(kWorld, OpKind::kAllReduce, 4095, RecordState::kStarted, 10 * kMs);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kMismatch);
+  EXPECT_NE(v, nullptr) << text(report);
+  return v == nullptr ? 0 : v->seq;
+}
+
+// A damaged record (a seq far past any call the process made) must cost neither unbounded
+// memory nor time: the alignment skips it, and the other ranks' mismatch is still found.
+TEST(Damaged, ASeqFarAheadIsSkippedAndTheRealMismatchStillFound) {
+  EXPECT_EQ(mismatchBesideADamagedSeq(2), 3u);
+}
+
+// A member whose only call is damaged far ahead of the others': the others' ordinals are read
+// where they are, not walked one by one up to the damaged one.
+TEST(Damaged, AMemberFarAheadIsNotWalkedTo) {
+  EXPECT_EQ(mismatchBesideADamagedSeq(0), 1u);
+}
+
 // Trap 1: identical calls every step; rank 1 skipped one, so every call matched one later and
 // the job hangs at teardown with no fingerprint difference.
 TEST(IdenticalCalls, SkippedCallShowsAtTeardown) {

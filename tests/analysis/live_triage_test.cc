@@ -66,6 +66,27 @@ TEST(LiveTriage, ADifferentCountAtTheSameOrdinalIsFlagged) {
   for (int member = 0; member < 4; ++member) EXPECT_FALSE(triage.observe(collective(1, 64), 2));
 }
 
+// After a divergence, each member that reaches the same ordinal (agreeing or not) says the
+// mismatch's classes are still filling, until the last one completes it; a member at another
+// ordinal does not.
+TEST(LiveTriage, MembersJoiningADivergedOrdinalAreSaid) {
+  LiveTriage triage;
+  triage.addComm(comm(kWorld, 5));
+  EXPECT_FALSE(triage.observe(collective(0, 1024), 1));
+  EXPECT_FALSE(triage.lastJoinedDivergence());  // nothing diverged yet
+  EXPECT_TRUE(triage.observe(collective(0, 512), 1));
+  EXPECT_TRUE(triage.lastJoinedDivergence());
+  EXPECT_FALSE(triage.observe(collective(1, 64), 1));
+  EXPECT_FALSE(triage.lastJoinedDivergence());  // another ordinal
+  EXPECT_FALSE(triage.observe(collective(0, 1024), 1));
+  EXPECT_TRUE(triage.lastJoinedDivergence());  // agrees with the first, but joins the divergence
+  EXPECT_FALSE(triage.observe(collective(0, 1024), 1));
+  EXPECT_TRUE(triage.lastJoinedDivergence());
+  EXPECT_TRUE(triage.observe(collective(0, 1024), 1));  // the last member
+  EXPECT_TRUE(triage.lastCompletedOrdinal());
+  EXPECT_FALSE(triage.lastJoinedDivergence());
+}
+
 TEST(LiveTriage, SendsAndReceivesDoNotShiftTheCollectiveOrdinal) {
   LiveTriage triage;
   triage.addComm(comm(kWorld, 2));
