@@ -14,6 +14,7 @@
 // interleaved in the same run, median of the per-batch differences.
 // Run it on a quiet machine: bench/recording_cost [--benchmark_repetitions=3]
 #include <benchmark/benchmark.h>
+#include <dlfcn.h>
 #include <nccl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -258,8 +259,9 @@ void BM_WholeCallAdded(benchmark::State& state) {
 BENCHMARK(BM_WholeCallAdded);
 
 // The same with completion tracking on (BM_WholeCallEvents/1: one event a call, the default;
-// /2: NCCLWATCH_EVENTS=full), against the stub driver linked here as libcuda.so.1
-// (bench/stub_cuda.cc: every driver call returns at once), so that added_ns is ncclwatch's own
+// /2: NCCLWATCH_EVENTS=full), against the stub driver built beside this binary as
+// stub_cuda/libcuda.so.1 (bench/stub_cuda.cc: every driver call returns at once; skipped
+// without it, never measured against the real driver), so that added_ns is ncclwatch's own
 // work on the event path: the capture check and event record calls themselves cost nothing,
 // the pair handout, its bookkeeping and the hand-over to the poller are all there, and the
 // watchdog thread polls and recycles pairs as in a job. A process has one recorder, started
@@ -287,6 +289,20 @@ EventPathFigures measureEventPath(const char* eventMode, int batches) {
   setenv("NCCLWATCH_EVENTS", eventMode, 1);
   setenv("NCCLWATCH_PLUGIN", "off", 1);
   setenv("NCCLWATCH_COLLECTOR", "off", 1);
+  // The stub driver, by its path beside this binary (stub_cuda/libcuda.so.1): once loaded, it
+  // is the libcuda.so.1 that watchdog/driver_api.cc finds. Never the real driver: without the
+  // stub the case is skipped.
+  char self[4096] = {};
+  ssize_t length = readlink("/proc/self/exe", self, sizeof self - 1);
+  std::string stub =
+      length > 0 ? std::filesystem::path(self).parent_path().string() + "/stub_cuda/libcuda.so.1"
+                 : std::string();
+  void* stubDriver = stub.empty() ? nullptr : dlopen(stub.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (stubDriver == nullptr || dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) != stubDriver) {
+    std::snprintf(figures.error, sizeof figures.error, "no stub driver at %s",
+                  stub.empty() ? "?" : stub.c_str());
+    return figures;
+  }
   for (int i = 0; i < 40 && !ncclwatch::trace::FastClock::calibrated(); ++i) {
     ncclwatch::trace::FastClock::calibrate();
     usleep(1000);
