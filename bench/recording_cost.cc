@@ -14,12 +14,15 @@
 // interleaved in the same run, median of the per-batch differences.
 // Run it on a quiet machine: bench/recording_cost [--benchmark_repetitions=3]
 #include <benchmark/benchmark.h>
+#include <dlfcn.h>
 #include <nccl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -32,6 +35,8 @@
 #include "trace/fingerprint.h"
 #include "trace/record.h"
 #include "trace/ring_writer.h"
+#include "watchdog/agent.h"
+#include "watchdog/completion.h"
 
 // The recorder's objects call these NCCL functions off the hot path (queries at init, abort on
 // a hang); no NCCL is linked here, and this program never reaches them.
@@ -252,6 +257,163 @@ void BM_WholeCallAdded(benchmark::State& state) {
   state.counters["added_ns"] = added.empty() ? 0 : added[added.size() / 2];
 }
 BENCHMARK(BM_WholeCallAdded);
+
+// The same with completion tracking on (BM_WholeCallEvents/1: one event a call, the default;
+// /2: NCCLWATCH_EVENTS=full), against the stub driver built beside this binary as
+// stub_cuda/libcuda.so.1 (bench/stub_cuda.cc: every driver call returns at once; skipped
+// without it, never measured against the real driver), so that added_ns is ncclwatch's own
+// work on the event path: the capture check and event record calls themselves cost nothing,
+// the pair handout, its bookkeeping and the hand-over to the poller are all there, and the
+// watchdog thread polls and recycles pairs as in a job. A process has one recorder, started
+// with one event mode, so each case runs in a fork()ed child (the recorder of a parent that ran
+// BM_WholeCall is forgotten there, as in any fork child) and sends its figures back. tracked
+// and shed say how many of the child's calls the poller took and how many found no free pair:
+// a shed call skips the event path, so the figure holds only while shed is ~0; hence a 2 ms
+// pause after each pair of batches (untimed), in which the poller recycles the batch's pairs.
+struct EventPathFigures {
+  double addedNs = 0;
+  double directNs = 0;
+  double wrappedNs = 0;
+  uint64_t calls = 0;
+  uint64_t tracked = 0;
+  uint64_t shed = 0;
+  char error[96] = {};
+};
+
+EventPathFigures measureEventPath(const char* eventMode, int batches) {
+  EventPathFigures figures;
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/recording_cost.events." +
+                    std::to_string(getpid());
+  setenv("NCCLWATCH_DIR", dir.c_str(), 1);
+  setenv("NCCLWATCH_EVENTS", eventMode, 1);
+  setenv("NCCLWATCH_PLUGIN", "off", 1);
+  setenv("NCCLWATCH_COLLECTOR", "off", 1);
+  // The stub driver, by its path beside this binary (stub_cuda/libcuda.so.1): once loaded, it
+  // is the libcuda.so.1 that watchdog/driver_api.cc finds. Never the real driver: without the
+  // stub the case is skipped.
+  char self[4096] = {};
+  ssize_t length = readlink("/proc/self/exe", self, sizeof self - 1);
+  std::string stub =
+      length > 0 ? std::filesystem::path(self).parent_path().string() + "/stub_cuda/libcuda.so.1"
+                 : std::string();
+  void* stubDriver = stub.empty() ? nullptr : dlopen(stub.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (stubDriver == nullptr || dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) != stubDriver) {
+    std::snprintf(figures.error, sizeof figures.error, "no stub driver at %s",
+                  stub.empty() ? "?" : stub.c_str());
+    return figures;
+  }
+  for (int i = 0; i < 40 && !ncclwatch::trace::FastClock::calibrated(); ++i) {
+    ncclwatch::trace::FastClock::calibrate();
+    usleep(1000);
+  }
+  auto* recorder = ncclwatch::interpose::Recorder::get();
+  if (recorder == nullptr) {
+    std::snprintf(figures.error, sizeof figures.error, "no recorder");
+    return figures;
+  }
+  static char commStorage[64];
+  auto* comm = reinterpret_cast<ncclComm_t>(commStorage);
+  ncclwatch::interpose::CommCreation creation;
+  creation.comm = comm;
+  creation.hash = 0x5eedf00dcafe1234ull;
+  creation.nranks = 8;
+  recorder->add(creation);
+  recorder->communicatorCreated();  // the watchdog thread and the context's event pool
+  auto* agent = ncclwatch::watchdog::Agent::current();
+  const ncclwatch::watchdog::CompletionTracker* completion =
+      agent != nullptr ? agent->completion() : nullptr;
+  if (completion == nullptr) {
+    std::snprintf(figures.error, sizeof figures.error, "no completion tracking (stub driver?)");
+    std::filesystem::remove_all(dir);
+    return figures;
+  }
+  constexpr int kBatch = 1000;
+  float buffer[16];
+  auto* stream = reinterpret_cast<cudaStream_t>(0x1000);
+  usleep(200'000);  // the watchdog tops the new pool up (kWarmPairs), as early in a job
+  for (int i = 0; i < 20 * kBatch; ++i) {
+    benchmark::DoNotOptimize(
+        wrappedAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream));
+  }
+  uint64_t trackedBefore = completion->counters().tracked.load();
+  uint64_t shedBefore = completion->counters().noPair.load();
+  usleep(50'000);
+  trackedBefore = completion->counters().tracked.load();
+  std::vector<double> added, direct, wrapped;
+  for (int b = 0; b < batches; ++b) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kBatch; ++i) {
+      benchmark::DoNotOptimize(
+          directAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream));
+    }
+    auto t1 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kBatch; ++i) {
+      benchmark::DoNotOptimize(
+          wrappedAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream));
+    }
+    auto t2 = std::chrono::steady_clock::now();
+    double d = std::chrono::duration<double, std::nano>(t1 - t0).count() / kBatch;
+    double w = std::chrono::duration<double, std::nano>(t2 - t1).count() / kBatch;
+    direct.push_back(d);
+    wrapped.push_back(w);
+    added.push_back(w - d);
+    // Untimed, as a training step's compute between its collectives: the poller recycles the
+    // batch's pairs (a call that finds the pool empty is shed and skips the event path).
+    usleep(2000);
+  }
+  usleep(300'000);  // the last calls reach the poller
+  auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  figures.addedNs = median(added);
+  figures.directNs = median(direct);
+  figures.wrappedNs = median(wrapped);
+  figures.calls = uint64_t{kBatch} * static_cast<uint64_t>(batches);
+  figures.tracked = completion->counters().tracked.load() - trackedBefore;
+  figures.shed = completion->counters().noPair.load() - shedBefore;
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  return figures;
+}
+
+void BM_WholeCallEvents(benchmark::State& state) {
+  const char* mode = state.range(0) == 2 ? "full" : "1";
+  constexpr int kBatches = 2000;
+  int channel[2];
+  if (pipe(channel) != 0) {
+    state.SkipWithError("pipe");
+    return;
+  }
+  pid_t child = fork();
+  if (child == 0) {
+    close(channel[0]);
+    EventPathFigures figures = measureEventPath(mode, kBatches);
+    ssize_t written = write(channel[1], &figures, sizeof figures);
+    _exit(written == static_cast<ssize_t>(sizeof figures) ? 0 : 1);
+  }
+  close(channel[1]);
+  EventPathFigures figures;
+  ssize_t got = child > 0 ? read(channel[0], &figures, sizeof figures) : -1;
+  close(channel[0]);
+  if (child > 0) waitpid(child, nullptr, 0);
+  for (auto _ : state) state.SetIterationTime(figures.wrappedNs * 1e-9);
+  if (got != static_cast<ssize_t>(sizeof figures)) {
+    state.SkipWithError("the measuring child failed");
+    return;
+  }
+  if (figures.error[0] != '\0') {
+    state.SkipWithError(figures.error);
+    return;
+  }
+  state.counters["added_ns"] = figures.addedNs;
+  state.counters["direct_ns"] = figures.directNs;
+  state.counters["wrapped_ns"] = figures.wrappedNs;
+  state.counters["tracked_pct"] = figures.calls ? 100.0 * figures.tracked / figures.calls : 0;
+  state.counters["shed"] = static_cast<double>(figures.shed);
+}
+BENCHMARK(BM_WholeCallEvents)->Arg(1)->Arg(2)->Iterations(1)->UseManualTime();
 
 }  // namespace
 

@@ -29,7 +29,12 @@ ncclResult_t recordAndCall(ncclComm_t comm, const CallDescription& call, CallRea
   }
   if (ranged) nvtxPopCall();
   if (recorder != nullptr && (result != ncclSuccess || !issued.finishOnlyOnFailure)) {
-    recorder->finish(issued, comm, result);
+    if (result == ncclSuccess && issued.ticket != watchdog::kNoTicket) {
+      // A tracked single call that succeeded: its event and its hand-over to the poller.
+      issued.completion->finishCall(issued.ticket, issued.stream, issued.index, issued.commHash);
+    } else {
+      recorder->finish(issued, comm, result);
+    }
   }
   return result;
 }

@@ -755,6 +755,7 @@ void Recorder::issueInto(CommEntry* comm, const CallDescription& call, IssuedCal
       } else {
         bool shed = false;
         issued.ticket = completion->recordBefore(call.stream, &shed);
+        issued.completion = completion;
         tracked = issued.ticket != watchdog::kNoTicket;
         if (shed) record.flags |= trace::kRecordShed;
       }
@@ -782,11 +783,8 @@ void Recorder::finish(const IssuedCall& issued, ncclComm_t comm, ncclResult_t re
       completion->abandon(issued.ticket);
     } else if (result == ncclInProgress) {
       deferCall(*completion, state->writer, issued, comm);
-    } else if (completion->recordAfter(issued.ticket, issued.stream)) {
-      completion->submit(issued.ticket, std::span<const uint64_t>(&issued.index, 1),
-                         issued.commHash, issued.stream, true);
     } else {
-      markUntracked(state->writer, issued.index, false);
+      completion->finishCall(issued.ticket, issued.stream, issued.index, issued.commHash);
     }
   } else if (issued.inGroupBatch && failed) {
     Batch& batch = t_batches->group;

@@ -97,8 +97,11 @@ struct IssuedCall {
   uint64_t stream = 0;
   trace::OpKind op = trace::OpKind::kUnknown;
   watchdog::Ticket ticket = watchdog::kNoTicket;  // events recorded around this call alone
-  bool inGroupBatch = false;                      // events come at the outermost ncclGroupEnd
-  bool tracked = false;  // CUDA events will complete its record (else it is flagged no-events)
+  // The tracker that gave the ticket: the wrapper hands a successful call's event path to it
+  // inline, without a call to finish().
+  watchdog::CompletionTracker* completion = nullptr;
+  bool inGroupBatch = false;  // events come at the outermost ncclGroupEnd
+  bool tracked = false;       // CUDA events will complete its record (else it is flagged no-events)
   // finish() has work only if the call fails: an untracked collective or p2p call outside a
   // group (the wrapper then skips the call to finish on success).
   bool finishOnlyOnFailure = false;

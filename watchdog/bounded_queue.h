@@ -61,6 +61,38 @@ class BoundedQueue {
     }
   }
 
+  // Pops up to `max` values that stand ready at the head with one compare-exchange (a consumer
+  // taking values in chunks pays one locked instruction per chunk); returns how many (0: empty).
+  size_t popMany(T* values, size_t max) {
+    size_t position = head_.load(std::memory_order_relaxed);
+    for (;;) {
+      // A ready cell stays as it is while the head stays at `position`: no other consumer took
+      // it, and no producer fills it again before it is released below. So the values are read
+      // in the same pass, and kept only if the head is claimed.
+      size_t ready = 0;
+      for (; ready < max; ++ready) {
+        const Cell& cell = cells_[(position + ready) & (Capacity - 1)];
+        if (cell.sequence.load(std::memory_order_acquire) != position + ready + 1) break;
+        values[ready] = cell.value;
+      }
+      if (ready == 0) {
+        const Cell& cell = cells_[position & (Capacity - 1)];
+        auto difference = static_cast<intptr_t>(cell.sequence.load(std::memory_order_acquire)) -
+                          static_cast<intptr_t>(position + 1);
+        if (difference < 0) return 0;
+        position = head_.load(std::memory_order_relaxed);
+        continue;
+      }
+      if (head_.compare_exchange_weak(position, position + ready, std::memory_order_relaxed)) {
+        for (size_t i = 0; i < ready; ++i) {
+          cells_[(position + i) & (Capacity - 1)].sequence.store(position + i + Capacity,
+                                                                 std::memory_order_release);
+        }
+        return ready;
+      }
+    }
+  }
+
   // Approximate (exact when no push or pop is under way).
   size_t size() const {
     size_t tail = tail_.load(std::memory_order_relaxed);

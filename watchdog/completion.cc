@@ -1,9 +1,11 @@
 #include "watchdog/completion.h"
 
+#include <pthread.h>
 #include <time.h>
 
 #include <algorithm>
 #include <mutex>
+#include <new>
 
 #include "trace/clock.h"
 #include "watchdog/triggers.h"
@@ -22,29 +24,106 @@ std::mutex g_poolCreation;
 
 }  // namespace
 
+__thread uint64_t detail::t_cachedStream __attribute__((tls_model("initial-exec"))) = 0;
+__thread uint64_t detail::t_cachedTracker __attribute__((tls_model("initial-exec"))) = 0;
+__thread int detail::t_cachedSlot __attribute__((tls_model("initial-exec"))) = -1;
+
+__thread uint32_t detail::t_stash[CompletionTracker::kStashPairs]
+    __attribute__((tls_model("initial-exec")));
+__thread uint32_t detail::t_stashNext __attribute__((tls_model("initial-exec"))) = 0;
+__thread uint32_t detail::t_stashCount __attribute__((tls_model("initial-exec"))) = 0;
+__thread uint64_t detail::t_stashTracker __attribute__((tls_model("initial-exec"))) = 0;
+__thread int detail::t_stashSlot __attribute__((tls_model("initial-exec"))) = -1;
+
 namespace {
-// The pool slot of the stream this thread recorded on last (per tracker): a stream belongs to
-// one context for life, so a thread issuing on the same stream again needs no cuCtxGetCurrent
-// and no search. The default streams (legacy 0/1, per-thread 2) follow the current device and
-// are never cached. Keyed by the tracker's serial, so that a tracker made later at the same
-// address never sees another's slots.
-__thread uint64_t t_cachedStream __attribute__((tls_model("initial-exec"))) = 0;
-__thread uint64_t t_cachedTracker __attribute__((tls_model("initial-exec"))) = 0;
-__thread int t_cachedSlot __attribute__((tls_model("initial-exec"))) = -1;
 std::atomic<uint64_t> g_trackerSerials{0};
+
+// The live trackers, so that a thread's stash goes back to its pool when the thread exits, and
+// never into a tracker destroyed meanwhile. Taken at a thread's exit and a tracker's birth and
+// death only.
+std::mutex g_liveMutex;
+constexpr size_t kMaxLiveTrackers = 64;
+CompletionTracker* g_live[kMaxLiveTrackers];
+pthread_key_t g_stashKey;
+std::once_flag g_stashKeyOnce;
 }  // namespace
+
+void returnStashAtThreadExit(void* value) {
+  auto* tracker = static_cast<CompletionTracker*>(value);
+  std::lock_guard<std::mutex> lock(g_liveMutex);
+  for (CompletionTracker* live : g_live) {
+    if (live == tracker && tracker != nullptr) tracker->returnStash();
+  }
+}
+
+void CompletionTracker::returnStash() {
+  if (detail::t_stashTracker == serial_ && detail::t_stashSlot >= 0 &&
+      static_cast<uint32_t>(detail::t_stashSlot) < poolCount_.load(std::memory_order_acquire)) {
+    ContextPool& pool = *pools_[detail::t_stashSlot];
+    while (detail::t_stashNext != detail::t_stashCount) {
+      pool.free.push(detail::t_stash[detail::t_stashNext++]);
+    }
+  }
+  detail::t_stashNext = detail::t_stashCount = 0;
+}
+
+// The stash is empty or holds another pool's pairs: those go back, and a chunk of this pool's
+// free pairs is taken with one compare-exchange. Also where a thread says it is running low.
+bool CompletionTracker::refillStash(int slot, uint32_t* index) {
+  if (detail::t_stashTracker == serial_) {
+    returnStash();
+  } else {
+    detail::t_stashNext = detail::t_stashCount = 0;  // another tracker's: not ours to give back
+    detail::t_stashTracker = serial_;
+    // Once per thread and tracker: at the thread's exit its stash goes back to this pool.
+    pthread_setspecific(g_stashKey, this);
+  }
+  detail::t_stashSlot = slot;
+  ContextPool& pool = *pools_[slot];
+  // Taken straight into the stash.
+  auto got = static_cast<uint32_t>(pool.free.popMany(detail::t_stash, kStashPairs));
+  if (got == 0) return false;
+  // Running low: wake the poller now to recycle finished pairs and grow the pool, before calls
+  // find it empty (once per poll at most).
+  if (pool.free.size() < pool.created.load(std::memory_order_relaxed) / 4) wakePollerOnce(pool);
+  detail::t_stashNext = 1;
+  detail::t_stashCount = got;
+  *index = detail::t_stash[0];
+  return true;
+}
 
 CompletionTracker::CompletionTracker(const DriverApi& driver, trace::RingWriter& writer,
                                      EventMode mode)
     : driver_(driver),
+      eventRecord_(driver.eventRecord),
+      streamIsCapturing_(driver.streamIsCapturing),
       writer_(writer),
       mode_(mode),
       serial_(g_trackerSerials.fetch_add(1, std::memory_order_relaxed) + 1) {
   inflight_.reserve(1024);
   blockedStreams_.reserve(kMaxBlocked);
+  std::call_once(g_stashKeyOnce, [] {
+    pthread_key_create(&g_stashKey, returnStashAtThreadExit);
+    // A fork child's only thread may exit through the key's destructor: the lock must not be
+    // one a parent thread held at the fork.
+    pthread_atfork(nullptr, nullptr, [] { new (&g_liveMutex) std::mutex(); });
+  });
+  std::lock_guard<std::mutex> lock(g_liveMutex);
+  for (CompletionTracker*& live : g_live) {
+    if (live == nullptr) {
+      live = this;
+      break;
+    }
+  }
 }
 
 CompletionTracker::~CompletionTracker() {
+  {
+    std::lock_guard<std::mutex> lock(g_liveMutex);
+    for (CompletionTracker*& live : g_live) {
+      if (live == this) live = nullptr;
+    }
+  }
   // Events belong to the driver; at exit the driver may be gone already, so they are left to
   // process teardown rather than destroyed here.
 }
@@ -115,65 +194,52 @@ void CompletionTracker::prepareCurrentContext() {
   }
 }
 
-StreamCheck CompletionTracker::checkStream(uint64_t stream) const {
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (driver_.streamIsCapturing(asStream(stream), &status) != CUDA_SUCCESS) {
-    return StreamCheck::kUntrackable;
-  }
-  return status == CU_STREAM_CAPTURE_STATUS_NONE ? StreamCheck::kTrackable : StreamCheck::kCaptured;
-}
-
-int CompletionTracker::slotForStream(uint64_t stream) {
+int CompletionTracker::slotForNewStream(uint64_t stream) {
   constexpr uint64_t kLastDefaultStream = 2;  // cudaStreamLegacy 1, cudaStreamPerThread 2
-  if (stream > kLastDefaultStream && t_cachedStream == stream && t_cachedTracker == serial_) {
-    return t_cachedSlot;
-  }
   int slot = slotForCurrentContext(false);
   if (slot >= 0 && stream > kLastDefaultStream) {
-    t_cachedStream = stream;
-    t_cachedTracker = serial_;
-    t_cachedSlot = slot;
+    detail::t_cachedStream = stream;
+    detail::t_cachedTracker = serial_;
+    detail::t_cachedSlot = slot;
   }
   return slot;
 }
 
-Ticket CompletionTracker::recordBefore(uint64_t stream, bool* shed) {
-  if (shed != nullptr) *shed = false;
-  int slot = slotForStream(stream);
-  if (slot < 0) return kNoTicket;
-  uint32_t index = 0;
-  ContextPool& pool = *pools_[slot];
-  if (!pool.free.pop(&index)) {
-    pool.misses.fetch_add(1, std::memory_order_relaxed);
-    counters_.noPair.fetch_add(1, std::memory_order_relaxed);
-    if (shed != nullptr) *shed = true;
-    // The first miss since the last poll wakes the poller to recycle and grow now rather than
-    // at its next interval: one write per poll at most, on a path that is already the slow one.
-    if (!pool.wokePoller.exchange(true, std::memory_order_relaxed)) Triggers::wake();
-    return kNoTicket;
-  }
-  // Running low: wake the poller now to recycle finished pairs and grow the pool, before calls
-  // find it empty (once per poll at most).
-  if (pool.free.size() < pool.created.load(std::memory_order_relaxed) / 4 &&
-      !pool.wokePoller.exchange(true, std::memory_order_relaxed)) {
-    Triggers::wake();
-  }
-  Ticket ticket = (static_cast<uint32_t>(slot) << 16) | index;
-  // The pair is this thread's alone until it is submitted: a plain increment, no locked
-  // instruction (each costs ~8 ns more than a plain one on an H200 host, bench/recording_cost).
-  std::atomic<uint32_t>& generation = pairOf(ticket).generation;
-  generation.store(generation.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  if (mode_ == EventMode::kFull &&
-      driver_.eventRecord(pairOf(ticket).before, asStream(stream)) != CUDA_SUCCESS) {
-    counters_.recordErrors.fetch_add(1, std::memory_order_relaxed);
-    poolOf(ticket)->free.push(index);
-    return kNoTicket;
-  }
-  return ticket;
+void CompletionTracker::wakePollerOnce(ContextPool& pool) {
+  if (!pool.wokePoller.exchange(true, std::memory_order_relaxed)) Triggers::wake();
+}
+
+Ticket CompletionTracker::noFreePair(ContextPool& pool, bool* shed) {
+  pool.misses.fetch_add(1, std::memory_order_relaxed);
+  counters_.noPair.fetch_add(1, std::memory_order_relaxed);
+  if (shed != nullptr) *shed = true;
+  // The first miss since the last poll wakes the poller to recycle and grow now rather than at
+  // its next interval: one write per poll at most, on a path that is already the slow one.
+  wakePollerOnce(pool);
+  return kNoTicket;
+}
+
+Ticket CompletionTracker::recordBeforeFailed(Ticket ticket) {
+  counters_.recordErrors.fetch_add(1, std::memory_order_relaxed);
+  abandon(ticket);
+  return kNoTicket;
+}
+
+void CompletionTracker::afterEventFailed(Ticket ticket, uint64_t ringIndex) {
+  counters_.recordErrors.fetch_add(1, std::memory_order_relaxed);
+  abandon(ticket);
+  writer_.updateFlags(ringIndex, trace::kRecordNoEvents, 0);  // untracked, not pending
+}
+
+void CompletionTracker::pushFailed(Ticket ticket, uint64_t ringIndex, bool updatesState) {
+  // The poller will never hear of it: its record says it is untracked, not pending.
+  if (updatesState) writer_.updateFlags(ringIndex, trace::kRecordNoEvents | trace::kRecordShed, 0);
+  counters_.queueFull.fetch_add(1, std::memory_order_relaxed);
+  if (pairOf(ticket).sharers.fetch_sub(1, std::memory_order_acq_rel) == 1) abandon(ticket);
 }
 
 bool CompletionTracker::recordAfter(Ticket ticket, uint64_t stream) {
-  if (driver_.eventRecord(pairOf(ticket).after, asStream(stream)) == CUDA_SUCCESS) return true;
+  if (eventRecord_(pairOf(ticket).after, asStream(stream)) == CUDA_SUCCESS) return true;
   counters_.recordErrors.fetch_add(1, std::memory_order_relaxed);
   abandon(ticket);
   return false;
@@ -221,11 +287,13 @@ void CompletionTracker::release(Ticket ticket) {
   if (pairOf(ticket).sharers.fetch_sub(1, std::memory_order_acq_rel) == 1) abandon(ticket);
 }
 
-void CompletionTracker::queryPair(EventPair& pair) {
+void CompletionTracker::queryPair(Ticket ticket) {
+  PairPoll& pair = pollOf(ticket);
+  const EventPair& events = pairOf(ticket);
   if (pair.queriedPass == pass_) return;
   pair.queriedPass = pass_;
   if (!pair.afterDone) {
-    CUresult after = driver_.eventQuery(pair.after);
+    CUresult after = driver_.eventQuery(events.after);
     if (after == CUDA_SUCCESS) {
       pair.afterDone = pair.beforeDone = true;
     } else if (after != CUDA_ERROR_NOT_READY) {
@@ -234,7 +302,7 @@ void CompletionTracker::queryPair(EventPair& pair) {
     }
   }
   if (mode_ == EventMode::kFull && !pair.beforeDone && !pair.failed) {
-    CUresult before = driver_.eventQuery(pair.before);
+    CUresult before = driver_.eventQuery(events.before);
     if (before == CUDA_SUCCESS) pair.beforeDone = true;
   }
 }
@@ -263,7 +331,7 @@ size_t CompletionTracker::poll() {
   for (Pending pending; queue_.pop(&pending);) {
     counters_.tracked.store(counters_.tracked.load(std::memory_order_relaxed) + 1,
                             std::memory_order_relaxed);  // the poller is its only writer
-    EventPair& pair = pairOf(pending.ticket);
+    PairPoll& pair = pollOf(pending.ticket);
     if (pair.seenGeneration != pending.generation) {  // a new use of the pair: forget the old
       pair.seenGeneration = pending.generation;
       pair.queriedPass = 0;
@@ -287,7 +355,7 @@ size_t CompletionTracker::poll() {
   // plus about one per stream.
   blockedStreams_.clear();
   for (Pending& pending : inflight_) {
-    EventPair& pair = pairOf(pending.ticket);
+    PairPoll& pair = pollOf(pending.ticket);
     bool abortedComm = false;
     for (uint64_t hash : aborted) abortedComm |= hash == pending.commHash;
     if (abortedComm) {
@@ -312,7 +380,7 @@ size_t CompletionTracker::poll() {
       inflight_[kept++] = pending;
       continue;
     }
-    queryPair(pair);
+    queryPair(pending.ticket);
     bool atHead = false;
     if (!pair.afterDone && !pair.failed && !blocked) {
       if (head != nullptr) {

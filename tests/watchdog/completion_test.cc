@@ -376,6 +376,85 @@ TEST_F(OneEventCompletionTest, ARecordErrorGivesThePairBack) {
   EXPECT_EQ(tracker_->counters().recordErrors.load(), 1u);
 }
 
+// A thread keeps a stash of free pairs (one locked instruction per chunk of them): the pairs
+// of a thread that exits go back to the pool, so that threads coming and going never drain it.
+TEST_F(CompletionTest, AThreadsStashOfPairsGoesBackWhenItExits) {
+  for (int round = 0; round < 3; ++round) {
+    std::thread caller([&] { EXPECT_NE(tracker_->recordBefore(5), kNoTicket); });
+    caller.join();
+  }
+  // Three pairs are taken (never submitted); every other pair can be taken from this thread.
+  std::vector<Ticket> held;
+  for (uint32_t i = 0; i + 3 < CompletionTracker::kInitialPairs; ++i) {
+    held.push_back(tracker_->recordBefore(5));
+    ASSERT_NE(held.back(), kNoTicket) << i;
+  }
+  EXPECT_EQ(tracker_->recordBefore(5), kNoTicket);
+  EXPECT_EQ(tracker_->counters().noPair.load(), 1u);
+}
+
+// Pairs taken from a stash and given back with abandon() are taken again: none is lost in a
+// stash of a thread that moved on.
+TEST_F(CompletionTest, StashedPairsAreNotLostWhenGivenBack) {
+  for (int round = 0; round < 3; ++round) {
+    std::vector<Ticket> held;
+    for (uint32_t i = 0; i < CompletionTracker::kInitialPairs; ++i) {
+      held.push_back(tracker_->recordBefore(7));
+      ASSERT_NE(held.back(), kNoTicket) << round << " " << i;
+    }
+    for (Ticket ticket : held) tracker_->abandon(ticket);
+  }
+  EXPECT_EQ(tracker_->counters().noPair.load(), 0u);
+}
+
+TEST(BoundedQueue, PopManyTakesAChunkInOrder) {
+  BoundedQueue<int, 8> queue;
+  int values[8] = {};
+  EXPECT_EQ(queue.popMany(values, 4), 0u);
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(queue.push(i));
+  ASSERT_EQ(queue.popMany(values, 4), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(values[i], i);
+  for (int i = 6; i < 12; ++i) EXPECT_TRUE(queue.push(i));  // wraps around
+  EXPECT_FALSE(queue.push(12));
+  ASSERT_EQ(queue.popMany(values, 3), 3u);
+  EXPECT_EQ(values[0], 4);
+  EXPECT_EQ(values[2], 6);
+  ASSERT_EQ(queue.popMany(values, 8), 5u);
+  EXPECT_EQ(values[4], 11);
+  EXPECT_EQ(queue.popMany(values, 8), 0u);
+}
+
+TEST(BoundedQueue, ChunkConsumersAndProducersLoseAndDuplicateNothing) {
+  constexpr int kProducers = 2, kEach = 30000;
+  BoundedQueue<int, 256> queue;
+  std::vector<std::atomic<int>> seen(kProducers * kEach);
+  std::atomic<int> received{0};
+  std::vector<std::thread> threads;
+  for (int p = 0; p < kProducers; ++p) {
+    threads.emplace_back([&queue, p] {
+      for (int i = 0; i < kEach; ++i) {
+        while (!queue.push(p * kEach + i)) std::this_thread::yield();
+      }
+    });
+  }
+  for (int c = 0; c < 2; ++c) {
+    threads.emplace_back([&] {
+      int chunk[16];
+      while (received.load() < kProducers * kEach) {
+        size_t got = queue.popMany(chunk, 16);
+        if (got == 0) std::this_thread::yield();
+        for (size_t i = 0; i < got; ++i) seen[chunk[i]].fetch_add(1);
+        received.fetch_add(static_cast<int>(got));
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(received.load(), kProducers * kEach);
+  int wrong = 0;
+  for (auto& count : seen) wrong += count.load() != 1;
+  EXPECT_EQ(wrong, 0);
+}
+
 TEST(BoundedQueue, FullAndEmptyAreReportedNotWaitedOn) {
   BoundedQueue<int, 4> queue;
   int value = 0;
