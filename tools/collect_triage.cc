@@ -140,11 +140,14 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
   wall = wall == 0 ? 0 : wall + process.toWall;
   if (record.ringIndex >= process.firstNewIndex) {
     if (triage_.observe(record, wall)) {
-      wanted_ = true;
       if (triage_.lastCompletedOrdinal()) {
+        wanted_ = true;
         divergent_.insert(record.commHash);
         divergingSince_.erase(record.commHash);
       } else {
+        // No full pass asked for yet: one now would run while the members still come (and read
+        // nothing meanwhile), find them absent, and leave its verdict to settle. The
+        // divergence's own pass asks for the full one once its members are in (maybeAnalyze).
         int64_t now = steadyNs();
         auto [at, added] = divergingSince_.try_emplace(record.commHash, Diverging{now, now});
         at->second.lastJoinNs = now;
@@ -424,6 +427,7 @@ void Triage::maybeAnalyze(int64_t now) {
       continue;
     }
     divergent_.insert(it->first);
+    wanted_ = true;  // a full pass follows the divergence's own
     it = divergingSince_.erase(it);
   }
   bool divergence = !divergent_.empty() && since >= lastFirstCostNs_;
@@ -447,6 +451,11 @@ void Triage::maybeAnalyze(int64_t now) {
   lastCostNs_ = end - now;
   counters_.analysisNs += static_cast<uint64_t>(lastCostNs_);
   lastAnalysisNs_ = end;
+  // Nothing was read while the pass ran: members of a waiting divergence get their settleMs of
+  // reading from here.
+  for (auto& [hash, diverging] : divergingSince_) {
+    diverging.lastJoinNs = std::max(diverging.lastJoinNs, end);
+  }
 }
 
 void Triage::analyze(int64_t now, bool final, const std::set<uint64_t>* first) {
