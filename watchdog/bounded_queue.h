@@ -66,14 +66,14 @@ class BoundedQueue {
   size_t popMany(T* values, size_t max) {
     size_t position = head_.load(std::memory_order_relaxed);
     for (;;) {
-      // A ready cell stays as it is while the head stays at `position`: no other consumer took
-      // it, and no producer fills it again before it is released below. So the values are read
-      // in the same pass, and kept only if the head is claimed.
+      // Counts the cells ready at the head (each one's acquire pairs with its producer's
+      // release). Their values are read only once the head is claimed: before that another
+      // consumer may take them and a producer refill them, and reading a value being written
+      // is a data race even when the read is then thrown away (thread sanitizer saw it).
       size_t ready = 0;
       for (; ready < max; ++ready) {
         const Cell& cell = cells_[(position + ready) & (Capacity - 1)];
         if (cell.sequence.load(std::memory_order_acquire) != position + ready + 1) break;
-        values[ready] = cell.value;
       }
       if (ready == 0) {
         const Cell& cell = cells_[position & (Capacity - 1)];
@@ -84,9 +84,12 @@ class BoundedQueue {
         continue;
       }
       if (head_.compare_exchange_weak(position, position + ready, std::memory_order_relaxed)) {
+        // Ours now: no consumer takes a cell behind the head, and no producer refills one
+        // before its release here.
         for (size_t i = 0; i < ready; ++i) {
-          cells_[(position + i) & (Capacity - 1)].sequence.store(position + i + Capacity,
-                                                                 std::memory_order_release);
+          Cell& cell = cells_[(position + i) & (Capacity - 1)];
+          values[i] = cell.value;
+          cell.sequence.store(position + i + Capacity, std::memory_order_release);
         }
         return ready;
       }
