@@ -224,6 +224,28 @@ void BM_WholeCall(benchmark::State& state) {
 BENCHMARK(BM_WholeCall<WholeCallMode::kDirect>)->Name("BM_WholeCall/direct");
 BENCHMARK(BM_WholeCall<WholeCallMode::kWrapped>)->Name("BM_WholeCall/recorded");
 
+// One batch of kWholeCallBatch direct calls, then as many wrapped ones: ns a call of each.
+constexpr int kWholeCallBatch = 1000;
+struct BatchNs {
+  double direct = 0;
+  double wrapped = 0;
+};
+BatchNs timeBatches(ncclComm_t comm, float* buffer, cudaStream_t stream) {
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kWholeCallBatch; ++i) {
+    benchmark::DoNotOptimize(
+        directAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream));
+  }
+  auto t1 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kWholeCallBatch; ++i) {
+    benchmark::DoNotOptimize(
+        wrappedAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream));
+  }
+  auto t2 = std::chrono::steady_clock::now();
+  return {std::chrono::duration<double, std::nano>(t1 - t0).count() / kWholeCallBatch,
+          std::chrono::duration<double, std::nano>(t2 - t1).count() / kWholeCallBatch};
+}
+
 // Batches of 1000 direct and 1000 wrapped calls in turn; added_ns is the median over the
 // iterations of (wrapped - direct) / 1000, so that both sides see the same machine.
 void BM_WholeCallAdded(benchmark::State& state) {
@@ -232,26 +254,13 @@ void BM_WholeCallAdded(benchmark::State& state) {
     state.SkipWithError("no recorder");
     return;
   }
-  constexpr int kBatch = 1000;
   float buffer[16];
   auto* stream = reinterpret_cast<cudaStream_t>(0x1000);
   std::vector<double> added;
   added.reserve(1 << 16);
   for (auto _ : state) {
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < kBatch; ++i) {
-      benchmark::DoNotOptimize(
-          directAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream));
-    }
-    auto t1 = std::chrono::steady_clock::now();
-    for (int i = 0; i < kBatch; ++i) {
-      benchmark::DoNotOptimize(
-          wrappedAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream));
-    }
-    auto t2 = std::chrono::steady_clock::now();
-    added.push_back((std::chrono::duration<double, std::nano>(t2 - t1).count() -
-                     std::chrono::duration<double, std::nano>(t1 - t0).count()) /
-                    kBatch);
+    BatchNs batch = timeBatches(comm, buffer, stream);
+    added.push_back(batch.wrapped - batch.direct);
   }
   std::sort(added.begin(), added.end());
   state.counters["added_ns"] = added.empty() ? 0 : added[added.size() / 2];
@@ -328,11 +337,10 @@ EventPathFigures measureEventPath(const char* eventMode, int batches) {
     std::filesystem::remove_all(dir);
     return figures;
   }
-  constexpr int kBatch = 1000;
   float buffer[16];
   auto* stream = reinterpret_cast<cudaStream_t>(0x1000);
   usleep(200'000);  // the watchdog tops the new pool up (kWarmPairs), as early in a job
-  for (int i = 0; i < 20 * kBatch; ++i) {
+  for (int i = 0; i < 20 * kWholeCallBatch; ++i) {
     benchmark::DoNotOptimize(
         wrappedAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream));
   }
@@ -342,19 +350,8 @@ EventPathFigures measureEventPath(const char* eventMode, int batches) {
   trackedBefore = completion->counters().tracked.load();
   std::vector<double> added, direct, wrapped;
   for (int b = 0; b < batches; ++b) {
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < kBatch; ++i) {
-      benchmark::DoNotOptimize(
-          directAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream));
-    }
-    auto t1 = std::chrono::steady_clock::now();
-    for (int i = 0; i < kBatch; ++i) {
-      benchmark::DoNotOptimize(
-          wrappedAllReduce(buffer, buffer, 1024, ncclFloat, ncclSum, comm, stream));
-    }
-    auto t2 = std::chrono::steady_clock::now();
-    double d = std::chrono::duration<double, std::nano>(t1 - t0).count() / kBatch;
-    double w = std::chrono::duration<double, std::nano>(t2 - t1).count() / kBatch;
+    BatchNs batch = timeBatches(comm, buffer, stream);
+    double d = batch.direct, w = batch.wrapped;
     direct.push_back(d);
     wrapped.push_back(w);
     added.push_back(w - d);
@@ -370,7 +367,7 @@ EventPathFigures measureEventPath(const char* eventMode, int batches) {
   figures.addedNs = median(added);
   figures.directNs = median(direct);
   figures.wrappedNs = median(wrapped);
-  figures.calls = uint64_t{kBatch} * static_cast<uint64_t>(batches);
+  figures.calls = uint64_t{kWholeCallBatch} * static_cast<uint64_t>(batches);
   figures.tracked = completion->counters().tracked.load() - trackedBefore;
   figures.shed = completion->counters().noPair.load() - shedBefore;
   std::error_code ignored;
