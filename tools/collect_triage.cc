@@ -399,11 +399,12 @@ void Triage::maybeAnalyze(int64_t now) {
                realtimeNs() - triage_.lastActivityNs() >= options_.quietMs * kMs;
   int64_t since = now - lastAnalysisNs_;
   // Each pass's cost paces the next: a divergence, a failed call, a settling verdict or a quiet
-  // job may use a quarter of a core; plain activity a twentieth. What plain activity brings that
-  // nothing above flags (split colours, unpaired sends and receives, stragglers) ends in a hang,
-  // said once the job is quiet, or is information: a healthy job of thousands of ranks, whose
-  // passes cost 0.1-0.3 s, must not spend a tenth of a core on them (a tenth before: a third of
-  // the collector's time at 4096 ranks). Jobs whose passes cost under 2.5 ms still get one every
+  // job may use a quarter of a core; plain activity a twentieth. What only an activity pass
+  // finds (a wrong split colour the triage's fingerprints did not flag, unpaired sends and
+  // receives before the job stalls, stragglers) is said within about twenty passes' cost (4 s at
+  // 4096 ranks, 50 ms for a small job): a healthy job of thousands of ranks, whose passes cost
+  // 0.1-0.3 s, must not spend a tenth of a core on them (a tenth before: a third of the
+  // collector's time at 4096 ranks). Jobs whose passes cost under 2.5 ms still get one every
   // analyzeEveryMs.
   bool urgent = wanted_ || !candidates_.empty();
   bool due = (urgent && since >= 3 * lastCostNs_) ||
