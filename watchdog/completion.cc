@@ -220,15 +220,18 @@ Ticket CompletionTracker::noFreePair(ContextPool& pool, bool* shed) {
 }
 
 Ticket CompletionTracker::recordBeforeFailed(Ticket ticket) {
-  counters_.recordErrors.fetch_add(1, std::memory_order_relaxed);
-  abandon(ticket);
+  eventRecordFailed(ticket);
   return kNoTicket;
 }
 
 void CompletionTracker::afterEventFailed(Ticket ticket, uint64_t ringIndex) {
+  eventRecordFailed(ticket);
+  writer_.updateFlags(ringIndex, trace::kRecordNoEvents, 0);  // untracked, not pending
+}
+
+void CompletionTracker::eventRecordFailed(Ticket ticket) {
   counters_.recordErrors.fetch_add(1, std::memory_order_relaxed);
   abandon(ticket);
-  writer_.updateFlags(ringIndex, trace::kRecordNoEvents, 0);  // untracked, not pending
 }
 
 void CompletionTracker::pushFailed(Ticket ticket, uint64_t ringIndex, bool updatesState) {
@@ -240,8 +243,7 @@ void CompletionTracker::pushFailed(Ticket ticket, uint64_t ringIndex, bool updat
 
 bool CompletionTracker::recordAfter(Ticket ticket, uint64_t stream) {
   if (eventRecord_(pairOf(ticket).after, asStream(stream)) == CUDA_SUCCESS) return true;
-  counters_.recordErrors.fetch_add(1, std::memory_order_relaxed);
-  abandon(ticket);
+  eventRecordFailed(ticket);
   return false;
 }
 
@@ -256,22 +258,14 @@ void CompletionTracker::submit(Ticket ticket, std::span<const uint64_t> ringIndi
   // Every sharer is counted before the first is queued, so the poller cannot free the pair
   // while the others are still being handed over.
   pair.sharers.store(static_cast<uint32_t>(ringIndices.size()), std::memory_order_relaxed);
-  uint32_t lost = 0;
   for (uint64_t ringIndex : ringIndices) {
     uint32_t generation = pair.generation.load(std::memory_order_relaxed);
     // Counted by the poller as it takes them (one locked instruction less per call here).
     if (!queue_.push(
             Pending{ringIndex, commHash, stream, ticket, generation, updatesState, false})) {
-      ++lost;
-      // The poller will never hear of it: its record says it is untracked, not pending.
-      if (updatesState) {
-        writer_.updateFlags(ringIndex, trace::kRecordNoEvents | trace::kRecordShed, 0);
-      }
+      pushFailed(ticket, ringIndex, updatesState);
     }
   }
-  if (lost == 0) return;
-  counters_.queueFull.fetch_add(lost, std::memory_order_relaxed);
-  if (pair.sharers.fetch_sub(lost, std::memory_order_acq_rel) == lost) abandon(ticket);
 }
 
 void CompletionTracker::markAborted(uint64_t commHash) {

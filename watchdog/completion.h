@@ -181,6 +181,7 @@ class CompletionTracker {
   void wakePollerOnce(ContextPool& pool);
   Ticket recordBeforeFailed(Ticket ticket);
   void afterEventFailed(Ticket ticket, uint64_t ringIndex);
+  void eventRecordFailed(Ticket ticket);  // counted, and the pair goes back
   void pushFailed(Ticket ticket, uint64_t ringIndex, bool updatesState);
   void grow(ContextPool& pool, uint32_t pairs);
   void release(Ticket ticket);
