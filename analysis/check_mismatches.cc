@@ -112,14 +112,18 @@ void JobAnalysis::checkMismatches() {
   }
 }
 
-// The first ordinal where the members present disagree with the first of them (0: none).
+// The first ordinal where the members present disagree with the first of them (0: none). Read
+// member by member, each one's window in order: one record of every member per ordinal missed
+// the cache on nearly every record at 4096 members.
 uint64_t JobAnalysis::firstDivergentOrdinal(const Comm& comm, uint64_t lo, uint64_t hi) const {
-  // Ordinals far apart (a member far behind the others, or a damaged trace's seq): the ordinals
-  // some member issued, in order, in memory that does not grow with the span between them.
+  // Each ordinal's slot in the per-ordinal state: its offset from `lo`, or, when the ordinals are
+  // far apart (a member far behind the others, or a damaged trace's seq), its place among the
+  // ordinals some member issued, so that the state does not grow with the span between them.
   size_t held = 0;
   for (const Member& m : comm.members) held = std::max(held, m.coll.size());
-  if (hi - lo >= 4 * held + 1024) {
-    std::vector<uint64_t> issued;
+  bool dense = hi - lo < 4 * held + 1024;
+  std::vector<uint64_t> issued;
+  if (!dense) {
     for (const Member& m : comm.members) {
       for (size_t pos = 0; pos < m.coll.size(); ++pos) {
         if (m.coll[pos] != kNone) issued.push_back(m.base + pos);
@@ -127,27 +131,14 @@ uint64_t JobAnalysis::firstDivergentOrdinal(const Comm& comm, uint64_t lo, uint6
     }
     std::sort(issued.begin(), issued.end());
     issued.erase(std::unique(issued.begin(), issued.end()), issued.end());
-    for (uint64_t k : issued) {
-      uint64_t key = 0;
-      bool have = false;
-      for (const Member& m : comm.members) {
-        uint32_t i = m.at(k);
-        if (i == kNone) continue;
-        uint64_t kk = alignKey(procs_[m.proc].rec(i));
-        if (!have) {
-          key = kk;
-          have = true;
-        } else if (kk != key) {
-          return k;
-        }
-      }
-    }
-    return 0;
   }
-  // Else member by member, each one's window in order: one record of every member per ordinal
-  // missed the cache on nearly every record at 4096 members.
-  std::vector<uint64_t> firstKey(hi - lo + 1);
-  std::vector<char> seen(hi - lo + 1, 0);
+  auto slotOf = [&](uint64_t k) -> size_t {
+    if (dense) return static_cast<size_t>(k - lo);
+    return static_cast<size_t>(std::lower_bound(issued.begin(), issued.end(), k) - issued.begin());
+  };
+  size_t slots = dense ? static_cast<size_t>(hi - lo + 1) : issued.size();
+  std::vector<uint64_t> firstKey(slots);
+  std::vector<char> seen(slots, 0);
   uint64_t earliest = UINT64_MAX;
   for (const Member& m : comm.members) {
     for (size_t pos = 0; pos < m.coll.size(); ++pos) {
@@ -156,10 +147,11 @@ uint64_t JobAnalysis::firstDivergentOrdinal(const Comm& comm, uint64_t lo, uint6
       uint32_t i = m.coll[pos];
       if (i == kNone) continue;
       uint64_t key = alignKey(procs_[m.proc].rec(i));
-      if (!seen[k - lo]) {
-        seen[k - lo] = 1;
-        firstKey[k - lo] = key;
-      } else if (key != firstKey[k - lo]) {
+      size_t slot = slotOf(k);
+      if (!seen[slot]) {
+        seen[slot] = 1;
+        firstKey[slot] = key;
+      } else if (key != firstKey[slot]) {
         earliest = k;
       }
     }
