@@ -28,13 +28,15 @@ namespace ncclwatch::collect {
 // The floor is what a verdict needs from a window: the divergent call on every member until the
 // pass that says it. The live triage flags a divergence as records arrive (its own per-comm
 // fingerprints, not the windows), and a pass over that communicator runs when its last member
-// reports, or settleMs (150 ms) after the divergence at the latest. So a window must keep the
-// divergent call while the slowest member catches up to it, plus settleMs: with 128 calls, a
-// rank may be about 110 calls ahead of the slowest member at 100 calls a second (15 are made in
-// 150 ms). Ranks that meet at every collective rarely run that far apart (the bench's stay
-// within one poll interval, 10 calls); a job whose ranks do, or that calls far faster, needs a
-// larger --max-records. The floor binds from 4096 ranks on (512 Ki / 4096 = 128). It was 256:
-// a 4096-rank collector then took 160 MiB of windows alone (docs/scale.md).
+// reports, or once members stop reporting it for settleMs (150 ms), 8 settles (1.2 s) after the
+// divergence at the latest (Triage::maybeAnalyze). So a window must keep the divergent call while
+// the slowest member catches up to it, plus that wait: with 128 calls, a rank may be about 110
+// calls ahead of the slowest member at 100 calls a second when the wait is one settle (15 calls
+// are made in 150 ms); the longest wait, while members still come, is 120 calls at that rate. Ranks
+// that meet at every collective rarely run that far apart (the bench's stay within one poll
+// interval, 10 calls); a job whose ranks do, or that calls far faster, needs a larger
+// --max-records. The floor binds from 4096 ranks on (512 Ki / 4096 = 128). It was 256: a 4096-rank
+// collector then took 160 MiB of windows alone (docs/scale.md).
 constexpr size_t kMinWindow = 128;
 constexpr size_t kMaxWindow = 65536;
 // What a window may grow past its size before it is trimmed back to it (Triage::store): a trim
