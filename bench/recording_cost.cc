@@ -169,6 +169,27 @@ __attribute__((noinline)) ncclResult_t directAllReduce(const void* sendbuff, voi
   return real(sendbuff, recvbuff, count, datatype, op, comm, stream);
 }
 
+// As the watchdog would calibrate the clock, when a bench runs without it.
+void calibrateClock() {
+  for (int i = 0; i < 40 && !ncclwatch::trace::FastClock::calibrated(); ++i) {
+    ncclwatch::trace::FastClock::calibrate();
+    usleep(1000);
+  }
+}
+
+// A communicator of 8 ranks, rank 0, registered with `recorder`: the one the wrapped calls use.
+ncclComm_t addFakeComm(ncclwatch::interpose::Recorder& recorder) {
+  static char commStorage[64];
+  auto* fake = reinterpret_cast<ncclComm_t>(commStorage);
+  ncclwatch::interpose::CommCreation creation;
+  creation.comm = fake;
+  creation.hash = 0x5eedf00dcafe1234ull;
+  creation.nranks = 8;
+  creation.rank = 0;
+  recorder.add(creation);
+  return fake;
+}
+
 // A recorder (trace file in $TMPDIR, events off, no watchdog thread: the clock is calibrated
 // here as the watchdog would) and one registered communicator.
 ncclComm_t wholeCallSetup() {
@@ -184,33 +205,26 @@ ncclComm_t wholeCallSetup() {
     });
     setenv("NCCLWATCH_EVENTS", "0", 1);
     setenv("NCCLWATCH_PLUGIN", "off", 1);
-    for (int i = 0; i < 40 && !ncclwatch::trace::FastClock::calibrated(); ++i) {
-      ncclwatch::trace::FastClock::calibrate();
-      usleep(1000);
-    }
+    calibrateClock();
     auto* recorder = ncclwatch::interpose::Recorder::get();
     if (recorder == nullptr) return static_cast<ncclComm_t>(nullptr);
-    static char commStorage[64];
-    auto* fake = reinterpret_cast<ncclComm_t>(commStorage);
-    ncclwatch::interpose::CommCreation creation;
-    creation.comm = fake;
-    creation.hash = 0x5eedf00dcafe1234ull;
-    creation.nranks = 8;
-    creation.rank = 0;
-    recorder->add(creation);
-    return fake;
+    return addFakeComm(*recorder);
   }();
+  return comm;
+}
+
+// The whole-call benches' communicator; null, with the benchmark skipped, without a recorder.
+ncclComm_t wholeCallCommOrSkip(benchmark::State& state) {
+  ncclComm_t comm = wholeCallSetup();
+  if (comm == nullptr) state.SkipWithError("no recorder");
   return comm;
 }
 
 enum class WholeCallMode { kDirect, kWrapped };
 template <WholeCallMode kMode>
 void BM_WholeCall(benchmark::State& state) {
-  ncclComm_t comm = wholeCallSetup();
-  if (comm == nullptr) {
-    state.SkipWithError("no recorder");
-    return;
-  }
+  ncclComm_t comm = wholeCallCommOrSkip(state);
+  if (comm == nullptr) return;
   float buffer[16];
   auto* stream = reinterpret_cast<cudaStream_t>(0x1000);
   for (auto _ : state) {
@@ -249,11 +263,8 @@ BatchNs timeBatches(ncclComm_t comm, float* buffer, cudaStream_t stream) {
 // Batches of 1000 direct and 1000 wrapped calls in turn; added_ns is the median over the
 // iterations of (wrapped - direct) / 1000, so that both sides see the same machine.
 void BM_WholeCallAdded(benchmark::State& state) {
-  ncclComm_t comm = wholeCallSetup();
-  if (comm == nullptr) {
-    state.SkipWithError("no recorder");
-    return;
-  }
+  ncclComm_t comm = wholeCallCommOrSkip(state);
+  if (comm == nullptr) return;
   float buffer[16];
   auto* stream = reinterpret_cast<cudaStream_t>(0x1000);
   std::vector<double> added;
@@ -311,22 +322,13 @@ EventPathFigures measureEventPath(const char* eventMode, int batches) {
                   stub.empty() ? "?" : stub.c_str());
     return figures;
   }
-  for (int i = 0; i < 40 && !ncclwatch::trace::FastClock::calibrated(); ++i) {
-    ncclwatch::trace::FastClock::calibrate();
-    usleep(1000);
-  }
+  calibrateClock();
   auto* recorder = ncclwatch::interpose::Recorder::get();
   if (recorder == nullptr) {
     std::snprintf(figures.error, sizeof figures.error, "no recorder");
     return figures;
   }
-  static char commStorage[64];
-  auto* comm = reinterpret_cast<ncclComm_t>(commStorage);
-  ncclwatch::interpose::CommCreation creation;
-  creation.comm = comm;
-  creation.hash = 0x5eedf00dcafe1234ull;
-  creation.nranks = 8;
-  recorder->add(creation);
+  ncclComm_t comm = addFakeComm(*recorder);
   recorder->communicatorCreated();  // the watchdog thread and the context's event pool
   auto* agent = ncclwatch::watchdog::Agent::current();
   const ncclwatch::watchdog::CompletionTracker* completion =
