@@ -8,8 +8,24 @@ jobs=${NCCLWATCH_TEST_JOBS:-2}
 # Each phase says how long it took: CI's budget is 30 minutes, and these lines say where it goes.
 phase_start=$SECONDS
 phase() {
-  echo "[test] $1: $((SECONDS - phase_start)) s"
+  echo "[test] $1: $((SECONDS - phase_start)) s, $(df -h --output=avail . | tail -1 | tr -d ' ') free on disk"
   phase_start=$SECONDS
+}
+# Each ctest run gets its own TMPDIR, removed when the run passes: the tests' traces, logs and
+# rendezvous files come to several GB a run, and a CI disk once filled up with them. A failing
+# run's folder stays, and the last line says where.
+run_ctest() {
+  local build_dir=$1
+  shift
+  local scratch
+  scratch=$(mktemp -d "${TMPDIR:-/tmp}/ncclwatch-ctest-XXXXXX")
+  if TMPDIR=$scratch ctest --test-dir "$build_dir" "$@" -j "$jobs" --output-on-failure \
+      --timeout 600; then
+    rm -rf "$scratch"
+  else
+    echo "[test] ctest in $build_dir failed; its tests' files are kept in $scratch"
+    return 1
+  fi
 }
 
 scripts/setup.sh build
@@ -18,14 +34,14 @@ phase "set-up and build"
 # they are skipped, each saying why.
 scripts/torch_venv.sh build/torch-venv || echo "[test] no PyTorch venv: the torch tests will be skipped"
 phase "PyTorch venv"
-ctest --test-dir build -j "$jobs" --output-on-failure --timeout 600
+run_ctest build
 phase "ctest"
 
 if [ "${NCCLWATCH_SANITIZERS:-1}" != 0 ]; then
   for san in address thread; do
     scripts/setup.sh "build-$san" -DNCCLWATCH_SANITIZE=$san -DCMAKE_BUILD_TYPE=Debug
     phase "$san build"
-    ctest --test-dir "build-$san" -L sanitize -j "$jobs" --output-on-failure --timeout 600
+    run_ctest "build-$san" -L sanitize
     phase "$san ctest"
   done
 fi

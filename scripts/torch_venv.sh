@@ -3,7 +3,8 @@
 # wheels) for the tests labelled `torch`, which run unmodified PyTorch on the sim.
 # Usage: scripts/torch_venv.sh [DIR] (default build/torch-venv).
 # Idempotent: a venv that already imports torch is left as it is (well under a second).
-# pip keeps its usual cache (PIP_CACHE_DIR or ~/.cache/pip), so a re-install downloads nothing.
+# pip keeps no cache (--no-cache-dir): on a fresh machine the cache would only add ~3 GB of
+# wheels next to the 5 GB venv, and the marker below already makes a second run free.
 # Exits 0 when DIR/bin/python imports torch; otherwise prints one line saying why and exits 2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +24,7 @@ fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 echo "[torch_venv] installing $package into $dir (about 5 GB, ~1 min when PyPI is reachable)"
-if ! "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "$package" \
+if ! "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir "$package" \
     >"$log" 2>&1; then
   echo "[torch_venv] pip install $package failed (offline?): $(grep -v '^\s*$' "$log" | tail -1)"
   exit 2

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,16 @@ std::string workDirectory(const std::string& name) {
   const char* base = std::getenv("TMPDIR");
   return std::string(base != nullptr && *base ? base : "/tmp") + "/nw-corpus-" + name + "-" +
          std::to_string(getpid());
+}
+
+// A passing run's traces and logs go (700-900 MB a run); a failing run's stay for diagnosis.
+void removeUnlessFailed(const std::string& directory) {
+  if (::testing::Test::HasFailure()) {
+    std::printf("the runs' traces and logs are kept in %s\n", directory.c_str());
+    return;
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(directory, ignored);
 }
 
 // CORPUS_ONLY=a,b narrows a run to some scenarios (for debugging one).
@@ -50,7 +61,8 @@ TEST(Corpus, EveryScenarioLiveAndOfflineMatchesTheTable) {
   for (size_t i = 0; i < rows.size(); ++i) {
     if (selected(rows[i].name)) tasks.push_back({i, corpus::Mode::kSidecar, 0});
   }
-  std::vector<corpus::Outcome> outcomes = corpus::runAll(rows, tasks, 3, workDirectory("all"));
+  const std::string work = workDirectory("all");
+  std::vector<corpus::Outcome> outcomes = corpus::runAll(rows, tasks, 3, work);
   std::printf("%-24s %-22s %-22s %-22s %11s\n", "scenario", "expected", "live", "offline",
               "latency");
   for (size_t t = 0; t < tasks.size(); ++t) {
@@ -63,6 +75,7 @@ TEST(Corpus, EveryScenarioLiveAndOfflineMatchesTheTable) {
         << (outcome.stuck ? ", the job did not behave as the table says" : "") << "\n"
         << outcome.diagnostics;
   }
+  removeUnlessFailed(work);
 }
 
 TEST(Repeat, TheFiveClassesLiveFiveTimesInARow) {
@@ -79,7 +92,8 @@ TEST(Repeat, TheFiveClassesLiveFiveTimesInARow) {
         tasks.push_back({i, corpus::Mode::kSidecar, repetition});
     }
   }
-  std::vector<corpus::Outcome> outcomes = corpus::runAll(rows, tasks, 3, workDirectory("repeat"));
+  const std::string work = workDirectory("repeat");
+  std::vector<corpus::Outcome> outcomes = corpus::runAll(rows, tasks, 3, work);
   for (size_t t = 0; t < tasks.size(); ++t) {
     const corpus::Expectation& row = rows[tasks[t].row];
     const corpus::Outcome& outcome = outcomes[t];
@@ -88,6 +102,7 @@ TEST(Repeat, TheFiveClassesLiveFiveTimesInARow) {
         << ", expected " << corpus::expected(row).text() << "\n"
         << outcome.diagnostics;
   }
+  removeUnlessFailed(work);
 }
 
 }  // namespace
