@@ -86,18 +86,19 @@ void JobAnalysis::buildComms() {
         comm.desc.color = info.color;
         comm.kind = info.kind;
         comm.desc.name.assign(info.name, strnlen(info.name, sizeof info.name));
+        comm.byCommRank = MemberIndex(info.nranks);
         comms_.push_back(std::move(comm));
       }
       Comm& comm = comms_[it->second];
       Member m;
       m.proc = p;
       m.commRank = info.rank;
-      comm.byCommRank[info.rank] = static_cast<int>(comm.members.size());
+      comm.byCommRank.set(info.rank, static_cast<int>(comm.members.size()));
       mine.push_back({info.commHash, {it->second, static_cast<int>(comm.members.size())}});
       aligned.push_back(redo(comm) ? 1 : 0);
       comm.members.push_back(std::move(m));
     }
-    procMembers_[p] = mine;
+    procMembers_[p] = std::move(mine);
     alignProc(p, aligned);
   }
   findCompletedTransfers();
@@ -115,24 +116,38 @@ void JobAnalysis::buildComms() {
 void JobAnalysis::alignProc(int p, const std::vector<char>& aligned) {
   const Proc& proc = procs_[p];
   const auto& mine = procMembers_[p];
-  // p2p calls seen so far per (comm, peer, direction): their highest p2pSeq
-  std::vector<std::unordered_map<int64_t, uint64_t>> p2pMax(mine.size());
-  std::vector<uint64_t> p2pSum(mine.size(), 0);
-  uint64_t lastHash = 0;
-  int lastSlot = -1;
+  // p2p calls seen so far per (comm, peer, direction): their highest p2pSeq. Kept across
+  // processes (emptied here) so that a pass allocates them once, not once a process.
+  std::vector<std::unordered_map<int64_t, uint64_t>>& p2pMax = p2pMaxScratch_;
+  if (p2pMax.size() < mine.size()) p2pMax.resize(mine.size());
+  for (size_t s = 0; s < mine.size(); ++s) {
+    if (!p2pMax[s].empty()) p2pMax[s].clear();
+  }
+  std::vector<uint64_t>& p2pSum = p2pSumScratch_;
+  p2pSum.assign(mine.size(), 0);
+  // The last two communicators seen: calls often alternate between two (tensor-parallel and
+  // data-parallel), which a one-entry cache misses every time.
+  uint64_t lastHash[2] = {0, 0};
+  int lastSlot[2] = {-1, -1};
   const auto& records = proc.file->records;
   for (uint32_t i = 0; i < records.size(); ++i) {
     const CallRecord& r = records[i];
     if (!isSequenced(r)) continue;
     int slot = -1;
-    if (r.commHash == lastHash && lastSlot >= 0) {
-      slot = lastSlot;
+    if (r.commHash == lastHash[0] && lastSlot[0] >= 0) {
+      slot = lastSlot[0];
+    } else if (r.commHash == lastHash[1] && lastSlot[1] >= 0) {
+      slot = lastSlot[1];
+      std::swap(lastHash[0], lastHash[1]);
+      std::swap(lastSlot[0], lastSlot[1]);
     } else {
       for (int s = 0; s < static_cast<int>(mine.size()); ++s) {
         if (mine[s].first == r.commHash) slot = s;
       }
-      lastHash = r.commHash;
-      lastSlot = slot;
+      lastHash[1] = lastHash[0];
+      lastSlot[1] = lastSlot[0];
+      lastHash[0] = r.commHash;
+      lastSlot[0] = slot;
     }
     if (slot < 0 || !aligned[slot]) continue;  // a comm missing from the table (table full)
     Comm& comm = comms_[mine[slot].second.first];
@@ -162,14 +177,23 @@ void JobAnalysis::alignProc(int p, const std::vector<char>& aligned) {
     }
     if (r.seq <= p2pSum[slot]) continue;  // inconsistent: skip
     uint64_t ordinal = r.seq - p2pSum[slot];
-    if (m.coll.empty()) m.base = ordinal;
+    if (m.coll.empty()) {
+      m.base = ordinal;
+      // Room for this process's remaining records shared among its communicators: one
+      // allocation where growth by doubling took eight for a window of a few hundred calls.
+      m.coll.reserve((records.size() - i) / mine.size() + 1);
+    }
     if (ordinal < m.base) continue;
     uint64_t pos = ordinal - m.base;
-    // A seq further ahead than every call this process recorded (and then some, for calls
-    // dropped between): a damaged record, whose alignment would take memory without bound.
-    if (pos >= m.coll.size() && pos - m.coll.size() > 4 * records.size() + 4096) continue;
-    if (pos >= m.coll.size()) m.coll.resize(pos + 1, kNone);
-    m.coll[pos] = i;
+    if (pos == m.coll.size()) {
+      m.coll.push_back(i);  // the usual case: the next ordinal
+    } else {
+      // A seq further ahead than every call this process recorded (and then some, for calls
+      // dropped between): a damaged record, whose alignment would take memory without bound.
+      if (pos >= m.coll.size() && pos - m.coll.size() > 4 * records.size() + 4096) continue;
+      if (pos >= m.coll.size()) m.coll.resize(pos + 1, kNone);
+      m.coll[pos] = i;
+    }
     comm.hasSplits |= r.op == OpKind::kSplit;
     if (pending) pendingOrdinal_[p][i] = ordinal;
     if (r.state == RecordState::kCompleted && trace::isCollective(r.op)) {

@@ -481,7 +481,7 @@ void JobAnalysis::checkColours(Comm& comm) {
         rc.ranks = ranks;
         for (auto& [r, cc] : colourOf) {
           if (cc != c) continue;
-          const Member& mm = comm.members[comm.byCommRank[r]];
+          const Member& mm = comm.members[comm.byCommRank.find(r)];
           rc.call = describe(procs_[mm.proc], mm.at(k));
           break;
         }
@@ -490,7 +490,7 @@ void JobAnalysis::checkColours(Comm& comm) {
       int64_t divergence = INT64_MAX;
       for (int r : best) {
         v.culprits.push_back(globalRank(comm, r));
-        const Member& mm = comm.members[comm.byCommRank[r]];
+        const Member& mm = comm.members[comm.byCommRank.find(r)];
         divergence =
             std::min(divergence, procs_[mm.proc].wall(procs_[mm.proc].rec(mm.at(k)).issueNs));
       }

@@ -117,13 +117,39 @@ struct Member {
   }
 };
 
+// A communicator's members by comm rank. Ranks within the communicator's size (all of them, unless
+// a table is damaged) index a vector: a hash map took one allocation per member and pass, 32,768
+// of them for a divergence's pass over the world communicator of a 32k-rank job.
+class MemberIndex {
+ public:
+  explicit MemberIndex(int size = 0) : dense_(size > 0 && size <= kMaxDense ? size : 0, -1) {}
+  void set(int commRank, int member) {
+    if (commRank >= 0 && static_cast<size_t>(commRank) < dense_.size()) {
+      dense_[commRank] = member;
+    } else {
+      sparse_[commRank] = member;
+    }
+  }
+  // The member index of `commRank`, -1 if no member has it.
+  int find(int commRank) const {
+    if (commRank >= 0 && static_cast<size_t>(commRank) < dense_.size()) return dense_[commRank];
+    auto it = sparse_.find(commRank);
+    return it == sparse_.end() ? -1 : it->second;
+  }
+
+ private:
+  static constexpr int kMaxDense = 1 << 22;  // a damaged size takes no memory for it
+  std::vector<int> dense_;
+  std::unordered_map<int, int> sparse_;
+};
+
 // The per-communicator state.
 struct Comm {
   uint64_t hash = 0;
   CommDesc desc;
   int kind = 0;
   std::vector<Member> members;
-  std::unordered_map<int, int> byCommRank;  // comm rank -> member index
+  MemberIndex byCommRank;  // comm rank -> member index
   uint64_t maxCompletedOrdinal = 0;         // a collective at or below it finished everywhere
   bool hasSplits = false;  // a member's aligned calls include ncclCommSplit (checkColours)
 };
@@ -285,8 +311,8 @@ class JobAnalysis {
     return describeCall(proc.rec(index));
   }
   int globalRank(const Comm& comm, int commRank) const {
-    auto it = comm.byCommRank.find(commRank);
-    return it == comm.byCommRank.end() ? -1 : procs_[comm.members[it->second].proc].rank;
+    int member = comm.byCommRank.find(commRank);
+    return member < 0 ? -1 : procs_[comm.members[member].proc].rank;
   }
   uint64_t ordinalOf(int proc, uint32_t index) const {
     auto it = pendingOrdinal_[proc].find(index);
@@ -329,6 +355,9 @@ class JobAnalysis {
   std::unordered_set<uint64_t> redo_;     // in a partial pass: the comms aligned and checked
   // Per process, its memberships in its comm table's order: (hash, (comm index, member index)).
   std::vector<std::vector<std::pair<uint64_t, std::pair<int, int>>>> procMembers_;
+  // alignProc's per-process tallies, kept so that a pass allocates them once.
+  std::vector<std::unordered_map<int64_t, uint64_t>> p2pMaxScratch_;
+  std::vector<uint64_t> p2pSumScratch_;
 };
 
 // The state of an IncrementalAnalysis (incremental.h): per job, what the last pass kept; what

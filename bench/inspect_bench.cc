@@ -3,14 +3,18 @@
 // every check runs. Budget: 3 s on a 2-core machine. Then the timing side (computeStragglers) on
 // the same traces. With --live: the same job healthy and running (every call completed, no bug,
 // every rank alive), the pass the collector runs every few hundred ms while a job is active:
-// three passes, each one's CPU time.
-// Usage: inspect_bench [--live] [RANKS] [RECORDS]
+// three passes, each one's CPU time. With --collector: the shape bench/collector_load sends
+// (tensor-parallel comms of 8 and the world, allreduces alternating between them, no p2p), live,
+// with rank 17's last world allreduce of the wrong count: the passes a collector runs when that
+// mismatch arrives, the divergence's own pass over the world communicator above all.
+// Usage: inspect_bench [--live | --collector] [RANKS] [RECORDS]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <string>
 #include <vector>
 
 #include "analysis/analyze.h"
@@ -35,7 +39,8 @@ using ncclwatch::trace::TraceFile;
 
 constexpr int kTp = 8;
 constexpr uint64_t kWorldHash = 0xabc;
-bool g_live = false;  // --live: a healthy job that is still running
+bool g_live = false;       // --live: a healthy job that is still running
+bool g_collector = false;  // --collector: collector_load's shape, live, one mismatch
 
 TraceFile makeRank(int rank, int world, int records) {
   TraceFile file;
@@ -62,10 +67,33 @@ TraceFile makeRank(int rank, int world, int records) {
   };
   comm(worldHash, world, rank, 0, -1);
   comm(tpHash, kTp, rank % kTp, worldHash, rank / kTp);
-  comm(dpHash, dp, rank / kTp, worldHash, rank % kTp);
+  if (!g_collector) comm(dpHash, dp, rank / kTp, worldHash, rank % kTp);
   uint64_t seqWorld = 0, seqTp = 0, seqDp = 0, sends = 0, recvs = 0;
   file.records.reserve(records);
   int64_t t = 1'000'000;
+  if (g_collector) {
+    for (int call = 0; call < records; ++call) {
+      bool onWorld = call % 2 == 1;
+      CallRecord r{};
+      r.commHash = onWorld ? worldHash : tpHash;
+      r.seq = onWorld ? ++seqWorld : ++seqTp;
+      r.op = OpKind::kAllReduce;
+      r.count = onWorld ? 25u << 20 : 4u << 20;
+      if (onWorld && rank == 17 && call >= records - 2) r.count /= 2;  // the mismatch
+      r.dtype = 9;
+      r.redop = 0;
+      r.rootOrPeer = -1;
+      r.stream = onWorld ? 0xa0 : 0xb0;
+      r.issueNs = t += 10'000 + (rank % 64) * 10;
+      r.state = RecordState::kCompleted;
+      r.startNs = t + 100;
+      r.completeNs = t + 5'000;
+      r.fingerprint = ncclwatch::trace::fingerprint({r.op, r.count, 9, 0, -1});
+      r.ringIndex = file.records.size();
+      file.records.push_back(r);
+    }
+    return file;
+  }
   int steps = records / 8;
   for (int step = 0; step < steps; ++step) {
     bool last = !g_live && step == steps - 1;
@@ -137,22 +165,31 @@ int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
         "CPU %.3f s, %s\n",
         pass + 1, cpu, incremental.stats().partialPasses > 0 ? "partial" : "full");
   }
+  std::string why;
+  for (const auto& [reason, count] : incremental.stats().fullBecause)
+    why += " " + reason + ":" + std::to_string(count);
+  std::printf("inspect_bench --live: %llu full passes (%s), %llu partial\n",
+              static_cast<unsigned long long>(incremental.stats().fullPasses), why.c_str() + 1,
+              static_cast<unsigned long long>(incremental.stats().partialPasses));
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::strcmp(argv[1], "--live") == 0) {
+  if (argc > 1 &&
+      (std::strcmp(argv[1], "--live") == 0 || std::strcmp(argv[1], "--collector") == 0)) {
     g_live = true;
+    g_collector = argv[1][2] == 'c';
     --argc;
     ++argv;
   }
   int ranks = argc > 1 ? std::atoi(argv[1]) : 1024;
   int records = argc > 2 ? std::atoi(argv[2]) : 16384;
   if (ranks < kTp || ranks % kTp != 0 || records < 8) {
-    std::fprintf(stderr,
-                 "usage: inspect_bench [--live] [RANKS (multiple of 8)] [RECORDS (>= 8)]\n");
+    std::fprintf(
+        stderr,
+        "usage: inspect_bench [--live | --collector] [RANKS (multiple of 8)] [RECORDS (>= 8)]\n");
     return 2;
   }
   std::vector<TraceFile> files;
