@@ -149,8 +149,8 @@ struct Comm {
   CommDesc desc;
   int kind = 0;
   std::vector<Member> members;
-  MemberIndex byCommRank;  // comm rank -> member index
-  uint64_t maxCompletedOrdinal = 0;         // a collective at or below it finished everywhere
+  MemberIndex byCommRank;            // comm rank -> member index
+  uint64_t maxCompletedOrdinal = 0;  // a collective at or below it finished everywhere
   bool hasSplits = false;  // a member's aligned calls include ncclCommSplit (checkColours)
 };
 
