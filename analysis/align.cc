@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "analysis/describe.h"
+#include "analysis/parallel.h"
 
 namespace ncclwatch::analysis::internal {
 
@@ -62,12 +63,13 @@ CallDesc JobAnalysis::whereIs(int p) const {
 void JobAnalysis::buildComms() {
   pendingOrdinal_.assign(procs_.size(), {});
   procMembers_.assign(procs_.size(), {});
+  // A partial pass knows every comm's members but aligns only the comms it redoes: per process,
+  // which of its memberships (procMembers_ order) to align.
+  std::vector<std::vector<char>> aligned(procs_.size());
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
     const Proc& proc = procs_[p];
     // this process's members, by comm hash; usually a handful, so a small vector
     std::vector<std::pair<uint64_t, std::pair<int, int>>> mine;  // hash -> (comm, member)
-    // A partial pass knows every comm's members but aligns only the comms it redoes.
-    std::vector<char> aligned;
     auto memberOf = [&](uint64_t hash) -> std::pair<int, int> {
       for (auto& [h, cm] : mine) {
         if (h == hash) return cm;
@@ -95,12 +97,12 @@ void JobAnalysis::buildComms() {
       m.commRank = info.rank;
       comm.byCommRank.set(info.rank, static_cast<int>(comm.members.size()));
       mine.push_back({info.commHash, {it->second, static_cast<int>(comm.members.size())}});
-      aligned.push_back(redo(comm) ? 1 : 0);
+      aligned[p].push_back(redo(comm) ? 1 : 0);
       comm.members.push_back(std::move(m));
     }
     procMembers_[p] = std::move(mine);
-    alignProc(p, aligned);
   }
+  alignAll(aligned);
   findCompletedTransfers();
   // Names: a root comm spanning every process of the job is the world.
   for (Comm& comm : comms_) {
@@ -111,19 +113,38 @@ void JobAnalysis::buildComms() {
   }
 }
 
+// Every process's records on the communicators marked in aligned[p], processes split over
+// Options::threads: each writes only its own members and pendingOrdinal_[p]; what a communicator
+// gathers from all of them (the completed-ordinal watermark, splits, pending transfers) is
+// folded in afterwards.
+void JobAnalysis::alignAll(const std::vector<std::vector<char>>& aligned) {
+  std::vector<AlignScratch> scratch(chunkCount(procs_.size(), options_.threads));
+  parallelChunks(procs_.size(), options_.threads, [&](size_t chunk, size_t begin, size_t end) {
+    for (size_t p = begin; p < end; ++p) alignProc(static_cast<int>(p), aligned[p], scratch[chunk]);
+  });
+  for (const AlignScratch& s : scratch)
+    pendingP2p_.insert(s.pendingP2p.begin(), s.pendingP2p.end());
+  for (Comm& comm : comms_) {
+    for (const Member& m : comm.members) {
+      comm.maxCompletedOrdinal = std::max(comm.maxCompletedOrdinal, m.completedCollective);
+      comm.hasSplits |= m.madeSplit;
+    }
+  }
+}
+
 // Aligns the records of process `p` on the communicators whose slot (its memberships, in
 // procMembers_ order) is marked in `aligned`.
-void JobAnalysis::alignProc(int p, const std::vector<char>& aligned) {
+void JobAnalysis::alignProc(int p, const std::vector<char>& aligned, AlignScratch& scratch) {
   const Proc& proc = procs_[p];
   const auto& mine = procMembers_[p];
   // p2p calls seen so far per (comm, peer, direction): their highest p2pSeq. Kept across
-  // processes (emptied here) so that a pass allocates them once, not once a process.
-  std::vector<std::unordered_map<int64_t, uint64_t>>& p2pMax = p2pMaxScratch_;
+  // processes (emptied here) so that a pass allocates them once a thread, not once a process.
+  std::vector<std::unordered_map<int64_t, uint64_t>>& p2pMax = scratch.p2pMax;
   if (p2pMax.size() < mine.size()) p2pMax.resize(mine.size());
   for (size_t s = 0; s < mine.size(); ++s) {
     if (!p2pMax[s].empty()) p2pMax[s].clear();
   }
-  std::vector<uint64_t>& p2pSum = p2pSumScratch_;
+  std::vector<uint64_t>& p2pSum = scratch.p2pSum;
   p2pSum.assign(mine.size(), 0);
   // The last two communicators seen: calls often alternate between two (tensor-parallel and
   // data-parallel), which a one-entry cache misses every time.
@@ -164,8 +185,8 @@ void JobAnalysis::alignProc(int p, const std::vector<char>& aligned) {
       m.p2p.push_back(i);
       if (pending && r.p2pSeq != 0) {
         bool send = r.op == OpKind::kSend;
-        pendingP2p_.insert({r.commHash, send ? m.commRank : r.rootOrPeer,
-                            send ? r.rootOrPeer : m.commRank, r.p2pSeq});
+        scratch.pendingP2p.push_back({r.commHash, send ? m.commRank : r.rootOrPeer,
+                                      send ? r.rootOrPeer : m.commRank, r.p2pSeq});
       }
       int64_t key = (static_cast<int64_t>(r.rootOrPeer) << 1) | (r.op == OpKind::kSend ? 1 : 0);
       uint64_t& mx = p2pMax[slot][key];
@@ -194,10 +215,10 @@ void JobAnalysis::alignProc(int p, const std::vector<char>& aligned) {
       if (pos >= m.coll.size()) m.coll.resize(pos + 1, kNone);
       m.coll[pos] = i;
     }
-    comm.hasSplits |= r.op == OpKind::kSplit;
+    m.madeSplit |= r.op == OpKind::kSplit;
     if (pending) pendingOrdinal_[p][i] = ordinal;
     if (r.state == RecordState::kCompleted && trace::isCollective(r.op)) {
-      comm.maxCompletedOrdinal = std::max(comm.maxCompletedOrdinal, ordinal);
+      m.completedCollective = std::max(m.completedCollective, ordinal);
     }
   }
 }
@@ -224,12 +245,12 @@ void JobAnalysis::findCompletedTransfers() {
 // A partial pass that needs every communicator after all: aligns those it skipped, and is a full
 // pass from then on.
 void JobAnalysis::alignSkipped() {
+  std::vector<std::vector<char>> skipped(procs_.size());
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
-    std::vector<char> skipped;
     for (const auto& [hash, at] : procMembers_[p])
-      skipped.push_back(redo(comms_[at.first]) ? 0 : 1);
-    alignProc(p, skipped);
+      skipped[p].push_back(redo(comms_[at.first]) ? 0 : 1);
   }
+  alignAll(skipped);
   partial_ = false;
   redo_.clear();
   findCompletedTransfers();

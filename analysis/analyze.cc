@@ -14,6 +14,7 @@
 #include "analysis/incremental.h"
 #include "analysis/issued_at.h"
 #include "analysis/job_state.h"
+#include "analysis/parallel.h"
 
 #include <unistd.h>
 
@@ -313,6 +314,34 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
   // Sorted once: a linear search per process was quadratic (~5e8 compares a pass at 32,768).
   std::vector<int> aliveRanks = options.aliveRanks;
   std::sort(aliveRanks.begin(), aliveRanks.end());
+  // What the passes read of each process's records, from one scan of them (files split over
+  // Options::threads).
+  struct RecordFacts {
+    int64_t last = 0;  // latest time, monotonic
+    bool pending = false, failed = false, anyTracked = false;
+    uint64_t calls = 0, shed = 0;
+  };
+  std::vector<RecordFacts> facts(files.size());
+  parallelChunks(files.size(), options.threads, [&](size_t, size_t begin, size_t end) {
+    for (size_t f = begin; f < end; ++f) {
+      const trace::TraceFile& file = files[f];
+      if (!file.usable) continue;
+      RecordFacts& fact = facts[f];
+      int64_t last = file.header.anchorMonotonicNs;
+      for (const CallRecord& r : file.records) {
+        last = std::max({last, r.issueNs, r.startNs, r.completeNs});
+        fact.pending |= internal::isPending(r);
+        fact.failed |= internal::isFailed(r);
+        if (trace::isCollective(r.op) || trace::isPointToPoint(r.op)) {
+          ++fact.calls;
+          fact.anyTracked |= internal::isTracked(r) || (r.flags & trace::kRecordKernelTracked) != 0;
+          fact.shed += (r.flags & trace::kRecordShed) != 0;
+        }
+      }
+      for (const trace::CommInfo& c : file.comms) last = std::max(last, c.createdNs);
+      fact.last = last;
+    }
+  });
   // job id -> its processes in start order
   std::map<std::string, std::vector<const trace::TraceFile*>> byJob;
   for (const trace::TraceFile& file : files) {
@@ -340,19 +369,13 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
       } else {
         proc.alive = std::binary_search(aliveRanks.begin(), aliveRanks.end(), proc.rank);
       }
-      int64_t last = file->header.anchorMonotonicNs;
-      for (const CallRecord& r : file->records) {
-        last = std::max({last, r.issueNs, r.startNs, r.completeNs});
-        proc.pending |= internal::isPending(r);
-        proc.failed |= internal::isFailed(r);
-        if (trace::isCollective(r.op) || trace::isPointToPoint(r.op)) {
-          ++proc.calls;
-          proc.anyTracked |= internal::isTracked(r) || (r.flags & trace::kRecordKernelTracked) != 0;
-          proc.shed += (r.flags & trace::kRecordShed) != 0;
-        }
-      }
-      for (const trace::CommInfo& c : file->comms) last = std::max(last, c.createdNs);
-      proc.lastActivity = proc.wall(last);
+      const RecordFacts& fact = facts[static_cast<size_t>(file - files.data())];
+      proc.pending = fact.pending;
+      proc.failed = fact.failed;
+      proc.calls = fact.calls;
+      proc.anyTracked = fact.anyTracked;
+      proc.shed = fact.shed;
+      proc.lastActivity = proc.wall(fact.last);
       attempts[attempt].push_back(proc);
     }
     for (auto& [attempt, procs] : attempts) {

@@ -110,6 +110,10 @@ struct Member {
   uint64_t completedSeq = 0;
   uint64_t pendingCount = 0;
   bool prefixBroken = false;
+  // What alignment folds into its Comm (maxCompletedOrdinal, hasSplits) once every process is
+  // aligned: the highest ordinal of a collective it completed, and whether it called a split.
+  uint64_t completedCollective = 0;
+  bool madeSplit = false;
   uint64_t lastOrdinal() const { return coll.empty() ? 0 : base + coll.size() - 1; }
   uint32_t at(uint64_t ordinal) const {
     if (ordinal < base || ordinal >= base + coll.size()) return kNone;
@@ -226,7 +230,15 @@ class JobAnalysis {
  private:
   // ----- align.cc: building the state -----
   void buildComms();
-  void alignProc(int proc, const std::vector<char>& aligned);
+  // One thread's tallies for alignProc, reused from process to process; the pending transfers
+  // it found, merged into pendingP2p_ after.
+  struct AlignScratch {
+    std::vector<std::unordered_map<int64_t, uint64_t>> p2pMax;
+    std::vector<uint64_t> p2pSum;
+    std::vector<TransferKey> pendingP2p;
+  };
+  void alignAll(const std::vector<std::vector<char>>& aligned);
+  void alignProc(int proc, const std::vector<char>& aligned, AlignScratch& scratch);
   void findCompletedTransfers();
   void alignSkipped();
   void excludeShrunkMembers();
@@ -355,9 +367,6 @@ class JobAnalysis {
   std::unordered_set<uint64_t> redo_;     // in a partial pass: the comms aligned and checked
   // Per process, its memberships in its comm table's order: (hash, (comm index, member index)).
   std::vector<std::vector<std::pair<uint64_t, std::pair<int, int>>>> procMembers_;
-  // alignProc's per-process tallies, kept so that a pass allocates them once.
-  std::vector<std::unordered_map<int64_t, uint64_t>> p2pMaxScratch_;
-  std::vector<uint64_t> p2pSumScratch_;
 };
 
 // The state of an IncrementalAnalysis (incremental.h): per job, what the last pass kept; what

@@ -7,7 +7,8 @@
 // (tensor-parallel comms of 8 and the world, allreduces alternating between them, no p2p), live,
 // with rank 17's last world allreduce of the wrong count: the passes a collector runs when that
 // mismatch arrives, the divergence's own pass over the world communicator above all.
-// Usage: inspect_bench [--live | --collector] [RANKS] [RECORDS]
+// --threads=N: the analysis' Options::threads (1 by default).
+// Usage: inspect_bench [--live | --collector] [--threads=N] [RANKS] [RECORDS]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -41,6 +42,7 @@ constexpr int kTp = 8;
 constexpr uint64_t kWorldHash = 0xabc;
 bool g_live = false;       // --live: a healthy job that is still running
 bool g_collector = false;  // --collector: collector_load's shape, live, one mismatch
+int g_threads = 1;         // --threads=N: Options::threads
 
 TraceFile makeRank(int rank, int world, int records) {
   TraceFile file;
@@ -133,6 +135,7 @@ TraceFile makeRank(int rank, int world, int records) {
 int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
   ncclwatch::analysis::Options options;
   options.probeProcesses = false;
+  options.threads = g_threads;
   int64_t last = 0;
   for (const TraceFile& file : files) {
     options.aliveRanks.push_back(file.header.rank);
@@ -143,13 +146,15 @@ int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
   double total = static_cast<double>(ranks) * (records / 8 * 8);
   for (int pass = 0; pass < 3; ++pass) {
     double cpuStart = cpuSeconds();
+    auto start = std::chrono::steady_clock::now();
     ncclwatch::analysis::Report report = ncclwatch::analysis::analyze(files, options);
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double cpu = cpuSeconds() - cpuStart;
     size_t verdicts = report.jobs.empty() ? 0 : report.jobs[0].verdicts.size();
     std::printf(
         "inspect_bench --live: %d ranks x %d records, pass %d: CPU %.3f s, %.1f M "
-        "records/CPU s, %zu verdicts\n",
-        ranks, records, pass + 1, cpu, total / cpu / 1e6, verdicts);
+        "records/CPU s, wall %.3f s (%d threads), %zu verdicts\n",
+        ranks, records, pass + 1, cpu, total / cpu / 1e6, wall, g_threads, verdicts);
   }
   // What a divergence on the world communicator costs the collector: the incremental pass that
   // redoes that communicator alone (IncrementalAnalysis::analyzeFirst), after a full one.
@@ -158,12 +163,14 @@ int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
   for (int pass = 0; pass < 3; ++pass) {
     incremental.touch(kWorldHash);
     double cpuStart = cpuSeconds();
+    auto start = std::chrono::steady_clock::now();
     ncclwatch::analysis::Report report = incremental.analyzeFirst(files, options, {kWorldHash});
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double cpu = cpuSeconds() - cpuStart;
     std::printf(
         "inspect_bench --live: the world communicator alone (a divergence's pass) %d: "
-        "CPU %.3f s, %s\n",
-        pass + 1, cpu, incremental.stats().partialPasses > 0 ? "partial" : "full");
+        "CPU %.3f s, wall %.3f s (%d threads), %s\n",
+        pass + 1, cpu, wall, g_threads, incremental.stats().partialPasses > 0 ? "partial" : "full");
   }
   std::string why;
   for (const auto& [reason, count] : incremental.stats().fullBecause)
@@ -177,19 +184,24 @@ int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 &&
-      (std::strcmp(argv[1], "--live") == 0 || std::strcmp(argv[1], "--collector") == 0)) {
-    g_live = true;
-    g_collector = argv[1][2] == 'c';
-    --argc;
-    ++argv;
+  for (; argc > 1 && std::strncmp(argv[1], "--", 2) == 0; --argc, ++argv) {
+    if (std::strcmp(argv[1], "--live") == 0 || std::strcmp(argv[1], "--collector") == 0) {
+      g_live = true;
+      g_collector = argv[1][2] == 'c';
+    } else if (std::strncmp(argv[1], "--threads=", 10) == 0 && std::atoi(argv[1] + 10) > 0) {
+      g_threads = std::atoi(argv[1] + 10);
+    } else {
+      std::fprintf(stderr, "inspect_bench: unknown option %s\n", argv[1]);
+      return 2;
+    }
   }
   int ranks = argc > 1 ? std::atoi(argv[1]) : 1024;
   int records = argc > 2 ? std::atoi(argv[2]) : 16384;
   if (ranks < kTp || ranks % kTp != 0 || records < 8) {
     std::fprintf(
         stderr,
-        "usage: inspect_bench [--live | --collector] [RANKS (multiple of 8)] [RECORDS (>= 8)]\n");
+        "usage: inspect_bench [--live | --collector] [--threads=N] [RANKS (multiple of 8)] "
+        "[RECORDS (>= 8)]\n");
     return 2;
   }
   std::vector<TraceFile> files;
@@ -198,6 +210,7 @@ int main(int argc, char** argv) {
   if (g_live) return livePasses(files, ranks, records);
   ncclwatch::analysis::Options options;
   options.probeProcesses = false;
+  options.threads = g_threads;
   auto start = std::chrono::steady_clock::now();
   double cpuStart = cpuSeconds();
   ncclwatch::analysis::Report report = ncclwatch::analysis::analyze(files, options);
