@@ -307,6 +307,8 @@ class JobAnalysis {
   void finishVerdicts();
   void assessConfidence();
   void noteEvidenceGaps(JobReport& report) const;
+  std::vector<int> untracedRanks(int world) const;
+  const Proc* procOfRank(int rank) const;
   void restsOnTiming(Verdict& v) const;
   void addStackTops();
   void summarize(JobReport& report);
