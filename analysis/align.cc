@@ -62,12 +62,13 @@ CallDesc JobAnalysis::whereIs(int p) const {
 void JobAnalysis::buildComms() {
   pendingOrdinal_.assign(procs_.size(), {});
   procMembers_.assign(procs_.size(), {});
+  // Every communicator's members first, with their progress (comm_progress.h); then which to
+  // align (a partial pass: chooseRedo); then the alignment, process by process.
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
     const Proc& proc = procs_[p];
     // this process's members, by comm hash; usually a handful, so a small vector
     std::vector<std::pair<uint64_t, std::pair<int, int>>> mine;  // hash -> (comm, member)
-    // A partial pass knows every comm's members but aligns only the comms it redoes.
-    std::vector<char> aligned;
+    std::span<const MemberProgress> progress = proc.progress->members();
     auto memberOf = [&](uint64_t hash) -> std::pair<int, int> {
       for (auto& [h, cm] : mine) {
         if (h == hash) return cm;
@@ -92,13 +93,24 @@ void JobAnalysis::buildComms() {
       Member m;
       m.proc = p;
       m.commRank = info.rank;
+      // The progress lists the same memberships in the same order (ProcessProgress::rebuild).
+      m.progress = &progress[mine.size()];
+      comm.progress.add(*m.progress, comm.members.empty());
       comm.byCommRank[info.rank] = static_cast<int>(comm.members.size());
       mine.push_back({info.commHash, {it->second, static_cast<int>(comm.members.size())}});
-      aligned.push_back(redo(comm) ? 1 : 0);
       comm.members.push_back(std::move(m));
     }
     procMembers_[p] = mine;
+  }
+  if (partial_) chooseRedo();
+  for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
+    // A partial pass knows every comm's members but aligns only the comms it redoes.
+    std::vector<char> aligned;
+    for (const auto& [hash, at] : procMembers_[p]) aligned.push_back(redo(comms_[at.first]) ? 1 : 0);
     alignProc(p, aligned);
+  }
+  for (const Comm& comm : comms_) {
+    if (redo(comm)) compareProgress(comm);
   }
   findCompletedTransfers();
   // Names: a root comm spanning every process of the job is the world.
@@ -106,6 +118,43 @@ void JobAnalysis::buildComms() {
     if (comm.desc.name.empty() && comm.desc.parent == 0 &&
         comm.desc.size == static_cast<int>(procs_.size()) && procs_.size() > 0) {
       comm.desc.name = "world";
+    }
+  }
+}
+
+// Which communicators a partial pass aligns besides the touched ones (redo_ holds those).
+//
+// When the hang families run (the job quiet, a process gone, a failed call), they must see the
+// alignment of every communicator that is not done: some member has a pending call there, or the
+// members' issued counts or last ordinals differ. A done communicator needs none, because of
+// what each family reads of a communicator's alignment:
+//  - the wait-for graph (checkGraph, checkStuckP2p), where a process waits (waitPoint,
+//    impliedDone, whereIs), errors (othersWaitOn) and the missing-rank and left-behind checks
+//    look only at pending calls and the communicators they are on (their ordinals, the
+//    members' calls at those ordinals, the completed ordinal and transfers there): none on a
+//    done communicator, which has no pending call;
+//  - dead ranks compare each member's last ordinal with the furthest of its communicator: on a
+//    done communicator they are all equal, aligned or not (an unaligned one reads 0 for each),
+//    so it says "not behind here" either way;
+//  - init hangs and the error verdicts' classes read memberships only, which every pass has.
+// Whether the job stalled comes from the progress of every communicator (decideStalled).
+// The per-communicator checks keep their results for the untouched communicators, as in any
+// partial pass; of those, only the p2p verdicts read the job's state (stalled, dead ranks), and
+// only for pending calls: a not-done communicator whose kept p2p verdicts were drawn in another
+// state (jobStateUsed) is redone as well.
+void JobAnalysis::chooseRedo() {
+  for (const Comm& comm : comms_) {
+    if (comm.progress.done || redo_.count(comm.hash)) continue;
+    if (hangChecks_ || cache_->comms[comm.hash].jobStateUsed) redo_.insert(comm.hash);
+  }
+}
+
+void JobAnalysis::compareProgress(const Comm& comm) {
+  for (const Member& m : comm.members) {
+    const MemberProgress& kept = *m.progress;
+    if (kept.maxSeq != m.maxSeq || kept.completedSeq != m.completedSeq ||
+        kept.pendingCount != m.pendingCount || kept.lastOrdinal != m.lastOrdinal()) {
+      ++progressDisagreements_;
     }
   }
 }
@@ -205,6 +254,9 @@ void JobAnalysis::alignSkipped() {
     for (const auto& [hash, at] : procMembers_[p])
       skipped.push_back(redo(comms_[at.first]) ? 0 : 1);
     alignProc(p, skipped);
+  }
+  for (const Comm& comm : comms_) {
+    if (!redo(comm)) compareProgress(comm);
   }
   partial_ = false;
   redo_.clear();

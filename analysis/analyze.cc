@@ -38,20 +38,24 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
             [](const Proc& a, const Proc& b) { return a.rank < b.rank; });
   for (const Proc& proc : procs_) report.world = std::max(report.world, proc.file->header.world);
   // A partial pass (incremental.h) when the kept per-comm results are still good: the same
-  // processes and memberships, and the cross-communicator checks have nothing to say.
+  // processes and memberships, no shrink (its parent's alignment is cut where the survivors
+  // shrank), no kept verdict about ranks on other communicators. When the cross-communicator
+  // checks may have something to say (the job quiet, a process gone, a failed call...), the
+  // partial pass runs them too, over the communicators not done (chooseRedo).
   const char* notQuiet = cache_ != nullptr ? crossCommChecksQuiet() : "first";
-  bool quietChecks = *notQuiet == '\0';
   uint64_t id = cache_ != nullptr ? identity() : 0;
   if (cache_ == nullptr || dirty_ == nullptr) {
     whyFull_ = "first";
-  } else if (!quietChecks) {
-    whyFull_ = notQuiet;
+  } else if (hasShrink()) {
+    whyFull_ = "shrink";
   } else if (cache_->identity != id) {
     whyFull_ = "changed";
   } else if (!cache_->valid) {
     whyFull_ = cache_->comms.empty() ? "first" : "absent";
   } else {
     partial_ = true;
+    hangChecks_ = *notQuiet != '\0';
+    whyHang_ = notQuiet;
     redo_ = *dirty_;
   }
   if (cache_ != nullptr) {
@@ -63,8 +67,8 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
     decideStalled();
     // The hang families below look across communicators; when crossCommChecksQuiet() holds
     // they find nothing (each needs a process gone, a failed call or a quiet job), so a partial
-    // pass skips them.
-    if (!partial_) {
+    // pass skips them; otherwise it runs them over the communicators not done (chooseRedo).
+    if (hangFamilies()) {
       checkErrors();
       checkInit();
     }
@@ -83,14 +87,14 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
     cache_->comms.clear();
     openingChecks();
   }
-  if (!partial_) checkDeadAndMissing();
+  if (hangFamilies()) checkDeadAndMissing();
   checkP2p();
-  if (!partial_) checkGraph();
+  if (hangFamilies()) checkGraph();
   checkStragglers();
   if (cache_ != nullptr) {
     bool readsOthers = false;
     for (const auto& [hash, kept] : cache_->comms) readsOthers |= kept.readsOtherComms;
-    cache_->valid = quietChecks && !readsOthers;
+    cache_->valid = !readsOthers;
     cache_->identity = id;
   }
   finishVerdicts();
@@ -133,6 +137,15 @@ const char* JobAnalysis::crossCommChecksQuiet() const {
   }
   if (now_ - last >= options_.quietNs) return "quiet";
   return "";
+}
+
+bool JobAnalysis::hasShrink() const {
+  for (const Proc& proc : procs_) {
+    for (const trace::CommInfo& info : proc.file->comms) {
+      if (info.kind == static_cast<int>(OpKind::kShrink)) return true;
+    }
+  }
+  return false;
 }
 
 uint64_t JobAnalysis::identity() const {
@@ -313,6 +326,29 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
   // Sorted once: a linear search per process was quadratic (~5e8 compares a pass at 32,768).
   std::vector<int> aliveRanks = options.aliveRanks;
   std::sort(aliveRanks.begin(), aliveRanks.end());
+  // Each file's progress (comm_progress.h): kept between passes when the caller reports what
+  // changed (IncrementalAnalysis::appended...), else built from its records here.
+  std::vector<ProcessProgress> built;
+  if (incremental == nullptr) {
+    built.resize(files.size());
+  } else if (incremental->progress.size() < files.size()) {
+    // At once: the processes keep pointers into it.
+    incremental->progress.resize(files.size());
+    incremental->fed.resize(files.size(), 0);
+  }
+  auto progressOf = [&](const trace::TraceFile& file) -> const ProcessProgress& {
+    size_t index = static_cast<size_t>(&file - files.data());
+    if (incremental == nullptr) {
+      built[index].rebuild(file);
+      return built[index];
+    }
+    ProcessProgress& kept = incremental->progress[index];
+    if (!incremental->fed[index] || !kept.follows(file)) {
+      kept.rebuild(file);
+      ++incremental->stats.progressRebuilds;
+    }
+    return kept;
+  };
   // job id -> its processes in start order
   std::map<std::string, std::vector<const trace::TraceFile*>> byJob;
   for (const trace::TraceFile& file : files) {
@@ -340,17 +376,15 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
       } else {
         proc.alive = std::binary_search(aliveRanks.begin(), aliveRanks.end(), proc.rank);
       }
-      int64_t last = file->header.anchorMonotonicNs;
-      for (const CallRecord& r : file->records) {
-        last = std::max({last, r.issueNs, r.startNs, r.completeNs});
-        proc.pending |= internal::isPending(r);
-        proc.failed |= internal::isFailed(r);
-        if (trace::isCollective(r.op) || trace::isPointToPoint(r.op)) {
-          ++proc.calls;
-          proc.anyTracked |= internal::isTracked(r) || (r.flags & trace::kRecordKernelTracked) != 0;
-          proc.shed += (r.flags & trace::kRecordShed) != 0;
-        }
-      }
+      // The facts of its records, kept as they arrive: no scan of them per pass.
+      const ProcessProgress& progress = progressOf(*file);
+      proc.progress = &progress;
+      int64_t last = std::max(file->header.anchorMonotonicNs, progress.latestRecordNs());
+      proc.pending = progress.pendingCalls() > 0;
+      proc.failed = progress.failedCalls() > 0;
+      proc.calls = progress.calls();
+      proc.anyTracked = progress.trackedCalls() > 0;
+      proc.shed = progress.shed();
       for (const trace::CommInfo& c : file->comms) last = std::max(last, c.createdNs);
       proc.lastActivity = proc.wall(last);
       attempts[attempt].push_back(proc);
@@ -365,8 +399,13 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
       JobAnalysis analysis(std::move(procs), options, now, &cache,
                            incremental->all ? nullptr : &incremental->dirty);
       JobReport result = analysis.run(job, attempt);
+      incremental->stats.progressDisagreements += analysis.progressDisagreements();
       if (analysis.partial()) {
         ++incremental->stats.partialPasses;
+        if (analysis.hangChecks()) {
+          ++incremental->stats.hangPasses;
+          ++incremental->stats.hangBecause[analysis.whyHangChecks()];
+        }
         incremental->stats.commsReanalysed += analysis.commsRedone();
         incremental->stats.commsCarried += result.comms.size() - analysis.commsRedone();
       } else {

@@ -26,10 +26,9 @@ void JobAnalysis::decideStalled() {
     anyPending |= proc.pending;  // from analyzeJobs's scan of its records
   }
   ended_ = !anyAlive;
+  // From the progress kept on arrival (comm_progress.h): every communicator's, aligned or not.
   bool countsDiffer = false;
-  for (const Comm& comm : comms_) {
-    for (const Member& m : comm.members) countsDiffer |= m.maxSeq != comm.members[0].maxSeq;
-  }
+  for (const Comm& comm : comms_) countsDiffer |= comm.progress.countsDiffer;
   if (anyAlive) {
     stalled_ = (anyPending || countsDiffer) && now_ - jobLastActivity_ >= options_.quietNs;
     stalledByQuiet_ = stalled_;

@@ -27,8 +27,9 @@ void JobAnalysis::checkP2p() {
     size_t before = verdicts_.size();
     checkP2p(comm);
     if (cache_ == nullptr) continue;
-    cache_->comms[comm.hash].p2p.assign(verdicts_.begin() + static_cast<std::ptrdiff_t>(before),
-                                        verdicts_.end());
+    CommCache& kept = cache_->comms[comm.hash];
+    kept.p2p.assign(verdicts_.begin() + static_cast<std::ptrdiff_t>(before), verdicts_.end());
+    kept.jobStateUsed = stalled_ || !deadRanks_.empty();
   }
 }
 

@@ -19,6 +19,11 @@
 //  - per job: the processes, the comm index, pending ordinals per process, the pending and
 //    completed p2p transfer keys, whether the job stalled, and the verdicts. The hang checks
 //    (dead/missing, the wait-for graph, init) and stragglers look across communicators.
+//  - kept as records arrive (comm_progress.h), per process and membership: issued and completed
+//    counts, pending calls, last ordinal. Whether the job stalled comes from it, and so does
+//    which communicators are "done" (nothing pending, no member behind): the hang checks read
+//    only the alignment of the others, so a pass that runs them need not align the done ones
+//    (JobAnalysis::chooseRedo says why no verdict changes).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -32,6 +37,7 @@
 #include <vector>
 
 #include "analysis/analyze.h"
+#include "analysis/comm_progress.h"
 #include "analysis/incremental.h"
 #include "trace/fingerprint.h"
 #include "trace/ring_reader.h"
@@ -95,6 +101,7 @@ struct Proc {
   uint64_t calls = 0;       // collectives and sends/receives
   uint64_t shed = 0;        // of which left untracked for want of a free CUDA event
   bool anyTracked = false;  // whether any of them had its completion tracked
+  const ProcessProgress* progress = nullptr;  // kept on arrival (comm_progress.h)
   const CallRecord& rec(uint32_t i) const { return file->records[i]; }
   int64_t wall(int64_t t) const { return t == 0 ? 0 : t + toWall; }
 };
@@ -110,6 +117,7 @@ struct Member {
   uint64_t completedSeq = 0;
   uint64_t pendingCount = 0;
   bool prefixBroken = false;
+  const MemberProgress* progress = nullptr;  // the same facts, kept on arrival
   uint64_t lastOrdinal() const { return coll.empty() ? 0 : base + coll.size() - 1; }
   uint32_t at(uint64_t ordinal) const {
     if (ordinal < base || ordinal >= base + coll.size()) return kNone;
@@ -126,6 +134,7 @@ struct Comm {
   std::unordered_map<int, int> byCommRank;  // comm rank -> member index
   uint64_t maxCompletedOrdinal = 0;         // a collective at or below it finished everywhere
   bool hasSplits = false;  // a member's aligned calls include ncclCommSplit (checkColours)
+  CommProgress progress;   // its members' progress (comm_progress.h), aligned or not
 };
 
 // A send or receive by (comm, sender, receiver, p2pSeq) in comm ranks.
@@ -167,6 +176,9 @@ struct CommCache {
   StragglerTally tally;
   CommSummary summary;
   bool readsOtherComms = false;  // a verdict describes where absent members are elsewhere
+  // Its p2p verdicts were drawn with the job stalled or a rank dead (checkP2p reads both, for
+  // pending calls only): a later pass in another state redoes it unless it is done.
+  bool jobStateUsed = false;
 };
 
 // What the passes over one job (job id, attempt) keep between them.
@@ -190,6 +202,10 @@ class JobAnalysis {
 
   JobReport run(const std::string& jobId, int attempt);  // analyze.cc
   bool partial() const { return partial_; }
+  // A partial pass that ran the hang checks (over the communicators not done).
+  bool hangChecks() const { return partial_ && hangChecks_; }
+  const char* whyHangChecks() const { return whyHang_; }
+  uint64_t progressDisagreements() const { return progressDisagreements_; }
   const char* whyFull() const { return whyFull_; }
   size_t commsRedone() const {
     size_t redone = 0;
@@ -200,7 +216,13 @@ class JobAnalysis {
  private:
   // ----- align.cc: building the state -----
   void buildComms();
+  // In a partial pass, the communicators to align besides the touched ones: those not done when
+  // the hang checks run (they read their alignment) or when their kept p2p verdicts were drawn in
+  // another job state.
+  void chooseRedo();
   void alignProc(int proc, const std::vector<char>& aligned);
+  // Counts aligned members whose progress (comm_progress.h) differs from their alignment.
+  void compareProgress(const Comm& comm);
   void findCompletedTransfers();
   void alignSkipped();
   void excludeShrunkMembers();
@@ -261,6 +283,9 @@ class JobAnalysis {
   // Returns "" when it holds, else why not (IncrementalAnalysis::Stats::fullBecause).
   const char* crossCommChecksQuiet() const;
   uint64_t identity() const;
+  bool hasShrink() const;
+  // Whether this pass runs the cross-communicator (hang) families.
+  bool hangFamilies() const { return !partial_ || hangChecks_; }
   // Whether this pass aligns and checks `comm` (a full pass: all of them).
   bool redo(const Comm& comm) const { return !partial_ || redo_.count(comm.hash) != 0; }
   CommSummary summarize(const Comm& comm) const;
@@ -323,6 +348,9 @@ class JobAnalysis {
   JobCache* cache_ = nullptr;
   const std::unordered_set<uint64_t>* dirty_ = nullptr;
   bool partial_ = false;
+  bool hangChecks_ = false;  // a partial pass that runs the hang families
+  const char* whyHang_ = "";
+  uint64_t progressDisagreements_ = 0;
   bool abandoned_ = false;  // a partial pass found it needs the other comms too (alignSkipped)
   const char* whyFull_ = "first";
   mutable bool readsOtherComms_ = false;  // set by whereIs
@@ -343,6 +371,10 @@ struct IncrementalState {
   std::array<uint64_t, 1024> recentlyDirty{};
   bool all = true;
   IncrementalAnalysis::Stats stats;
+  // Per file (its index in the span of a pass): its progress, and whether the caller says what
+  // changed in its window (appended, replaced, reshaped); a file it does not is rebuilt per pass.
+  std::vector<ProcessProgress> progress;
+  std::vector<char> fed;
 };
 
 // analysis::analyze, and IncrementalAnalysis::analyze when `incremental` is given.

@@ -3,7 +3,10 @@
 // every check runs. Budget: 3 s on a 2-core machine. Then the timing side (computeStragglers) on
 // the same traces. With --live: the same job healthy and running (every call completed, no bug,
 // every rank alive), the pass the collector runs every few hundred ms while a job is active:
-// three passes, each one's CPU time.
+// three passes, each one's CPU time. Then the same job hung: the world's last allreduce waits on
+// every rank but one that never issued it, nothing moved for longer than quietNs: the pass the
+// collector runs every few hundred ms once a job goes quiet (the hang checks on), full
+// (analysis::analyze) and as the collector's IncrementalAnalysis runs it with nothing arriving.
 // Usage: inspect_bench [--live] [RANKS] [RECORDS]
 #include <algorithm>
 #include <chrono>
@@ -140,6 +143,58 @@ int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
   return 0;
 }
 
+// The job of livePasses hung: the world's last allreduce started on every rank but `missing`,
+// which never issued it; every rank alive and silent for longer than quietNs.
+void hungPasses(std::vector<TraceFile>& files, int ranks) {
+  ncclwatch::analysis::Options options;
+  options.probeProcesses = false;
+  const int missing = ranks / 2 + 5;
+  int64_t last = 0;
+  for (TraceFile& file : files) {
+    options.aliveRanks.push_back(file.header.rank);
+    if (file.header.rank == missing) {
+      file.records.pop_back();
+    } else {
+      CallRecord& r = file.records.back();
+      r.state = RecordState::kStarted;
+      r.completeNs = 0;
+    }
+    const CallRecord& r = file.records.back();
+    last = std::max(last, std::max(r.startNs, r.completeNs) + file.header.anchorRealtimeNs -
+                              file.header.anchorMonotonicNs);
+  }
+  options.nowNs = last + 2 * options.quietNs;
+  auto verdictText = [](const ncclwatch::analysis::Report& report) {
+    if (report.jobs.empty() || report.jobs[0].verdicts.empty()) return std::string("none");
+    const auto& v = report.jobs[0].verdicts[0];
+    return std::string(ncclwatch::analysis::kindName(v.kind)) + " culprits " +
+           ncclwatch::analysis::formatRanks(v.culprits);
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    double cpuStart = cpuSeconds();
+    ncclwatch::analysis::Report report = ncclwatch::analysis::analyze(files, options);
+    double cpu = cpuSeconds() - cpuStart;
+    std::printf("inspect_bench --live: hung, quiet, full pass %d: CPU %.3f s, first verdict %s\n",
+                pass + 1, cpu, verdictText(report).c_str());
+  }
+  // The collector's passes while the hung job stays quiet: nothing arrives between them.
+  ncclwatch::analysis::IncrementalAnalysis incremental;
+  for (int pass = 0; pass < 4; ++pass) {
+    uint64_t redoneBefore = incremental.stats().commsReanalysed;
+    uint64_t partialBefore = incremental.stats().partialPasses;
+    double cpuStart = cpuSeconds();
+    ncclwatch::analysis::Report report = incremental.analyze(files, options);
+    double cpu = cpuSeconds() - cpuStart;
+    bool partial = incremental.stats().partialPasses > partialBefore;
+    std::printf(
+        "inspect_bench --live: hung, quiet, the collector's pass %d: CPU %.3f s, %s (%llu comms "
+        "re-aligned), first verdict %s\n",
+        pass + 1, cpu, partial ? "partial" : "full",
+        static_cast<unsigned long long>(incremental.stats().commsReanalysed - redoneBefore),
+        verdictText(report).c_str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,7 +213,11 @@ int main(int argc, char** argv) {
   std::vector<TraceFile> files;
   files.reserve(ranks);
   for (int r = 0; r < ranks; ++r) files.push_back(makeRank(r, ranks, records));
-  if (g_live) return livePasses(files, ranks, records);
+  if (g_live) {
+    livePasses(files, ranks, records);
+    hungPasses(files, ranks);
+    return 0;
+  }
   ncclwatch::analysis::Options options;
   options.probeProcesses = false;
   auto start = std::chrono::steady_clock::now();
