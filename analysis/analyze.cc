@@ -343,7 +343,9 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
       return built[index];
     }
     ProcessProgress& kept = incremental->progress[index];
-    if (!incremental->fed[index] || !kept.follows(file)) {
+    if (!incremental->fed[index]) {
+      kept.rebuild(file);  // the caller does not say what changes: rescanned per pass
+    } else if (!kept.follows(file)) {
       kept.rebuild(file);
       ++incremental->stats.progressRebuilds;
     }

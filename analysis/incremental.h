@@ -81,8 +81,8 @@ class IncrementalAnalysis {
     // done), by why they had to run: "quiet", "gone", "failed", "no_comm".
     uint64_t hangPasses = 0;
     std::map<std::string, uint64_t> hangBecause;
-    // Per-process progress rebuilt by a pass because it no longer followed its file's window
-    // (a caller that does not report changes, or a communicator table that changed).
+    // Per-process progress the caller reports changes of, rebuilt by a pass because it no longer
+    // followed its file's window (a communicator table that changed, a change not reported).
     uint64_t progressRebuilds = 0;
     // Aligned members whose kept progress differed from what their alignment says: a bug (the
     // tests assert none).
