@@ -262,8 +262,9 @@ class JobAnalysis {
 
   // ----- check_wait_for_graph.cc -----
   void checkGraph();
-  void checkStuckP2p(const std::vector<std::unordered_set<uint32_t>>& heads);
-  void checkStuckP2p(const Comm& comm, const std::vector<std::unordered_set<uint32_t>>& heads);
+  // `heads`: per process, the record indices at the heads of its streams, ascending.
+  void checkStuckP2p(const std::vector<std::vector<uint32_t>>& heads);
+  void checkStuckP2p(const Comm& comm, const std::vector<std::vector<uint32_t>>& heads);
 
   // ----- check_init.cc -----
   void checkInit();
