@@ -106,11 +106,13 @@ void JobAnalysis::buildComms() {
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
     // A partial pass knows every comm's members but aligns only the comms it redoes.
     std::vector<char> aligned;
-    for (const auto& [hash, at] : procMembers_[p]) aligned.push_back(redo(comms_[at.first]) ? 1 : 0);
+    for (const auto& [hash, at] : procMembers_[p]) {
+      aligned.push_back(this->aligned(comms_[at.first]) ? 1 : 0);
+    }
     alignProc(p, aligned);
   }
   for (const Comm& comm : comms_) {
-    if (redo(comm)) compareProgress(comm);
+    if (aligned(comm)) compareProgress(comm);
   }
   findCompletedTransfers();
   // Names: a root comm spanning every process of the job is the world.
@@ -122,7 +124,8 @@ void JobAnalysis::buildComms() {
   }
 }
 
-// Which communicators a partial pass aligns besides the touched ones (redo_ holds those).
+// Which communicators a partial pass aligns besides the touched ones (redo_ holds those):
+// alignOnly_.
 //
 // When the hang families run (the job quiet, a process gone, a failed call), they must see the
 // alignment of every communicator that is not done: some member has a pending call there, or the
@@ -139,13 +142,17 @@ void JobAnalysis::buildComms() {
 //  - init hangs and the error verdicts' classes read memberships only, which every pass has.
 // Whether the job stalled comes from the progress of every communicator (decideStalled).
 // The per-communicator checks keep their results for the untouched communicators, as in any
-// partial pass; of those, only the p2p verdicts read the job's state (stalled, dead ranks), and
-// only for pending calls: a not-done communicator whose kept p2p verdicts were drawn in another
-// state (jobStateUsed) is redone as well.
+// partial pass, the not-done ones aligned here included: their mismatches, colours, straggler
+// tallies and summaries read only their own records, which did not change. Their p2p verdicts
+// read the job's state (stalled, dead ranks) for pending calls: drawn again when that state
+// changed since they were kept (checkP2p). For the
+// same reason a partial pass without the hang checks aligns a not-done communicator whose kept
+// p2p verdicts were drawn in another state (CommCache::jobState; checkP2p keeps them when the
+// state is the same).
 void JobAnalysis::chooseRedo() {
   for (const Comm& comm : comms_) {
     if (comm.progress.done || redo_.count(comm.hash)) continue;
-    if (hangChecks_ || cache_->comms[comm.hash].jobStateUsed) redo_.insert(comm.hash);
+    if (hangChecks_ || cache_->comms[comm.hash].jobState != 0) alignOnly_.insert(comm.hash);
   }
 }
 
@@ -252,14 +259,15 @@ void JobAnalysis::alignSkipped() {
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
     std::vector<char> skipped;
     for (const auto& [hash, at] : procMembers_[p])
-      skipped.push_back(redo(comms_[at.first]) ? 0 : 1);
+      skipped.push_back(aligned(comms_[at.first]) ? 0 : 1);
     alignProc(p, skipped);
   }
   for (const Comm& comm : comms_) {
-    if (!redo(comm)) compareProgress(comm);
+    if (!aligned(comm)) compareProgress(comm);
   }
   partial_ = false;
   redo_.clear();
+  alignOnly_.clear();
   findCompletedTransfers();
 }
 

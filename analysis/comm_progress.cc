@@ -96,8 +96,7 @@ void ProcessProgress::rebuild(const trace::TraceFile& file) {
 void ProcessProgress::appended(const trace::TraceFile& file) {
   const CallRecord& r = file.records.back();
   // Anything but the window this state follows plus one record at its end: from scratch.
-  bool oneMore = built_ && records_ + 1 == file.records.size() &&
-                 table_ == tableSignature(file) &&
+  bool oneMore = built_ && records_ + 1 == file.records.size() && table_ == tableSignature(file) &&
                  (records_ == 0 || (file.records.front().ringIndex == firstRing_ &&
                                     file.records[records_ - 1].ringIndex == lastRing_));
   if (!oneMore) {
@@ -206,10 +205,9 @@ void ProcessProgress::replaced(const trace::TraceFile& file, const CallRecord& b
     rebuild(file);
     return;
   }
-  auto at = std::lower_bound(m.pending.begin(), m.pending.end(), after.ringIndex,
-                             [](const MemberProgress::Pending& p, uint64_t ringIndex) {
-                               return p.ringIndex < ringIndex;
-                             });
+  auto at = std::lower_bound(
+      m.pending.begin(), m.pending.end(), after.ringIndex,
+      [](const MemberProgress::Pending& p, uint64_t ringIndex) { return p.ringIndex < ringIndex; });
   if (at == m.pending.end() || at->ringIndex != after.ringIndex) {
     rebuild(file);
     return;

@@ -81,11 +81,11 @@ class ProcessProgress {
   std::span<const MemberProgress> members() const { return {members_.data(), memberCount_}; }
   const MemberProgress* member(uint64_t commHash) const;
 
-  uint64_t pendingCalls() const { return pendingCalls_; }  // isPending, any record
-  uint64_t failedCalls() const { return failedCalls_; }    // isFailedCall
-  uint64_t calls() const { return calls_; }                // collectives, sends and receives
-  uint64_t shed() const { return shed_; }                  // ... left untracked (kRecordShed)
-  uint64_t trackedCalls() const { return tracked_; }       // ... whose completion was tracked
+  uint64_t pendingCalls() const { return pendingCalls_; }     // isPending, any record
+  uint64_t failedCalls() const { return failedCalls_; }       // isFailedCall
+  uint64_t calls() const { return calls_; }                   // collectives, sends and receives
+  uint64_t shed() const { return shed_; }                     // ... left untracked (kRecordShed)
+  uint64_t trackedCalls() const { return tracked_; }          // ... whose completion was tracked
   int64_t latestRecordNs() const { return latestRecordNs_; }  // CLOCK_MONOTONIC, 0 if none
   uint64_t rebuilds() const { return rebuilds_; }             // rebuild() calls, for tests
 

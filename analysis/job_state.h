@@ -176,9 +176,10 @@ struct CommCache {
   StragglerTally tally;
   CommSummary summary;
   bool readsOtherComms = false;  // a verdict describes where absent members are elsewhere
-  // Its p2p verdicts were drawn with the job stalled or a rank dead (checkP2p reads both, for
-  // pending calls only): a later pass in another state redoes it unless it is done.
-  bool jobStateUsed = false;
+  // The job's state its p2p verdicts were drawn in (JobAnalysis::jobState: whether the job
+  // stalled, which ranks are dead; checkP2p reads both, for pending calls only), 0 for the state
+  // of a job that runs: a later pass in another state draws them again unless the comm is done.
+  uint64_t jobState = 0;
 };
 
 // What the passes over one job (job id, attempt) keep between them.
@@ -209,7 +210,7 @@ class JobAnalysis {
   const char* whyFull() const { return whyFull_; }
   size_t commsRedone() const {
     size_t redone = 0;
-    for (const Comm& comm : comms_) redone += redo(comm) ? 1 : 0;
+    for (const Comm& comm : comms_) redone += aligned(comm) ? 1 : 0;
     return redone;
   }
 
@@ -285,10 +286,17 @@ class JobAnalysis {
   const char* crossCommChecksQuiet() const;
   uint64_t identity() const;
   bool hasShrink() const;
+  // What the p2p check reads of the job's state (stalled, dead ranks), 0 when neither.
+  uint64_t jobState() const;
   // Whether this pass runs the cross-communicator (hang) families.
   bool hangFamilies() const { return !partial_ || hangChecks_; }
   // Whether this pass aligns and checks `comm` (a full pass: all of them).
   bool redo(const Comm& comm) const { return !partial_ || redo_.count(comm.hash) != 0; }
+  // Whether this pass aligns `comm`: those it redoes, and in a partial pass those not done that
+  // the hang checks read (chooseRedo), whose kept structural verdicts, tallies and summaries
+  // stand (they are untouched) and whose p2p verdicts are drawn again (they read the job's
+  // state).
+  bool aligned(const Comm& comm) const { return redo(comm) || alignOnly_.count(comm.hash) != 0; }
   CommSummary summarize(const Comm& comm) const;
 
   // ----- finish_verdicts.cc -----
@@ -354,8 +362,9 @@ class JobAnalysis {
   uint64_t progressDisagreements_ = 0;
   bool abandoned_ = false;  // a partial pass found it needs the other comms too (alignSkipped)
   const char* whyFull_ = "first";
-  mutable bool readsOtherComms_ = false;  // set by whereIs
-  std::unordered_set<uint64_t> redo_;     // in a partial pass: the comms aligned and checked
+  mutable bool readsOtherComms_ = false;    // set by whereIs
+  std::unordered_set<uint64_t> redo_;       // in a partial pass: the comms aligned and checked
+  std::unordered_set<uint64_t> alignOnly_;  // ... and those only aligned (chooseRedo)
   // Per process, its memberships in its comm table's order: (hash, (comm index, member index)).
   std::vector<std::vector<std::pair<uint64_t, std::pair<int, int>>>> procMembers_;
 };
