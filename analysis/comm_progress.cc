@@ -95,8 +95,9 @@ void ProcessProgress::rebuild(const trace::TraceFile& file) {
 
 void ProcessProgress::appended(const trace::TraceFile& file) {
   const CallRecord& r = file.records.back();
-  // Anything but the window this state follows plus one record at its end: from scratch.
-  bool oneMore = built_ && records_ + 1 == file.records.size() && table_ == tableSignature(file) &&
+  // Anything but the window this state follows plus one record at its end: from scratch. (A
+  // changed communicator table is seen by the pass, in follows(): not looked at per record.)
+  bool oneMore = built_ && records_ + 1 == file.records.size() &&
                  (records_ == 0 || (file.records.front().ringIndex == firstRing_ &&
                                     file.records[records_ - 1].ringIndex == lastRing_));
   if (!oneMore) {
