@@ -72,14 +72,17 @@ void ProcessProgress::rebuild(const trace::TraceFile& file) {
     if (seen) continue;
     if (memberCount_ == members_.size()) members_.emplace_back();
     MemberProgress& m = members_[memberCount_++];
-    // Reset, keeping the vectors' storage.
+    // Reset, keeping the containers' storage.
     std::vector<MemberProgress::Pending> pending = std::move(m.pending);
     std::vector<MemberProgress::P2pMax> p2pMax = std::move(m.p2pMax);
+    std::unordered_map<int64_t, uint32_t> p2pIndex = std::move(m.p2pIndex);
     pending.clear();
     p2pMax.clear();
+    p2pIndex.clear();
     m = MemberProgress{};
     m.pending = std::move(pending);
     m.p2pMax = std::move(p2pMax);
+    m.p2pIndex = std::move(p2pIndex);
     m.commHash = info.commHash;
     m.commRank = info.rank;
   }
@@ -127,12 +130,26 @@ void ProcessProgress::add(const CallRecord& r, size_t windowSize) {
   uint64_t ordinal = 0;
   if (trace::isPointToPoint(r.op)) {
     int64_t key = (static_cast<int64_t>(r.rootOrPeer) << 1) | (r.op == OpKind::kSend ? 1 : 0);
+    constexpr size_t kScanned = 8;  // up to this many, a scan; past it, the index
     MemberProgress::P2pMax* mx = nullptr;
-    for (MemberProgress::P2pMax& entry : m.p2pMax) {
-      if (entry.peerAndDirection == key) mx = &entry;
+    if (m.p2pIndex.empty()) {
+      for (MemberProgress::P2pMax& entry : m.p2pMax) {
+        if (entry.peerAndDirection == key) mx = &entry;
+      }
+    } else if (auto found = m.p2pIndex.find(key); found != m.p2pIndex.end()) {
+      mx = &m.p2pMax[found->second];
     }
     if (mx == nullptr) {
       m.p2pMax.push_back({key, 0});
+      if (m.p2pMax.size() > kScanned) {
+        if (m.p2pIndex.empty()) {
+          for (uint32_t i = 0; i < m.p2pMax.size(); ++i) {
+            m.p2pIndex.emplace(m.p2pMax[i].peerAndDirection, i);
+          }
+        } else {
+          m.p2pIndex.emplace(key, static_cast<uint32_t>(m.p2pMax.size() - 1));
+        }
+      }
       mx = &m.p2pMax.back();
     }
     if (r.p2pSeq > mx->p2pSeq) {
@@ -161,13 +178,15 @@ void ProcessProgress::add(const CallRecord& r, size_t windowSize) {
     }
   }
   if (pending) {
-    if (m.pending.empty()) {
+    if (m.pendingCount == 0) {
       m.completedSeq = seqBefore;
       m.headRingIndex = r.ringIndex;
+      m.pending.clear();  // only finished ones were left
+      m.pendingFront = 0;
     }
-    m.pending.push_back({r.ringIndex, seqBefore, ordinal});
-    m.pendingCount = m.pending.size();
-  } else if (m.pending.empty()) {
+    m.pending.push_back({r.ringIndex, seqBefore, ordinal, false});
+    ++m.pendingCount;
+  } else if (m.pendingCount == 0) {
     m.completedSeq = r.seq;
   }
 }
@@ -206,27 +225,37 @@ void ProcessProgress::replaced(const trace::TraceFile& file, const CallRecord& b
     rebuild(file);
     return;
   }
+  auto begin = m.pending.begin() + static_cast<std::ptrdiff_t>(m.pendingFront);
   auto at = std::lower_bound(
-      m.pending.begin(), m.pending.end(), after.ringIndex,
+      begin, m.pending.end(), after.ringIndex,
       [](const MemberProgress::Pending& p, uint64_t ringIndex) { return p.ringIndex < ringIndex; });
-  if (at == m.pending.end() || at->ringIndex != after.ringIndex) {
+  if (at == m.pending.end() || at->ringIndex != after.ringIndex || at->finished) {
     rebuild(file);
     return;
   }
   if (nowCompleted && at->ordinal != 0) {
     m.maxCompletedOrdinal = std::max(m.maxCompletedOrdinal, at->ordinal);
   }
-  bool wasHead = at == m.pending.begin();
-  m.pending.erase(at);
-  m.pendingCount = m.pending.size();
-  if (wasHead) {
-    // The calls up to the next pending one (or the last one) are now complete.
-    if (m.pending.empty()) {
-      m.completedSeq = m.lastSeq;
-    } else {
-      m.completedSeq = m.pending.front().seqBefore;
-      m.headRingIndex = m.pending.front().ringIndex;
+  at->finished = true;
+  --m.pendingCount;
+  if (at == begin) {
+    // The head finished: the calls up to the next pending one (or the last one) are complete.
+    while (m.pendingFront < m.pending.size() && m.pending[m.pendingFront].finished) {
+      ++m.pendingFront;
     }
+    if (m.pendingCount == 0) {
+      m.completedSeq = m.lastSeq;
+      m.pending.clear();
+      m.pendingFront = 0;
+    } else {
+      m.completedSeq = m.pending[m.pendingFront].seqBefore;
+      m.headRingIndex = m.pending[m.pendingFront].ringIndex;
+    }
+  }
+  // Compacted once the finished ones outnumber the pending ones: each moves once.
+  if (m.pending.size() > 2 * m.pendingCount + 16) {
+    std::erase_if(m.pending, [](const MemberProgress::Pending& p) { return p.finished; });
+    m.pendingFront = 0;
   }
 }
 

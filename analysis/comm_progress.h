@@ -23,6 +23,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "trace/ring_reader.h"
@@ -49,15 +50,23 @@ struct MemberProgress {
     uint64_t ringIndex;
     uint64_t seqBefore;  // the seq of the member's call before it in the window, 0 if none
     uint64_t ordinal;    // its collective ordinal, 0 for a send, receive or skipped record
+    bool finished;       // no longer pending: left in place until the list is compacted
   };
-  std::vector<Pending> pending;  // in window order
+  // The pending calls in window order from `pendingFront` (the head) on; finished ones stay in
+  // place until they outnumber the others, so that a completion costs a binary search, not a
+  // move of the list (a window holds up to 65,536 calls).
+  std::vector<Pending> pending;
+  size_t pendingFront = 0;
   struct P2pMax {
     int64_t peerAndDirection;
     uint64_t p2pSeq;
   };
   std::vector<P2pMax> p2pMax;  // the highest p2pSeq per (peer, direction)
-  uint64_t p2pSum = 0;         // their sum: what a seq counts of sends and receives
-  uint64_t base = 0;           // the first collective ordinal in the window
+  // Where each (peer, direction) is in p2pMax, once there are more than a few (an all-to-all
+  // has two per peer).
+  std::unordered_map<int64_t, uint32_t> p2pIndex;
+  uint64_t p2pSum = 0;  // their sum: what a seq counts of sends and receives
+  uint64_t base = 0;    // the first collective ordinal in the window
   bool anyCollective = false;
   uint64_t lastSeq = 0;  // the seq of its last call in window order
 };

@@ -167,6 +167,33 @@ TEST(CommProgress, ACompletionMovesTheHeadAndTheCompletedSeq) {
   EXPECT_EQ(progress.rebuilds(), 1u);  // every change followed without a rescan
 }
 
+// Many calls in flight completing out of order: the finished ones left in the list are
+// compacted away, the head follows the oldest still pending.
+TEST(CommProgress, ManyCallsInFlightCompletingOutOfOrder) {
+  TraceFile file = rankFile();
+  ProcessProgress progress;
+  progress.rebuild(file);
+  for (uint64_t i = 0; i < 200; ++i) {
+    file.records.push_back(record(kWorld, i + 1, OpKind::kAllReduce, RecordState::kIssued, i));
+    progress.appended(file);
+  }
+  auto complete = [&](size_t i) {
+    CallRecord before = file.records[i];
+    file.records[i] = completed(before);
+    progress.replaced(file, before, file.records[i]);
+    ASSERT_EQ(text(progress), rebuilt(file)) << "after completing #" << i + 1;
+  };
+  for (size_t i = 1; i < 200; i += 2) complete(i);
+  EXPECT_EQ(progress.member(kWorld)->pendingCount, 100u);
+  EXPECT_EQ(progress.member(kWorld)->headRingIndex, 0u);
+  for (size_t i = 198; i > 0; i -= 2) complete(i);
+  EXPECT_EQ(progress.member(kWorld)->completedSeq, 0u);
+  complete(0);
+  EXPECT_EQ(progress.member(kWorld)->completedSeq, 200u);
+  EXPECT_EQ(progress.member(kWorld)->pendingCount, 0u);
+  EXPECT_EQ(progress.rebuilds(), 1u);
+}
+
 TEST(CommProgress, RecordsLeavingTheWindow) {
   TraceFile file = rankFile();
   ProcessProgress progress;
