@@ -6,7 +6,6 @@
 #include <algorithm>
 
 #include "analysis/job_state.h"
-#include "analysis/live_triage.h"
 
 namespace ncclwatch::analysis {
 
@@ -48,16 +47,20 @@ const MemberProgress* ProcessProgress::member(uint64_t commHash) const {
   return nullptr;
 }
 
-void ProcessProgress::countFacts(const CallRecord& r, int sign) {
-  auto count = [sign](uint64_t& counter, bool yes) {
-    if (yes) counter += static_cast<uint64_t>(static_cast<int64_t>(sign));
-  };
-  count(pendingCalls_, isPending(r));
-  count(failedCalls_, isFailedCall(r));
+namespace {
+inline int64_t latestOf(const CallRecord& r) {
+  return std::max({r.issueNs, r.startNs, r.completeNs});
+}
+}  // namespace
+
+void ProcessProgress::countFacts(const CallRecord& r, bool pending, int sign) {
+  const uint64_t step = static_cast<uint64_t>(static_cast<int64_t>(sign));
+  pendingCalls_ += pending ? step : 0;
+  failedCalls_ += isFailedCall(r) ? step : 0;
   if (trace::isCollective(r.op) || trace::isPointToPoint(r.op)) {
-    count(calls_, true);
-    count(tracked_, isTracked(r) || (r.flags & trace::kRecordKernelTracked) != 0);
-    count(shed_, (r.flags & trace::kRecordShed) != 0);
+    calls_ += step;
+    tracked_ += isTracked(r) || (r.flags & trace::kRecordKernelTracked) != 0 ? step : 0;
+    shed_ += (r.flags & trace::kRecordShed) != 0 ? step : 0;
   }
 }
 
@@ -115,8 +118,9 @@ void ProcessProgress::appended(const trace::TraceFile& file) {
 
 // One record at the window's end: align.cc's rules for it.
 void ProcessProgress::add(const CallRecord& r, size_t windowSize) {
-  countFacts(r, +1);
-  int64_t latest = latestTime(r);
+  const bool pending = isPending(r);
+  countFacts(r, pending, +1);
+  int64_t latest = latestOf(r);
   latestRecordNs_ = std::max(latestRecordNs_, latest);
   if (!isSequenced(r)) return;
   int slot = slotOf(r.commHash);
@@ -126,7 +130,6 @@ void ProcessProgress::add(const CallRecord& r, size_t windowSize) {
   m.maxSeq = std::max(m.maxSeq, r.seq);
   uint64_t seqBefore = m.lastSeq;
   m.lastSeq = r.seq;
-  bool pending = isPending(r);
   uint64_t ordinal = 0;
   if (trace::isPointToPoint(r.op)) {
     int64_t key = (static_cast<int64_t>(r.rootOrPeer) << 1) | (r.op == OpKind::kSend ? 1 : 0);
@@ -197,13 +200,13 @@ void ProcessProgress::replaced(const trace::TraceFile& file, const CallRecord& b
   bool sameCall = before.ringIndex == after.ringIndex && before.commHash == after.commHash &&
                   before.seq == after.seq && before.op == after.op &&
                   before.p2pSeq == after.p2pSeq && before.rootOrPeer == after.rootOrPeer;
-  int64_t latestBefore = latestTime(before), latestAfter = latestTime(after);
+  int64_t latestBefore = latestOf(before), latestAfter = latestOf(after);
   if (!built_ || !sameCall || (latestAfter < latestBefore && latestBefore >= latestRecordNs_)) {
     rebuild(file);
     return;
   }
-  countFacts(before, -1);
-  countFacts(after, +1);
+  countFacts(before, isPending(before), -1);
+  countFacts(after, isPending(after), +1);
   latestRecordNs_ = std::max(latestRecordNs_, latestAfter);
   if (!isSequenced(after)) return;
   int slot = slotOf(after.commHash);

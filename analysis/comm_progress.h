@@ -99,7 +99,7 @@ class ProcessProgress {
   uint64_t rebuilds() const { return rebuilds_; }             // rebuild() calls, for tests
 
  private:
-  void countFacts(const trace::CallRecord& record, int sign);
+  void countFacts(const trace::CallRecord& record, bool pending, int sign);
   void add(const trace::CallRecord& record, size_t windowSize);
   int slotOf(uint64_t commHash);
   static uint64_t tableSignature(const trace::TraceFile& file);
