@@ -129,6 +129,9 @@ int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
   // What a divergence on the world communicator costs the collector: the incremental pass that
   // redoes that communicator alone (IncrementalAnalysis::analyzeFirst), after a full one.
   ncclwatch::analysis::IncrementalAnalysis incremental;
+  // As the collector, which reports every record it stores: the passes keep each window's
+  // progress (analysis/comm_progress.h) instead of rescanning it.
+  for (size_t f = 0; f < files.size(); ++f) incremental.reshaped(f, files[f]);
   incremental.analyze(files, options);
   for (int pass = 0; pass < 3; ++pass) {
     incremental.touch(kWorldHash);
@@ -179,6 +182,7 @@ void hungPasses(std::vector<TraceFile>& files, int ranks) {
   }
   // The collector's passes while the hung job stays quiet: nothing arrives between them.
   ncclwatch::analysis::IncrementalAnalysis incremental;
+  for (size_t f = 0; f < files.size(); ++f) incremental.reshaped(f, files[f]);
   for (int pass = 0; pass < 4; ++pass) {
     uint64_t redoneBefore = incremental.stats().commsReanalysed;
     uint64_t partialBefore = incremental.stats().partialPasses;
