@@ -14,11 +14,19 @@
 namespace ncclwatch::analysis::internal {
 
 uint32_t JobAnalysis::waitPoint(int p) const {
+  // Asked several times per process by the hang checks (dead ranks, where the absent ones are,
+  // held hosts, order breaks): found once per pass. What it reads (the pending calls and where
+  // they are aligned) is settled once the communicators are aligned (alignSkipped starts over).
+  if (waitPoints_.size() != procs_.size()) waitPoints_.assign(procs_.size(), kUnknownWaitPoint);
+  uint32_t& known = waitPoints_[static_cast<size_t>(p)];
+  if (known != kUnknownWaitPoint) return known;
   const Proc& proc = procs_[p];
+  known = kNone;
+  if (!proc.pending) return known;  // nothing pending at all (its progress says)
   for (uint32_t i = 0; i < proc.file->records.size(); ++i) {
-    if (isPending(proc.rec(i)) && !impliedDone(p, i)) return i;
+    if (isPending(proc.rec(i)) && !impliedDone(p, i)) return known = i;
   }
-  return kNone;
+  return known;
 }
 
 bool JobAnalysis::impliedDone(int p, uint32_t i) const {
@@ -268,6 +276,7 @@ void JobAnalysis::alignSkipped() {
   partial_ = false;
   redo_.clear();
   alignOnly_.clear();
+  waitPoints_.clear();
   findCompletedTransfers();
 }
 

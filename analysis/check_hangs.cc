@@ -23,7 +23,7 @@ void JobAnalysis::decideStalled() {
     jobLastActivity_ = std::max(jobLastActivity_, proc.lastActivity);
     anyAlive |= proc.alive;
     anyUnclean |= !proc.clean && !proc.alive;
-    anyPending |= proc.pending;  // from analyzeJobs's scan of its records
+    anyPending |= proc.pending;  // from its progress (comm_progress.h)
   }
   ended_ = !anyAlive;
   // From the progress kept on arrival (comm_progress.h): every communicator's, aligned or not.

@@ -33,6 +33,7 @@ void JobAnalysis::checkGraph() {
   // headList[p] ascends (records are scanned in order): a head is found by binary search.
   std::vector<std::vector<uint32_t>> headList(n);
   for (int p = 0; p < n; ++p) {
+    if (!procs_[p].pending) continue;  // no pending call at all (its progress says): no head
     const auto& records = procs_[p].file->records;
     std::unordered_map<uint64_t, bool> streamDone;  // stream -> head found
     std::unordered_map<uint64_t, bool> inGroupHead;

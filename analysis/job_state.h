@@ -227,8 +227,11 @@ class JobAnalysis {
   void findCompletedTransfers();
   void alignSkipped();
   void excludeShrunkMembers();
-  // The earliest pending call of a process (by issue time): where it waits.
+  // The earliest pending call of a process (in its window's order) not done elsewhere: where it
+  // waits. kNone if none.
   uint32_t waitPoint(int proc) const;
+  static constexpr uint32_t kUnknownWaitPoint = kNone - 1;
+  mutable std::vector<uint32_t> waitPoints_;  // per proc, once found in this pass
   // A pending collective whose ordinal finished on some rank: its state here is stale.
   bool impliedDone(int proc, uint32_t index) const;
   CallDesc whereIs(int proc) const;
