@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "analysis/describe.h"
+#include "analysis/parallel.h"
 
 namespace ncclwatch::analysis::internal {
 
@@ -71,7 +72,7 @@ void JobAnalysis::buildComms() {
   pendingOrdinal_.assign(procs_.size(), {});
   procMembers_.assign(procs_.size(), {});
   // Every communicator's members first, with their progress (comm_progress.h); then which to
-  // align (a partial pass: chooseRedo); then the alignment, process by process.
+  // align (a partial pass: chooseRedo); then the alignment.
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
     const Proc& proc = procs_[p];
     // this process's members, by comm hash; usually a handful, so a small vector
@@ -95,6 +96,7 @@ void JobAnalysis::buildComms() {
         comm.desc.color = info.color;
         comm.kind = info.kind;
         comm.desc.name.assign(info.name, strnlen(info.name, sizeof info.name));
+        comm.byCommRank = MemberIndex(info.nranks);
         comms_.push_back(std::move(comm));
       }
       Comm& comm = comms_[it->second];
@@ -104,23 +106,24 @@ void JobAnalysis::buildComms() {
       // The progress lists the same memberships in the same order (ProcessProgress::rebuild).
       m.progress = &progress[mine.size()];
       comm.progress.add(*m.progress, comm.members.empty());
-      comm.byCommRank[info.rank] = static_cast<int>(comm.members.size());
+      comm.byCommRank.set(info.rank, static_cast<int>(comm.members.size()));
       mine.push_back({info.commHash, {it->second, static_cast<int>(comm.members.size())}});
       comm.members.push_back(std::move(m));
     }
-    procMembers_[p] = mine;
+    procMembers_[p] = std::move(mine);
   }
   if (partial_) chooseRedo();
-  for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
-    // A partial pass knows every comm's members but aligns only the comms it redoes.
-    std::vector<char> aligned;
+  // A partial pass knows every comm's members but aligns only some: per process, which of its
+  // memberships (procMembers_ order) to align.
+  std::vector<std::vector<char>> aligned(procs_.size());
+  for (size_t p = 0; p < procs_.size(); ++p) {
     for (const auto& [hash, at] : procMembers_[p]) {
-      aligned.push_back(this->aligned(comms_[at.first]) ? 1 : 0);
+      aligned[p].push_back(this->aligned(comms_[at.first]) ? 1 : 0);
     }
-    alignProc(p, aligned);
   }
+  alignAll(aligned);
   for (const Comm& comm : comms_) {
-    if (aligned(comm)) compareProgress(comm);
+    if (this->aligned(comm)) compareProgress(comm);
   }
   findCompletedTransfers();
   // Names: a root comm spanning every process of the job is the world.
@@ -168,35 +171,69 @@ void JobAnalysis::compareProgress(const Comm& comm) {
   for (const Member& m : comm.members) {
     const MemberProgress& kept = *m.progress;
     if (kept.maxSeq != m.maxSeq || kept.completedSeq != m.completedSeq ||
-        kept.pendingCount != m.pendingCount || kept.lastOrdinal != m.lastOrdinal()) {
+        kept.pendingCount != m.pendingCount || kept.lastOrdinal != m.lastOrdinal() ||
+        kept.maxCompletedOrdinal != m.completedCollective) {
       ++progressDisagreements_;
+    }
+  }
+}
+
+// Every process's records on the communicators marked in aligned[p], processes split over
+// Options::threads: each writes only its own members and pendingOrdinal_[p]; what a communicator
+// gathers from all of them (the completed-ordinal watermark, splits, pending transfers) is
+// folded in afterwards.
+void JobAnalysis::alignAll(const std::vector<std::vector<char>>& aligned) {
+  std::vector<AlignScratch> scratch(chunkCount(procs_.size(), options_.threads));
+  parallelChunks(procs_.size(), options_.threads, [&](size_t chunk, size_t begin, size_t end) {
+    for (size_t p = begin; p < end; ++p) alignProc(static_cast<int>(p), aligned[p], scratch[chunk]);
+  });
+  for (const AlignScratch& s : scratch)
+    pendingP2p_.insert(s.pendingP2p.begin(), s.pendingP2p.end());
+  for (Comm& comm : comms_) {
+    for (const Member& m : comm.members) {
+      comm.maxCompletedOrdinal = std::max(comm.maxCompletedOrdinal, m.completedCollective);
+      comm.hasSplits |= m.madeSplit;
     }
   }
 }
 
 // Aligns the records of process `p` on the communicators whose slot (its memberships, in
 // procMembers_ order) is marked in `aligned`.
-void JobAnalysis::alignProc(int p, const std::vector<char>& aligned) {
+void JobAnalysis::alignProc(int p, const std::vector<char>& aligned, AlignScratch& scratch) {
   const Proc& proc = procs_[p];
   const auto& mine = procMembers_[p];
-  // p2p calls seen so far per (comm, peer, direction): their highest p2pSeq
-  std::vector<std::unordered_map<int64_t, uint64_t>> p2pMax(mine.size());
-  std::vector<uint64_t> p2pSum(mine.size(), 0);
-  uint64_t lastHash = 0;
-  int lastSlot = -1;
+  // p2p calls seen so far per (comm, peer, direction): their highest p2pSeq. Kept across
+  // processes (emptied here) so that a pass allocates them once a thread, not once a process.
+  std::vector<std::unordered_map<int64_t, uint64_t>>& p2pMax = scratch.p2pMax;
+  if (p2pMax.size() < mine.size()) p2pMax.resize(mine.size());
+  for (size_t s = 0; s < mine.size(); ++s) {
+    if (!p2pMax[s].empty()) p2pMax[s].clear();
+  }
+  std::vector<uint64_t>& p2pSum = scratch.p2pSum;
+  p2pSum.assign(mine.size(), 0);
+  // The last two communicators seen: calls often alternate between two (tensor-parallel and
+  // data-parallel), which a one-entry cache misses every time.
+  uint64_t lastHash[2] = {0, 0};
+  int lastSlot[2] = {-1, -1};
   const auto& records = proc.file->records;
   for (uint32_t i = 0; i < records.size(); ++i) {
     const CallRecord& r = records[i];
     if (!isSequenced(r)) continue;
     int slot = -1;
-    if (r.commHash == lastHash && lastSlot >= 0) {
-      slot = lastSlot;
+    if (r.commHash == lastHash[0] && lastSlot[0] >= 0) {
+      slot = lastSlot[0];
+    } else if (r.commHash == lastHash[1] && lastSlot[1] >= 0) {
+      slot = lastSlot[1];
+      std::swap(lastHash[0], lastHash[1]);
+      std::swap(lastSlot[0], lastSlot[1]);
     } else {
       for (int s = 0; s < static_cast<int>(mine.size()); ++s) {
         if (mine[s].first == r.commHash) slot = s;
       }
-      lastHash = r.commHash;
-      lastSlot = slot;
+      lastHash[1] = lastHash[0];
+      lastSlot[1] = lastSlot[0];
+      lastHash[0] = r.commHash;
+      lastSlot[0] = slot;
     }
     if (slot < 0 || !aligned[slot]) continue;  // a comm missing from the table (table full)
     Comm& comm = comms_[mine[slot].second.first];
@@ -213,8 +250,8 @@ void JobAnalysis::alignProc(int p, const std::vector<char>& aligned) {
       m.p2p.push_back(i);
       if (pending && r.p2pSeq != 0) {
         bool send = r.op == OpKind::kSend;
-        pendingP2p_.insert({r.commHash, send ? m.commRank : r.rootOrPeer,
-                            send ? r.rootOrPeer : m.commRank, r.p2pSeq});
+        scratch.pendingP2p.push_back({r.commHash, send ? m.commRank : r.rootOrPeer,
+                                      send ? r.rootOrPeer : m.commRank, r.p2pSeq});
       }
       int64_t key = (static_cast<int64_t>(r.rootOrPeer) << 1) | (r.op == OpKind::kSend ? 1 : 0);
       uint64_t& mx = p2pMax[slot][key];
@@ -226,18 +263,27 @@ void JobAnalysis::alignProc(int p, const std::vector<char>& aligned) {
     }
     if (r.seq <= p2pSum[slot]) continue;  // inconsistent: skip
     uint64_t ordinal = r.seq - p2pSum[slot];
-    if (m.coll.empty()) m.base = ordinal;
+    if (m.coll.empty()) {
+      m.base = ordinal;
+      // Room for this process's remaining records shared among its communicators: one
+      // allocation where growth by doubling took eight for a window of a few hundred calls.
+      m.coll.reserve((records.size() - i) / mine.size() + 1);
+    }
     if (ordinal < m.base) continue;
     uint64_t pos = ordinal - m.base;
-    // A seq further ahead than every call this process recorded (and then some, for calls
-    // dropped between): a damaged record, whose alignment would take memory without bound.
-    if (pos >= m.coll.size() && pos - m.coll.size() > 4 * records.size() + 4096) continue;
-    if (pos >= m.coll.size()) m.coll.resize(pos + 1, kNone);
-    m.coll[pos] = i;
-    comm.hasSplits |= r.op == OpKind::kSplit;
+    if (pos == m.coll.size()) {
+      m.coll.push_back(i);  // the usual case: the next ordinal
+    } else {
+      // A seq further ahead than every call this process recorded (and then some, for calls
+      // dropped between): a damaged record, whose alignment would take memory without bound.
+      if (pos >= m.coll.size() && pos - m.coll.size() > 4 * records.size() + 4096) continue;
+      if (pos >= m.coll.size()) m.coll.resize(pos + 1, kNone);
+      m.coll[pos] = i;
+    }
+    m.madeSplit |= r.op == OpKind::kSplit;
     if (pending) pendingOrdinal_[p][i] = ordinal;
     if (r.state == RecordState::kCompleted && trace::isCollective(r.op)) {
-      comm.maxCompletedOrdinal = std::max(comm.maxCompletedOrdinal, ordinal);
+      m.completedCollective = std::max(m.completedCollective, ordinal);
     }
   }
 }
@@ -264,12 +310,12 @@ void JobAnalysis::findCompletedTransfers() {
 // A partial pass that needs every communicator after all: aligns those it skipped, and is a full
 // pass from then on.
 void JobAnalysis::alignSkipped() {
+  std::vector<std::vector<char>> skipped(procs_.size());
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
-    std::vector<char> skipped;
     for (const auto& [hash, at] : procMembers_[p])
-      skipped.push_back(aligned(comms_[at.first]) ? 0 : 1);
-    alignProc(p, skipped);
+      skipped[p].push_back(aligned(comms_[at.first]) ? 0 : 1);
   }
+  alignAll(skipped);
   for (const Comm& comm : comms_) {
     if (!aligned(comm)) compareProgress(comm);
   }

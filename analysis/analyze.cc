@@ -14,6 +14,7 @@
 #include "analysis/incremental.h"
 #include "analysis/issued_at.h"
 #include "analysis/job_state.h"
+#include "analysis/parallel.h"
 
 #include <unistd.h>
 
@@ -327,30 +328,37 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
   std::vector<int> aliveRanks = options.aliveRanks;
   std::sort(aliveRanks.begin(), aliveRanks.end());
   // Each file's progress (comm_progress.h): kept between passes when the caller reports what
-  // changed (IncrementalAnalysis::appended...), else built from its records here.
+  // changed (IncrementalAnalysis::appended...), else built from its records here (files split
+  // over Options::threads). It holds what the passes read of each process's records (pending,
+  // failed, tracked and shed calls, the latest time): no scan of them per pass.
   std::vector<ProcessProgress> built;
+  std::vector<ProcessProgress>* progress = &built;
   if (incremental == nullptr) {
     built.resize(files.size());
-  } else if (incremental->progress.size() < files.size()) {
-    // At once: the processes keep pointers into it.
-    incremental->progress.resize(files.size());
-    incremental->fed.resize(files.size(), 0);
+  } else {
+    if (incremental->progress.size() < files.size()) {
+      incremental->progress.resize(files.size());
+      incremental->fed.resize(files.size(), 0);
+    }
+    progress = &incremental->progress;
   }
-  auto progressOf = [&](const trace::TraceFile& file) -> const ProcessProgress& {
-    size_t index = static_cast<size_t>(&file - files.data());
-    if (incremental == nullptr) {
-      built[index].rebuild(file);
-      return built[index];
+  std::vector<uint64_t> rebuilt(chunkCount(files.size(), options.threads), 0);
+  parallelChunks(files.size(), options.threads, [&](size_t chunk, size_t begin, size_t end) {
+    for (size_t f = begin; f < end; ++f) {
+      const trace::TraceFile& file = files[f];
+      if (!file.usable) continue;
+      ProcessProgress& kept = (*progress)[f];
+      if (incremental == nullptr || !incremental->fed[f]) {
+        kept.rebuild(file);  // offline, or a caller that does not say what changes
+      } else if (!kept.follows(file)) {
+        kept.rebuild(file);
+        ++rebuilt[chunk];
+      }
     }
-    ProcessProgress& kept = incremental->progress[index];
-    if (!incremental->fed[index]) {
-      kept.rebuild(file);  // the caller does not say what changes: rescanned per pass
-    } else if (!kept.follows(file)) {
-      kept.rebuild(file);
-      ++incremental->stats.progressRebuilds;
-    }
-    return kept;
-  };
+  });
+  if (incremental != nullptr) {
+    for (uint64_t count : rebuilt) incremental->stats.progressRebuilds += count;
+  }
   // job id -> its processes in start order
   std::map<std::string, std::vector<const trace::TraceFile*>> byJob;
   for (const trace::TraceFile& file : files) {
@@ -378,15 +386,14 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
       } else {
         proc.alive = std::binary_search(aliveRanks.begin(), aliveRanks.end(), proc.rank);
       }
-      // The facts of its records, kept as they arrive: no scan of them per pass.
-      const ProcessProgress& progress = progressOf(*file);
-      proc.progress = &progress;
-      int64_t last = std::max(file->header.anchorMonotonicNs, progress.latestRecordNs());
-      proc.pending = progress.pendingCalls() > 0;
-      proc.failed = progress.failedCalls() > 0;
-      proc.calls = progress.calls();
-      proc.anyTracked = progress.trackedCalls() > 0;
-      proc.shed = progress.shed();
+      const ProcessProgress& kept = (*progress)[static_cast<size_t>(file - files.data())];
+      proc.progress = &kept;
+      int64_t last = std::max(file->header.anchorMonotonicNs, kept.latestRecordNs());
+      proc.pending = kept.pendingCalls() > 0;
+      proc.failed = kept.failedCalls() > 0;
+      proc.calls = kept.calls();
+      proc.anyTracked = kept.trackedCalls() > 0;
+      proc.shed = kept.shed();
       for (const trace::CommInfo& c : file->comms) last = std::max(last, c.createdNs);
       proc.lastActivity = proc.wall(last);
       attempts[attempt].push_back(proc);

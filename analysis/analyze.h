@@ -158,7 +158,16 @@ struct Options {
   int64_t stragglerLagNs = 2'000'000;
   double stragglerShare = 0.6;
   int stragglerMinCalls = 5;
+  // Threads a pass may use for its per-process and per-member work (alignment, the mismatch
+  // scan, the straggler tally, the scan of each process's records), for jobs of 512 processes
+  // or more; 1: the calling thread alone. The verdicts do not depend on it.
+  int threads = 1;
 };
+
+// The threads the CLI and the collector give a pass (Options::threads): half the machine's, 8 at
+// most. A collector beside a rank (the sidecar) then leaves the job most cores even during a
+// pass, which for a job this large lasts tens of ms.
+int defaultAnalysisThreads();
 
 // Analyses every job (job id, attempt) in `files`; files that are not usable are skipped.
 Report analyze(std::span<const trace::TraceFile> files, const Options& options = {});

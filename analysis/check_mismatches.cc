@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "analysis/describe.h"
+#include "analysis/parallel.h"
 
 namespace ncclwatch::analysis::internal {
 
@@ -137,22 +138,54 @@ uint64_t JobAnalysis::firstDivergentOrdinal(const Comm& comm, uint64_t lo, uint6
     return static_cast<size_t>(std::lower_bound(issued.begin(), issued.end(), k) - issued.begin());
   };
   size_t slots = dense ? static_cast<size_t>(hi - lo + 1) : issued.size();
-  std::vector<uint64_t> firstKey(slots);
-  std::vector<char> seen(slots, 0);
+  // Members split over Options::threads: each chunk finds its own first key per slot and its
+  // own earliest divergence; then the chunks' first keys are compared slot by slot, in order.
+  struct Chunk {
+    std::vector<uint64_t> firstKey;
+    std::vector<char> seen;
+    uint64_t earliest = UINT64_MAX;
+  };
+  std::vector<Chunk> chunks(chunkCount(comm.members.size(), options_.threads));
+  parallelChunks(comm.members.size(), options_.threads,
+                 [&](size_t chunkIndex, size_t begin, size_t end) {
+                   Chunk& chunk = chunks[chunkIndex];
+                   chunk.firstKey.assign(slots, 0);
+                   chunk.seen.assign(slots, 0);
+                   for (size_t mi = begin; mi < end; ++mi) {
+                     const Member& m = comm.members[mi];
+                     for (size_t pos = 0; pos < m.coll.size(); ++pos) {
+                       uint64_t k = m.base + pos;
+                       if (k >= chunk.earliest) break;  // cannot make the divergence earlier
+                       uint32_t i = m.coll[pos];
+                       if (i == kNone) continue;
+                       uint64_t key = alignKey(procs_[m.proc].rec(i));
+                       size_t slot = slotOf(k);
+                       if (!chunk.seen[slot]) {
+                         chunk.seen[slot] = 1;
+                         chunk.firstKey[slot] = key;
+                       } else if (key != chunk.firstKey[slot]) {
+                         chunk.earliest = k;
+                       }
+                     }
+                   }
+                 });
   uint64_t earliest = UINT64_MAX;
-  for (const Member& m : comm.members) {
-    for (size_t pos = 0; pos < m.coll.size(); ++pos) {
-      uint64_t k = m.base + pos;
-      if (k >= earliest) break;  // cannot make the first divergence earlier
-      uint32_t i = m.coll[pos];
-      if (i == kNone) continue;
-      uint64_t key = alignKey(procs_[m.proc].rec(i));
-      size_t slot = slotOf(k);
-      if (!seen[slot]) {
-        seen[slot] = 1;
-        firstKey[slot] = key;
-      } else if (key != firstKey[slot]) {
-        earliest = k;
+  for (const Chunk& chunk : chunks) earliest = std::min(earliest, chunk.earliest);
+  if (chunks.size() > 1) {
+    // Below every chunk's own earliest, each chunk saw all its members' keys: two chunks that
+    // disagree at a slot diverge there.
+    for (size_t slot = 0; slot < slots; ++slot) {
+      uint64_t k = dense ? lo + slot : issued[slot];
+      if (k >= earliest) break;
+      const uint64_t* key = nullptr;
+      for (const Chunk& chunk : chunks) {
+        if (!chunk.seen[slot]) continue;
+        if (key == nullptr) {
+          key = &chunk.firstKey[slot];
+        } else if (*key != chunk.firstKey[slot]) {
+          earliest = k;
+          break;
+        }
       }
     }
   }
@@ -481,7 +514,7 @@ void JobAnalysis::checkColours(Comm& comm) {
         rc.ranks = ranks;
         for (auto& [r, cc] : colourOf) {
           if (cc != c) continue;
-          const Member& mm = comm.members[comm.byCommRank[r]];
+          const Member& mm = comm.members[comm.byCommRank.find(r)];
           rc.call = describe(procs_[mm.proc], mm.at(k));
           break;
         }
@@ -490,7 +523,7 @@ void JobAnalysis::checkColours(Comm& comm) {
       int64_t divergence = INT64_MAX;
       for (int r : best) {
         v.culprits.push_back(globalRank(comm, r));
-        const Member& mm = comm.members[comm.byCommRank[r]];
+        const Member& mm = comm.members[comm.byCommRank.find(r)];
         divergence =
             std::min(divergence, procs_[mm.proc].wall(procs_[mm.proc].rec(mm.at(k)).issueNs));
       }

@@ -83,18 +83,18 @@ void JobAnalysis::checkP2p(Comm& comm) {
     return procs_[comm.members[s.member].proc].rec(s.index).p2pSeq == 1;
   };
   auto deadPeer = [&](int commRank) {
-    auto it = comm.byCommRank.find(commRank);
-    return it == comm.byCommRank.end() || deadRanks_.count(comm.members[it->second].proc) > 0;
+    int member = comm.byCommRank.find(commRank);
+    return member < 0 || deadRanks_.count(comm.members[member].proc) > 0;
   };
   static const std::vector<uint32_t> kEmpty;
   for (int mi = 0; mi < count; ++mi) {
     const Member& sender = comm.members[mi];
     for (auto& [peer, sendList] : sendsTo[mi]) {
-      auto pm = comm.byCommRank.find(peer);
+      int pm = comm.byCommRank.find(peer);
       const std::vector<uint32_t>* recvList = &kEmpty;
       int rj = -1;
-      if (pm != comm.byCommRank.end()) {
-        rj = pm->second;
+      if (pm >= 0) {
+        rj = pm;
         auto it = recvsFrom[rj].find(sender.commRank);
         if (it != recvsFrom[rj].end()) recvList = &it->second;
       }
@@ -142,9 +142,9 @@ void JobAnalysis::checkP2p(Comm& comm) {
   for (int mi = 0; mi < count; ++mi) {
     const Member& receiver = comm.members[mi];
     for (auto& [peer, recvList] : recvsFrom[mi]) {
-      auto pm = comm.byCommRank.find(peer);
-      if (pm == comm.byCommRank.end()) continue;
-      if (sendsTo[pm->second].count(receiver.commRank)) continue;  // walked above
+      int pm = comm.byCommRank.find(peer);
+      if (pm < 0) continue;
+      if (sendsTo[pm].count(receiver.commRank)) continue;  // walked above
       for (uint32_t i : recvList) {
         const CallRecord& rr = procs_[receiver.proc].rec(i);
         if (stalled_ && isPending(rr) && !deadPeer(peer)) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "analysis/describe.h"
+#include "analysis/parallel.h"
 
 namespace ncclwatch::analysis::internal {
 
@@ -37,24 +38,48 @@ StragglerTally JobAnalysis::tallyStragglers(const Comm& comm) const {
     const Member* who = nullptr;
     bool ok = true;
   };
-  std::vector<Arrivals> arrivals(hi - lo + 1);
-  for (const Member& m : comm.members) {
-    for (uint64_t k = lo; k <= hi; ++k) {
-      Arrivals& a = arrivals[k - lo];
+  // Members split over Options::threads, each chunk with its own arrivals; merged in chunk
+  // order, which keeps the first member to arrive latest (ties) as one thread does.
+  std::vector<std::vector<Arrivals>> chunks(chunkCount(comm.members.size(), options_.threads));
+  parallelChunks(comm.members.size(), options_.threads,
+                 [&](size_t chunk, size_t begin, size_t end) {
+                   std::vector<Arrivals>& arrivals = chunks[chunk];
+                   arrivals.assign(hi - lo + 1, Arrivals{});
+                   for (size_t mi = begin; mi < end; ++mi) {
+                     const Member& m = comm.members[mi];
+                     for (uint64_t k = lo; k <= hi; ++k) {
+                       Arrivals& a = arrivals[k - lo];
+                       if (!a.ok) continue;
+                       uint32_t i = m.at(k);
+                       const CallRecord* r = i == kNone ? nullptr : &procs_[m.proc].rec(i);
+                       if (r == nullptr || !trace::isCollective(r->op)) {
+                         a.ok = false;
+                         continue;
+                       }
+                       int64_t t = procs_[m.proc].wall(r->issueNs);
+                       if (t > a.first) {
+                         a.second = a.first;
+                         a.first = t;
+                         a.who = &m;
+                       } else if (t > a.second) {
+                         a.second = t;
+                       }
+                     }
+                   }
+                 });
+  std::vector<Arrivals>& arrivals = chunks[0];
+  for (size_t chunk = 1; chunk < chunks.size(); ++chunk) {
+    for (size_t k = 0; k < arrivals.size(); ++k) {
+      Arrivals& a = arrivals[k];
+      const Arrivals& b = chunks[chunk][k];
+      if (!b.ok) a.ok = false;
       if (!a.ok) continue;
-      uint32_t i = m.at(k);
-      const CallRecord* r = i == kNone ? nullptr : &procs_[m.proc].rec(i);
-      if (r == nullptr || !trace::isCollective(r->op)) {
-        a.ok = false;
-        continue;
-      }
-      int64_t t = procs_[m.proc].wall(r->issueNs);
-      if (t > a.first) {
-        a.second = a.first;
-        a.first = t;
-        a.who = &m;
-      } else if (t > a.second) {
-        a.second = t;
+      if (b.first > a.first) {
+        a.second = std::max(a.first, b.second);
+        a.first = b.first;
+        a.who = b.who;
+      } else {
+        a.second = std::max(a.second, b.first);
       }
     }
   }

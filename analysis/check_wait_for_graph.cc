@@ -152,9 +152,9 @@ void JobAnalysis::checkGraph() {
         }
       } else {
         int peer = r.rootOrPeer;
-        auto pm = comm.byCommRank.find(peer);
-        if (pm == comm.byCommRank.end()) continue;
-        const Member& other = comm.members[pm->second];
+        int pm = comm.byCommRank.find(peer);
+        if (pm < 0) continue;
+        const Member& other = comm.members[pm];
         bool behind = false;
         for (uint32_t i : other.p2p) {
           const CallRecord& o = procs_[other.proc].rec(i);
@@ -364,9 +364,9 @@ void JobAnalysis::checkStuckP2p(const Comm& comm, const std::vector<std::vector<
     for (uint32_t i : m.p2p) {
       const CallRecord& send = procs_[m.proc].rec(i);
       if (send.op != OpKind::kSend || !isHead(heads[m.proc], i)) continue;
-      auto pm = comm.byCommRank.find(send.rootOrPeer);
-      if (pm == comm.byCommRank.end()) continue;
-      const Member& other = comm.members[pm->second];
+      int pm = comm.byCommRank.find(send.rootOrPeer);
+      if (pm < 0) continue;
+      const Member& other = comm.members[pm];
       for (uint32_t j : other.p2p) {
         const CallRecord& recv = procs_[other.proc].rec(j);
         if (recv.op != OpKind::kRecv || recv.rootOrPeer != m.commRank ||

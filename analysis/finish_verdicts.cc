@@ -153,19 +153,29 @@ void JobAnalysis::summarize(JobReport& report) {
 
 // How sure each verdict is. Timing-only doubts are added where the verdicts are made; here the
 // evidence itself: ranks without a trace, lost records, calls whose completion nobody tracked.
+// Ranks below `world` no process of the job has (procs_ is sorted by rank: a walk, where a set of
+// the ranks took 32,768 tree inserts a pass).
+std::vector<int> JobAnalysis::untracedRanks(int world) const {
+  std::vector<int> untraced;
+  size_t at = 0;
+  for (int r = 0; r < world; ++r) {
+    while (at < procs_.size() && procs_[at].rank < r) ++at;
+    if (at == procs_.size() || procs_[at].rank != r) untraced.push_back(r);
+  }
+  return untraced;
+}
+
+// The process of `rank` (the last of them, should a damaged job have two), nullptr if none.
+const Proc* JobAnalysis::procOfRank(int rank) const {
+  auto after = std::upper_bound(procs_.begin(), procs_.end(), rank,
+                                [](int r, const Proc& proc) { return r < proc.rank; });
+  return after == procs_.begin() || (after - 1)->rank != rank ? nullptr : &*(after - 1);
+}
+
 void JobAnalysis::assessConfidence() {
   int world = 0;
-  std::set<int> present;
-  for (const Proc& proc : procs_) {
-    world = std::max(world, proc.file->header.world);
-    present.insert(proc.rank);
-  }
-  std::vector<int> untraced;
-  for (int r = 0; r < world; ++r) {
-    if (!present.count(r)) untraced.push_back(r);
-  }
-  std::unordered_map<int, const Proc*> byRank;
-  for (const Proc& proc : procs_) byRank[proc.rank] = &proc;
+  for (const Proc& proc : procs_) world = std::max(world, proc.file->header.world);
+  std::vector<int> untraced = untracedRanks(world);
   for (Verdict& v : verdicts_) {
     if (v.kind == VerdictKind::kStraggler) continue;
     auto doubt = [&v](double factor, std::string why) {
@@ -184,14 +194,17 @@ void JobAnalysis::assessConfidence() {
     } else if (!untraced.empty()) {
       doubt(0.8, "ranks " + formatRanks(untraced) + " of the job have no trace");
     }
-    std::set<int> involved(v.culprits.begin(), v.culprits.end());
-    for (const RankClass& rc : v.classes) involved.insert(rc.ranks.begin(), rc.ranks.end());
+    std::vector<int> involved(v.culprits.begin(), v.culprits.end());
+    for (const RankClass& rc : v.classes)
+      involved.insert(involved.end(), rc.ranks.begin(), rc.ranks.end());
+    std::sort(involved.begin(), involved.end());
+    involved.erase(std::unique(involved.begin(), involved.end()), involved.end());
     std::vector<int> lossy, untracked;
     uint64_t lost = 0;
     for (int rank : involved) {
-      auto found = byRank.find(rank);
-      if (found == byRank.end()) continue;
-      const trace::TraceFile& file = *found->second->file;
+      const Proc* proc = procOfRank(rank);
+      if (proc == nullptr) continue;
+      const trace::TraceFile& file = *proc->file;
       uint64_t missing = file.lostRecords + file.header.droppedRecords;
       if (missing > 0) {
         lossy.push_back(rank);
@@ -205,9 +218,9 @@ void JobAnalysis::assessConfidence() {
     // Completion tracking: each class's first rank's record of its call stands for the class.
     for (const RankClass& rc : v.classes) {
       if (rc.ranks.empty() || rc.call.seq == 0 || rc.call.commHash == 0) continue;
-      auto found = byRank.find(rc.ranks.front());
-      if (found == byRank.end()) continue;
-      const auto& records = found->second->file->records;
+      const Proc* proc = procOfRank(rc.ranks.front());
+      if (proc == nullptr) continue;
+      const auto& records = proc->file->records;
       for (size_t i = records.size(); i-- > 0;) {
         const CallRecord& r = records[i];
         if (r.commHash != rc.call.commHash || r.seq != rc.call.seq || !isSequenced(r)) continue;
@@ -229,13 +242,7 @@ void JobAnalysis::assessConfidence() {
 }
 
 void JobAnalysis::noteEvidenceGaps(JobReport& report) const {
-  int world = report.world;
-  std::set<int> present;
-  for (const Proc& proc : procs_) present.insert(proc.rank);
-  std::vector<int> untraced, noEvents, wrapped;
-  for (int r = 0; r < world; ++r) {
-    if (!present.count(r)) untraced.push_back(r);
-  }
+  std::vector<int> untraced = untracedRanks(report.world), noEvents, wrapped;
   if (!untraced.empty()) {
     report.evidenceGaps.push_back((untraced.size() == 1 ? "rank " : "ranks ") +
                                   formatRanks(untraced) + " left no trace");

@@ -118,11 +118,41 @@ struct Member {
   uint64_t pendingCount = 0;
   bool prefixBroken = false;
   const MemberProgress* progress = nullptr;  // the same facts, kept on arrival
+  // What alignment folds into its Comm (maxCompletedOrdinal, hasSplits) once every process is
+  // aligned: the highest ordinal of a collective it completed, and whether it called a split.
+  uint64_t completedCollective = 0;
+  bool madeSplit = false;
   uint64_t lastOrdinal() const { return coll.empty() ? 0 : base + coll.size() - 1; }
   uint32_t at(uint64_t ordinal) const {
     if (ordinal < base || ordinal >= base + coll.size()) return kNone;
     return coll[ordinal - base];
   }
+};
+
+// A communicator's members by comm rank. Ranks within the communicator's size (all of them, unless
+// a table is damaged) index a vector: a hash map took one allocation per member and pass, 32,768
+// of them for a divergence's pass over the world communicator of a 32k-rank job.
+class MemberIndex {
+ public:
+  explicit MemberIndex(int size = 0) : dense_(size > 0 && size <= kMaxDense ? size : 0, -1) {}
+  void set(int commRank, int member) {
+    if (commRank >= 0 && static_cast<size_t>(commRank) < dense_.size()) {
+      dense_[commRank] = member;
+    } else {
+      sparse_[commRank] = member;
+    }
+  }
+  // The member index of `commRank`, -1 if no member has it.
+  int find(int commRank) const {
+    if (commRank >= 0 && static_cast<size_t>(commRank) < dense_.size()) return dense_[commRank];
+    auto it = sparse_.find(commRank);
+    return it == sparse_.end() ? -1 : it->second;
+  }
+
+ private:
+  static constexpr int kMaxDense = 1 << 22;  // a damaged size takes no memory for it
+  std::vector<int> dense_;
+  std::unordered_map<int, int> sparse_;
 };
 
 // The per-communicator state.
@@ -131,8 +161,8 @@ struct Comm {
   CommDesc desc;
   int kind = 0;
   std::vector<Member> members;
-  std::unordered_map<int, int> byCommRank;  // comm rank -> member index
-  uint64_t maxCompletedOrdinal = 0;         // a collective at or below it finished everywhere
+  MemberIndex byCommRank;            // comm rank -> member index
+  uint64_t maxCompletedOrdinal = 0;  // a collective at or below it finished everywhere
   bool hasSplits = false;  // a member's aligned calls include ncclCommSplit (checkColours)
   CommProgress progress;   // its members' progress (comm_progress.h), aligned or not
 };
@@ -221,7 +251,15 @@ class JobAnalysis {
   // the hang checks run (they read their alignment) or when their kept p2p verdicts were drawn in
   // another job state.
   void chooseRedo();
-  void alignProc(int proc, const std::vector<char>& aligned);
+  // One thread's tallies for alignProc, reused from process to process; the pending transfers
+  // it found, merged into pendingP2p_ after.
+  struct AlignScratch {
+    std::vector<std::unordered_map<int64_t, uint64_t>> p2pMax;
+    std::vector<uint64_t> p2pSum;
+    std::vector<TransferKey> pendingP2p;
+  };
+  void alignAll(const std::vector<std::vector<char>>& aligned);
+  void alignProc(int proc, const std::vector<char>& aligned, AlignScratch& scratch);
   // Counts aligned members whose progress (comm_progress.h) differs from their alignment.
   void compareProgress(const Comm& comm);
   void findCompletedTransfers();
@@ -306,6 +344,8 @@ class JobAnalysis {
   void finishVerdicts();
   void assessConfidence();
   void noteEvidenceGaps(JobReport& report) const;
+  std::vector<int> untracedRanks(int world) const;
+  const Proc* procOfRank(int rank) const;
   void restsOnTiming(Verdict& v) const;
   void addStackTops();
   void summarize(JobReport& report);
@@ -322,8 +362,8 @@ class JobAnalysis {
     return describeCall(proc.rec(index));
   }
   int globalRank(const Comm& comm, int commRank) const {
-    auto it = comm.byCommRank.find(commRank);
-    return it == comm.byCommRank.end() ? -1 : procs_[comm.members[it->second].proc].rank;
+    int member = comm.byCommRank.find(commRank);
+    return member < 0 ? -1 : procs_[comm.members[member].proc].rank;
   }
   uint64_t ordinalOf(int proc, uint32_t index) const {
     auto it = pendingOrdinal_[proc].find(index);

@@ -7,13 +7,19 @@
 // every rank but one that never issued it, nothing moved for longer than quietNs: the pass the
 // collector runs every few hundred ms once a job goes quiet (the hang checks on), full
 // (analysis::analyze) and as the collector's IncrementalAnalysis runs it with nothing arriving.
-// Usage: inspect_bench [--live] [RANKS] [RECORDS]
+// With --collector: the shape bench/collector_load sends
+// (tensor-parallel comms of 8 and the world, allreduces alternating between them, no p2p), live,
+// with rank 17's last world allreduce of the wrong count: the passes a collector runs when that
+// mismatch arrives, the divergence's own pass over the world communicator above all.
+// --threads=N: the analysis' Options::threads (1 by default).
+// Usage: inspect_bench [--live | --collector] [--threads=N] [RANKS] [RECORDS]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <string>
 #include <vector>
 
 #include "analysis/analyze.h"
@@ -38,7 +44,9 @@ using ncclwatch::trace::TraceFile;
 
 constexpr int kTp = 8;
 constexpr uint64_t kWorldHash = 0xabc;
-bool g_live = false;  // --live: a healthy job that is still running
+bool g_live = false;       // --live: a healthy job that is still running
+bool g_collector = false;  // --collector: collector_load's shape, live, one mismatch
+int g_threads = 1;         // --threads=N: Options::threads
 
 TraceFile makeRank(int rank, int world, int records) {
   TraceFile file;
@@ -65,10 +73,33 @@ TraceFile makeRank(int rank, int world, int records) {
   };
   comm(worldHash, world, rank, 0, -1);
   comm(tpHash, kTp, rank % kTp, worldHash, rank / kTp);
-  comm(dpHash, dp, rank / kTp, worldHash, rank % kTp);
+  if (!g_collector) comm(dpHash, dp, rank / kTp, worldHash, rank % kTp);
   uint64_t seqWorld = 0, seqTp = 0, seqDp = 0, sends = 0, recvs = 0;
   file.records.reserve(records);
   int64_t t = 1'000'000;
+  if (g_collector) {
+    for (int call = 0; call < records; ++call) {
+      bool onWorld = call % 2 == 1;
+      CallRecord r{};
+      r.commHash = onWorld ? worldHash : tpHash;
+      r.seq = onWorld ? ++seqWorld : ++seqTp;
+      r.op = OpKind::kAllReduce;
+      r.count = onWorld ? 25u << 20 : 4u << 20;
+      if (onWorld && rank == 17 && call >= records - 2) r.count /= 2;  // the mismatch
+      r.dtype = 9;
+      r.redop = 0;
+      r.rootOrPeer = -1;
+      r.stream = onWorld ? 0xa0 : 0xb0;
+      r.issueNs = t += 10'000 + (rank % 64) * 10;
+      r.state = RecordState::kCompleted;
+      r.startNs = t + 100;
+      r.completeNs = t + 5'000;
+      r.fingerprint = ncclwatch::trace::fingerprint({r.op, r.count, 9, 0, -1});
+      r.ringIndex = file.records.size();
+      file.records.push_back(r);
+    }
+    return file;
+  }
   int steps = records / 8;
   for (int step = 0; step < steps; ++step) {
     bool last = !g_live && step == steps - 1;
@@ -108,6 +139,7 @@ TraceFile makeRank(int rank, int world, int records) {
 int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
   ncclwatch::analysis::Options options;
   options.probeProcesses = false;
+  options.threads = g_threads;
   int64_t last = 0;
   for (const TraceFile& file : files) {
     options.aliveRanks.push_back(file.header.rank);
@@ -118,13 +150,15 @@ int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
   double total = static_cast<double>(ranks) * (records / 8 * 8);
   for (int pass = 0; pass < 3; ++pass) {
     double cpuStart = cpuSeconds();
+    auto start = std::chrono::steady_clock::now();
     ncclwatch::analysis::Report report = ncclwatch::analysis::analyze(files, options);
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double cpu = cpuSeconds() - cpuStart;
     size_t verdicts = report.jobs.empty() ? 0 : report.jobs[0].verdicts.size();
     std::printf(
         "inspect_bench --live: %d ranks x %d records, pass %d: CPU %.3f s, %.1f M "
-        "records/CPU s, %zu verdicts\n",
-        ranks, records, pass + 1, cpu, total / cpu / 1e6, verdicts);
+        "records/CPU s, wall %.3f s (%d threads), %zu verdicts\n",
+        ranks, records, pass + 1, cpu, total / cpu / 1e6, wall, g_threads, verdicts);
   }
   // What a divergence on the world communicator costs the collector: the incremental pass that
   // redoes that communicator alone (IncrementalAnalysis::analyzeFirst), after a full one.
@@ -136,13 +170,21 @@ int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
   for (int pass = 0; pass < 3; ++pass) {
     incremental.touch(kWorldHash);
     double cpuStart = cpuSeconds();
+    auto start = std::chrono::steady_clock::now();
     ncclwatch::analysis::Report report = incremental.analyzeFirst(files, options, {kWorldHash});
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double cpu = cpuSeconds() - cpuStart;
     std::printf(
         "inspect_bench --live: the world communicator alone (a divergence's pass) %d: "
-        "CPU %.3f s, %s\n",
-        pass + 1, cpu, incremental.stats().partialPasses > 0 ? "partial" : "full");
+        "CPU %.3f s, wall %.3f s (%d threads), %s\n",
+        pass + 1, cpu, wall, g_threads, incremental.stats().partialPasses > 0 ? "partial" : "full");
   }
+  std::string why;
+  for (const auto& [reason, count] : incremental.stats().fullBecause)
+    why += " " + reason + ":" + std::to_string(count);
+  std::printf("inspect_bench --live: %llu full passes (%s), %llu partial\n",
+              static_cast<unsigned long long>(incremental.stats().fullPasses), why.c_str() + 1,
+              static_cast<unsigned long long>(incremental.stats().partialPasses));
   return 0;
 }
 
@@ -151,6 +193,7 @@ int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
 void hungPasses(std::vector<TraceFile>& files, int ranks) {
   ncclwatch::analysis::Options options;
   options.probeProcesses = false;
+  options.threads = g_threads;
   const int missing = ranks / 2 + 5;
   int64_t last = 0;
   for (TraceFile& file : files) {
@@ -202,16 +245,24 @@ void hungPasses(std::vector<TraceFile>& files, int ranks) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::strcmp(argv[1], "--live") == 0) {
-    g_live = true;
-    --argc;
-    ++argv;
+  for (; argc > 1 && std::strncmp(argv[1], "--", 2) == 0; --argc, ++argv) {
+    if (std::strcmp(argv[1], "--live") == 0 || std::strcmp(argv[1], "--collector") == 0) {
+      g_live = true;
+      g_collector = argv[1][2] == 'c';
+    } else if (std::strncmp(argv[1], "--threads=", 10) == 0 && std::atoi(argv[1] + 10) > 0) {
+      g_threads = std::atoi(argv[1] + 10);
+    } else {
+      std::fprintf(stderr, "inspect_bench: unknown option %s\n", argv[1]);
+      return 2;
+    }
   }
   int ranks = argc > 1 ? std::atoi(argv[1]) : 1024;
   int records = argc > 2 ? std::atoi(argv[2]) : 16384;
   if (ranks < kTp || ranks % kTp != 0 || records < 8) {
-    std::fprintf(stderr,
-                 "usage: inspect_bench [--live] [RANKS (multiple of 8)] [RECORDS (>= 8)]\n");
+    std::fprintf(
+        stderr,
+        "usage: inspect_bench [--live | --collector] [--threads=N] [RANKS (multiple of 8)] "
+        "[RECORDS (>= 8)]\n");
     return 2;
   }
   std::vector<TraceFile> files;
@@ -219,11 +270,12 @@ int main(int argc, char** argv) {
   for (int r = 0; r < ranks; ++r) files.push_back(makeRank(r, ranks, records));
   if (g_live) {
     livePasses(files, ranks, records);
-    hungPasses(files, ranks);
+    if (!g_collector) hungPasses(files, ranks);
     return 0;
   }
   ncclwatch::analysis::Options options;
   options.probeProcesses = false;
+  options.threads = g_threads;
   auto start = std::chrono::steady_clock::now();
   double cpuStart = cpuSeconds();
   ncclwatch::analysis::Report report = ncclwatch::analysis::analyze(files, options);

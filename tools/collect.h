@@ -31,6 +31,10 @@ struct Options {
   // 4096-rank collector within 150 MiB (docs/scale.md); a job of up to 1024 ranks keeps 512
   // calls or more a rank.
   size_t maxRecords = 1u << 19;
+  // Threads an analysis pass may use (analysis::Options::threads): a pass over a 32k-rank job
+  // reads nothing while it runs, so its wall time is the verdict's latency. 0: the default
+  // (analysis::defaultAnalysisThreads).
+  int analysisThreads = 0;
   // `collect --until-idle`: end once agents came and none has been connected for 1 s, or
   // when none came within 60 s (the sidecar a rank starts must not outlive its job), or at
   // once when none is connected and agents of a newer job knock (an elastic restart's).

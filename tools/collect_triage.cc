@@ -470,6 +470,8 @@ void Triage::analyze(int64_t now, bool final, const std::set<uint64_t>* first) {
   analysisOptions.nowNs = realtimeNs();
   analysisOptions.quietNs = options_.quietMs * kMs;
   analysisOptions.probeProcesses = false;
+  analysisOptions.threads =
+      options_.analysisThreads > 0 ? options_.analysisThreads : analysis::defaultAnalysisThreads();
   bool graceRunning = false;
   for (size_t i = 0; i < processes_.size(); ++i) {
     const Process& process = processes_[i];

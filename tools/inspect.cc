@@ -75,6 +75,7 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
   if (!cli::loadTraces(options.directory, "inspect", err, &loaded)) return 2;
   std::vector<trace::TraceFile>& files = loaded.files;
   analysis::Options analysisOptions;
+  analysisOptions.threads = analysis::defaultAnalysisThreads();
   analysisOptions.quietNs = static_cast<int64_t>(options.quietSeconds * 1e9);
   cli::SourceLines lines(cli::SourceLines::workingDirectory());
   lines.annotateDumps(files);

@@ -305,6 +305,11 @@ void addCollect(CLI::App& app, int& exitCode) {
       ->add_option("--max-records", options.maxRecords,
                    "call records kept for analysis, shared by the ranks (128 bytes each)")
       ->check(CLI::Range(size_t{1024}, size_t{1} << 28));
+  collect
+      ->add_option("--analysis-threads", options.analysisThreads,
+                   "threads an analysis pass may use for jobs of 512 ranks or more (default: half "
+                   "the cores, 8 at most)")
+      ->check(CLI::Range(1, 64));
   collect->add_flag("--until-idle", options.untilIdle,
                     "exit once every agent has gone for 1 s (or none came within 60 s, or a newer "
                     "job's agents knock while none of its own is connected)");

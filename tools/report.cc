@@ -445,6 +445,7 @@ int run(const Options& options, std::ostream& err) {
   if (!cli::loadTraces(options.directory, "report", err, &loaded)) return 2;
   files = std::move(loaded.files);
   analysis::Options analysisOptions;
+  analysisOptions.threads = analysis::defaultAnalysisThreads();
   analysisOptions.quietNs = static_cast<int64_t>(options.quietSeconds * 1e9);
   cli::SourceLines lines(cli::SourceLines::workingDirectory());
   lines.annotateDumps(files);

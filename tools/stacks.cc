@@ -27,6 +27,7 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
   lines.annotateDumps(files);
   lines.printNotes("stacks", err);
   analysis::Options analysisOptions;
+  analysisOptions.threads = analysis::defaultAnalysisThreads();
   analysisOptions.quietNs = static_cast<int64_t>(options.quietSeconds * 1e9);
   analysis::Report report = analysis::analyze(files, analysisOptions);
   analysis::StackReport stacks = analysis::stackReport(files, report, stackOptions);

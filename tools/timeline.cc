@@ -390,6 +390,7 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
   cli::Loaded loaded;
   if (!cli::loadTraces(options.directory, "timeline", err, &loaded)) return 2;
   analysis::Options analysisOptions;
+  analysisOptions.threads = analysis::defaultAnalysisThreads();
   analysisOptions.quietNs = static_cast<int64_t>(options.quietSeconds * 1e9);
   cli::SourceLines lines(cli::SourceLines::workingDirectory());
   lines.annotateDumps(loaded.files);

@@ -329,4 +329,93 @@ TEST(Incremental, UntouchedCommunicatorsKeepTheirVerdicts) {
   EXPECT_EQ(incremental.stats().fullPasses, 2u);
 }
 
+// A job of 1024 ranks, large enough for a pass to split its loops over threads
+// (analysis/parallel.h): tensor-parallel comms of 8 and the world, a ring of sends and receives,
+// rank 300 late at every collective (a straggler), `bug` "count": rank 517's fifth world
+// allreduce of the wrong size, "half": that of ranks 512-1023 (each thread's share of the members
+// then agrees within itself: only the comparison across them finds it); the last two steps stay
+// issued.
+std::vector<TraceFile> bigJob(const std::string& bug) {
+  constexpr int kRanks = 1024, kTp = 8, kBigSteps = 8;
+  std::vector<TraceFile> files;
+  for (int r = 0; r < kRanks; ++r) {
+    Rank rank(r, kRanks);
+    rank.comm(kWorldComm, kRanks, r);
+    rank.comm(kTpComm + r / kTp, kTp, r % kTp, kWorldComm, r / kTp);
+    int64_t t = 1000 * kMs + (r % 64) * 1000;
+    rank.call(kWorldComm, OpKind::kSplit, 0, RecordState::kCompleted, t, 0, 0, r / kTp);
+    for (int step = 0; step < kBigSteps; ++step) {
+      t += 10 * kMs;
+      int64_t late = r == 300 ? 4 * kMs : 0;
+      RecordState s = step >= kBigSteps - 2 ? RecordState::kIssued : RecordState::kCompleted;
+      rank.call(kTpComm + r / kTp, OpKind::kAllReduce, 1024, s, t + late);
+      bool wrongSize = (bug == "count" && r == 517) || (bug == "half" && r >= kRanks / 2);
+      uint64_t count = wrongSize && step == 4 ? 2048 : 4096;
+      rank.call(kWorldComm, OpKind::kAllReduce, count, s, t + 2 * kMs + late);
+      if (step % 2 == 0) {
+        RecordState ps = step < kBigSteps - 4 ? RecordState::kCompleted : RecordState::kIssued;
+        rank.call(kWorldComm, OpKind::kSend, 256, ps, t + 3 * kMs, synthetic::kF32, 0,
+                  (r + 1) % kRanks);
+        rank.call(kWorldComm, OpKind::kRecv, 256, ps, t + 3 * kMs, synthetic::kF32, 0,
+                  (r + kRanks - 1) % kRanks);
+      }
+    }
+    files.push_back(rank.take());
+  }
+  return files;
+}
+
+// The first line where two reports differ, with its number ("" when equal): a 1024-rank report
+// is too long to print whole.
+std::string firstDifference(const std::string& a, const std::string& b) {
+  std::istringstream left(a), right(b);
+  std::string x, y;
+  for (int line = 1;; ++line) {
+    bool more = static_cast<bool>(std::getline(left, x));
+    bool moreRight = static_cast<bool>(std::getline(right, y));
+    if (!more && !moreRight) return "";
+    if (!more || !moreRight || x != y) {
+      return "line " + std::to_string(line) + ":\n  one thread:   " + (more ? x : "(end)") +
+             "\n  four threads: " + (moreRight ? y : "(end)");
+    }
+  }
+}
+
+// Threads change how fast a pass is, never what it says: one thread and four give the same
+// report for a healthy job (stragglers), a mismatch, a hung job and an ended one, in full passes
+// and in the partial pass a divergence runs.
+TEST(Parallel, FourThreadsSayWhatOneThreadSays) {
+  for (std::string bug : {"none", "count", "half"}) {
+    std::vector<TraceFile> files = bigJob(bug);
+    for (int shape = 0; shape < 3; ++shape) {
+      Options options = shape == 0 ? running() : shape == 1 ? hung() : ended();
+      options.aliveRanks.clear();
+      for (int r = 0; r < 1024 && shape < 2; ++r) options.aliveRanks.push_back(r);
+      Options threaded = options;
+      threaded.threads = 4;
+      std::string one = describe(ncclwatch::analysis::analyze(files, options));
+      std::string four = describe(ncclwatch::analysis::analyze(files, threaded));
+      EXPECT_EQ(firstDifference(one, four), "") << bug << ", shape " << shape;
+      IncrementalAnalysis single, parallel;
+      single.analyze(files, options);
+      parallel.analyze(files, threaded);
+      single.touch(kWorldComm);
+      parallel.touch(kWorldComm);
+      EXPECT_EQ(firstDifference(describe(single.analyzeFirst(files, options, {kWorldComm})),
+                                describe(parallel.analyzeFirst(files, threaded, {kWorldComm}))),
+                "")
+          << bug << ", shape " << shape << ", a divergence's pass";
+    }
+  }
+  // What the comparison compares: a straggler in the healthy job, the mismatch in the other.
+  Options alive = running();
+  for (int r = kWorld; r < 1024; ++r) alive.aliveRanks.push_back(r);
+  Report slow = ncclwatch::analysis::analyze(bigJob("none"), alive);
+  Report count = ncclwatch::analysis::analyze(bigJob("count"), alive);
+  Report half = ncclwatch::analysis::analyze(bigJob("half"), alive);
+  EXPECT_NE(describe(slow).find("straggler"), std::string::npos) << describe(slow);
+  EXPECT_NE(describe(count).find("mismatch"), std::string::npos) << describe(count);
+  EXPECT_NE(describe(half).find("mismatch"), std::string::npos) << describe(half);
+}
+
 }  // namespace
