@@ -15,11 +15,19 @@
 namespace ncclwatch::analysis::internal {
 
 uint32_t JobAnalysis::waitPoint(int p) const {
+  // Asked several times per process by the hang checks (dead ranks, where the absent ones are,
+  // held hosts, order breaks): found once per pass. What it reads (the pending calls and where
+  // they are aligned) is settled once the communicators are aligned (alignSkipped starts over).
+  if (waitPoints_.size() != procs_.size()) waitPoints_.assign(procs_.size(), kUnknownWaitPoint);
+  uint32_t& known = waitPoints_[static_cast<size_t>(p)];
+  if (known != kUnknownWaitPoint) return known;
   const Proc& proc = procs_[p];
+  known = kNone;
+  if (!proc.pending) return known;  // nothing pending at all (its progress says)
   for (uint32_t i = 0; i < proc.file->records.size(); ++i) {
-    if (isPending(proc.rec(i)) && !impliedDone(p, i)) return i;
+    if (isPending(proc.rec(i)) && !impliedDone(p, i)) return known = i;
   }
-  return kNone;
+  return known;
 }
 
 bool JobAnalysis::impliedDone(int p, uint32_t i) const {
@@ -63,13 +71,13 @@ CallDesc JobAnalysis::whereIs(int p) const {
 void JobAnalysis::buildComms() {
   pendingOrdinal_.assign(procs_.size(), {});
   procMembers_.assign(procs_.size(), {});
-  // A partial pass knows every comm's members but aligns only the comms it redoes: per process,
-  // which of its memberships (procMembers_ order) to align.
-  std::vector<std::vector<char>> aligned(procs_.size());
+  // Every communicator's members first, with their progress (comm_progress.h); then which to
+  // align (a partial pass: chooseRedo); then the alignment.
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
     const Proc& proc = procs_[p];
     // this process's members, by comm hash; usually a handful, so a small vector
     std::vector<std::pair<uint64_t, std::pair<int, int>>> mine;  // hash -> (comm, member)
+    std::span<const MemberProgress> progress = proc.progress->members();
     auto memberOf = [&](uint64_t hash) -> std::pair<int, int> {
       for (auto& [h, cm] : mine) {
         if (h == hash) return cm;
@@ -95,20 +103,77 @@ void JobAnalysis::buildComms() {
       Member m;
       m.proc = p;
       m.commRank = info.rank;
+      // The progress lists the same memberships in the same order (ProcessProgress::rebuild).
+      m.progress = &progress[mine.size()];
+      comm.progress.add(*m.progress, comm.members.empty());
       comm.byCommRank.set(info.rank, static_cast<int>(comm.members.size()));
       mine.push_back({info.commHash, {it->second, static_cast<int>(comm.members.size())}});
-      aligned[p].push_back(redo(comm) ? 1 : 0);
       comm.members.push_back(std::move(m));
     }
     procMembers_[p] = std::move(mine);
   }
+  if (partial_) chooseRedo();
+  // A partial pass knows every comm's members but aligns only some: per process, which of its
+  // memberships (procMembers_ order) to align.
+  std::vector<std::vector<char>> aligned(procs_.size());
+  for (size_t p = 0; p < procs_.size(); ++p) {
+    for (const auto& [hash, at] : procMembers_[p]) {
+      aligned[p].push_back(this->aligned(comms_[at.first]) ? 1 : 0);
+    }
+  }
   alignAll(aligned);
+  for (const Comm& comm : comms_) {
+    if (this->aligned(comm)) compareProgress(comm);
+  }
   findCompletedTransfers();
   // Names: a root comm spanning every process of the job is the world.
   for (Comm& comm : comms_) {
     if (comm.desc.name.empty() && comm.desc.parent == 0 &&
         comm.desc.size == static_cast<int>(procs_.size()) && procs_.size() > 0) {
       comm.desc.name = "world";
+    }
+  }
+}
+
+// Which communicators a partial pass aligns besides the touched ones (redo_ holds those):
+// alignOnly_.
+//
+// When the hang families run (the job quiet, a process gone, a failed call), they must see the
+// alignment of every communicator that is not done: some member has a pending call there, or the
+// members' issued counts or last ordinals differ. A done communicator needs none, because of
+// what each family reads of a communicator's alignment:
+//  - the wait-for graph (checkGraph, checkStuckP2p), where a process waits (waitPoint,
+//    impliedDone, whereIs), errors (othersWaitOn) and the missing-rank and left-behind checks
+//    look only at pending calls and the communicators they are on (their ordinals, the
+//    members' calls at those ordinals, the completed ordinal and transfers there): none on a
+//    done communicator, which has no pending call;
+//  - dead ranks compare each member's last ordinal with the furthest of its communicator: on a
+//    done communicator they are all equal, aligned or not (an unaligned one reads 0 for each),
+//    so it says "not behind here" either way;
+//  - init hangs and the error verdicts' classes read memberships only, which every pass has.
+// Whether the job stalled comes from the progress of every communicator (decideStalled).
+// The per-communicator checks keep their results for the untouched communicators, as in any
+// partial pass, the not-done ones aligned here included: their mismatches, colours, straggler
+// tallies and summaries read only their own records, which did not change. Their p2p verdicts
+// read the job's state (stalled, dead ranks) for pending calls: drawn again when that state
+// changed since they were kept (checkP2p). For the
+// same reason a partial pass without the hang checks aligns a not-done communicator whose kept
+// p2p verdicts were drawn in another state (CommCache::jobState; checkP2p keeps them when the
+// state is the same).
+void JobAnalysis::chooseRedo() {
+  for (const Comm& comm : comms_) {
+    if (comm.progress.done || redo_.count(comm.hash)) continue;
+    if (hangChecks_ || cache_->comms[comm.hash].jobState != 0) alignOnly_.insert(comm.hash);
+  }
+}
+
+void JobAnalysis::compareProgress(const Comm& comm) {
+  for (const Member& m : comm.members) {
+    const MemberProgress& kept = *m.progress;
+    if (kept.maxSeq != m.maxSeq || kept.completedSeq != m.completedSeq ||
+        kept.pendingCount != m.pendingCount || kept.lastOrdinal != m.lastOrdinal() ||
+        kept.maxCompletedOrdinal != m.completedCollective) {
+      ++progressDisagreements_;
     }
   }
 }
@@ -248,11 +313,16 @@ void JobAnalysis::alignSkipped() {
   std::vector<std::vector<char>> skipped(procs_.size());
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
     for (const auto& [hash, at] : procMembers_[p])
-      skipped[p].push_back(redo(comms_[at.first]) ? 0 : 1);
+      skipped[p].push_back(aligned(comms_[at.first]) ? 0 : 1);
   }
   alignAll(skipped);
+  for (const Comm& comm : comms_) {
+    if (!aligned(comm)) compareProgress(comm);
+  }
   partial_ = false;
   redo_.clear();
+  alignOnly_.clear();
+  waitPoints_.clear();
   findCompletedTransfers();
 }
 

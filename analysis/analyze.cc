@@ -39,20 +39,24 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
             [](const Proc& a, const Proc& b) { return a.rank < b.rank; });
   for (const Proc& proc : procs_) report.world = std::max(report.world, proc.file->header.world);
   // A partial pass (incremental.h) when the kept per-comm results are still good: the same
-  // processes and memberships, and the cross-communicator checks have nothing to say.
+  // processes and memberships, no shrink (its parent's alignment is cut where the survivors
+  // shrank), no kept verdict about ranks on other communicators. When the cross-communicator
+  // checks may have something to say (the job quiet, a process gone, a failed call...), the
+  // partial pass runs them too, over the communicators not done (chooseRedo).
   const char* notQuiet = cache_ != nullptr ? crossCommChecksQuiet() : "first";
-  bool quietChecks = *notQuiet == '\0';
   uint64_t id = cache_ != nullptr ? identity() : 0;
   if (cache_ == nullptr || dirty_ == nullptr) {
     whyFull_ = "first";
-  } else if (!quietChecks) {
-    whyFull_ = notQuiet;
+  } else if (hasShrink()) {
+    whyFull_ = "shrink";
   } else if (cache_->identity != id) {
     whyFull_ = "changed";
   } else if (!cache_->valid) {
     whyFull_ = cache_->comms.empty() ? "first" : "absent";
   } else {
     partial_ = true;
+    hangChecks_ = *notQuiet != '\0';
+    whyHang_ = notQuiet;
     redo_ = *dirty_;
   }
   if (cache_ != nullptr) {
@@ -64,8 +68,8 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
     decideStalled();
     // The hang families below look across communicators; when crossCommChecksQuiet() holds
     // they find nothing (each needs a process gone, a failed call or a quiet job), so a partial
-    // pass skips them.
-    if (!partial_) {
+    // pass skips them; otherwise it runs them over the communicators not done (chooseRedo).
+    if (hangFamilies()) {
       checkErrors();
       checkInit();
     }
@@ -84,14 +88,14 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
     cache_->comms.clear();
     openingChecks();
   }
-  if (!partial_) checkDeadAndMissing();
+  if (hangFamilies()) checkDeadAndMissing();
   checkP2p();
-  if (!partial_) checkGraph();
+  if (hangFamilies()) checkGraph();
   checkStragglers();
   if (cache_ != nullptr) {
     bool readsOthers = false;
     for (const auto& [hash, kept] : cache_->comms) readsOthers |= kept.readsOtherComms;
-    cache_->valid = quietChecks && !readsOthers;
+    cache_->valid = !readsOthers;
     cache_->identity = id;
   }
   finishVerdicts();
@@ -134,6 +138,15 @@ const char* JobAnalysis::crossCommChecksQuiet() const {
   }
   if (now_ - last >= options_.quietNs) return "quiet";
   return "";
+}
+
+bool JobAnalysis::hasShrink() const {
+  for (const Proc& proc : procs_) {
+    for (const trace::CommInfo& info : proc.file->comms) {
+      if (info.kind == static_cast<int>(OpKind::kShrink)) return true;
+    }
+  }
+  return false;
 }
 
 uint64_t JobAnalysis::identity() const {
@@ -314,34 +327,38 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
   // Sorted once: a linear search per process was quadratic (~5e8 compares a pass at 32,768).
   std::vector<int> aliveRanks = options.aliveRanks;
   std::sort(aliveRanks.begin(), aliveRanks.end());
-  // What the passes read of each process's records, from one scan of them (files split over
-  // Options::threads).
-  struct RecordFacts {
-    int64_t last = 0;  // latest time, monotonic
-    bool pending = false, failed = false, anyTracked = false;
-    uint64_t calls = 0, shed = 0;
-  };
-  std::vector<RecordFacts> facts(files.size());
-  parallelChunks(files.size(), options.threads, [&](size_t, size_t begin, size_t end) {
+  // Each file's progress (comm_progress.h): kept between passes when the caller reports what
+  // changed (IncrementalAnalysis::appended...), else built from its records here (files split
+  // over Options::threads). It holds what the passes read of each process's records (pending,
+  // failed, tracked and shed calls, the latest time): no scan of them per pass.
+  std::vector<ProcessProgress> built;
+  std::vector<ProcessProgress>* progress = &built;
+  if (incremental == nullptr) {
+    built.resize(files.size());
+  } else {
+    if (incremental->progress.size() < files.size()) {
+      incremental->progress.resize(files.size());
+      incremental->fed.resize(files.size(), 0);
+    }
+    progress = &incremental->progress;
+  }
+  std::vector<uint64_t> rebuilt(chunkCount(files.size(), options.threads), 0);
+  parallelChunks(files.size(), options.threads, [&](size_t chunk, size_t begin, size_t end) {
     for (size_t f = begin; f < end; ++f) {
       const trace::TraceFile& file = files[f];
       if (!file.usable) continue;
-      RecordFacts& fact = facts[f];
-      int64_t last = file.header.anchorMonotonicNs;
-      for (const CallRecord& r : file.records) {
-        last = std::max({last, r.issueNs, r.startNs, r.completeNs});
-        fact.pending |= internal::isPending(r);
-        fact.failed |= internal::isFailed(r);
-        if (trace::isCollective(r.op) || trace::isPointToPoint(r.op)) {
-          ++fact.calls;
-          fact.anyTracked |= internal::isTracked(r) || (r.flags & trace::kRecordKernelTracked) != 0;
-          fact.shed += (r.flags & trace::kRecordShed) != 0;
-        }
+      ProcessProgress& kept = (*progress)[f];
+      if (incremental == nullptr || !incremental->fed[f]) {
+        kept.rebuild(file);  // offline, or a caller that does not say what changes
+      } else if (!kept.follows(file)) {
+        kept.rebuild(file);
+        ++rebuilt[chunk];
       }
-      for (const trace::CommInfo& c : file.comms) last = std::max(last, c.createdNs);
-      fact.last = last;
     }
   });
+  if (incremental != nullptr) {
+    for (uint64_t count : rebuilt) incremental->stats.progressRebuilds += count;
+  }
   // job id -> its processes in start order
   std::map<std::string, std::vector<const trace::TraceFile*>> byJob;
   for (const trace::TraceFile& file : files) {
@@ -369,13 +386,16 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
       } else {
         proc.alive = std::binary_search(aliveRanks.begin(), aliveRanks.end(), proc.rank);
       }
-      const RecordFacts& fact = facts[static_cast<size_t>(file - files.data())];
-      proc.pending = fact.pending;
-      proc.failed = fact.failed;
-      proc.calls = fact.calls;
-      proc.anyTracked = fact.anyTracked;
-      proc.shed = fact.shed;
-      proc.lastActivity = proc.wall(fact.last);
+      const ProcessProgress& kept = (*progress)[static_cast<size_t>(file - files.data())];
+      proc.progress = &kept;
+      int64_t last = std::max(file->header.anchorMonotonicNs, kept.latestRecordNs());
+      proc.pending = kept.pendingCalls() > 0;
+      proc.failed = kept.failedCalls() > 0;
+      proc.calls = kept.calls();
+      proc.anyTracked = kept.trackedCalls() > 0;
+      proc.shed = kept.shed();
+      for (const trace::CommInfo& c : file->comms) last = std::max(last, c.createdNs);
+      proc.lastActivity = proc.wall(last);
       attempts[attempt].push_back(proc);
     }
     for (auto& [attempt, procs] : attempts) {
@@ -388,8 +408,13 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
       JobAnalysis analysis(std::move(procs), options, now, &cache,
                            incremental->all ? nullptr : &incremental->dirty);
       JobReport result = analysis.run(job, attempt);
+      incremental->stats.progressDisagreements += analysis.progressDisagreements();
       if (analysis.partial()) {
         ++incremental->stats.partialPasses;
+        if (analysis.hangChecks()) {
+          ++incremental->stats.hangPasses;
+          ++incremental->stats.hangBecause[analysis.whyHangChecks()];
+        }
         incremental->stats.commsReanalysed += analysis.commsRedone();
         incremental->stats.commsCarried += result.comms.size() - analysis.commsRedone();
       } else {

@@ -23,13 +23,12 @@ void JobAnalysis::decideStalled() {
     jobLastActivity_ = std::max(jobLastActivity_, proc.lastActivity);
     anyAlive |= proc.alive;
     anyUnclean |= !proc.clean && !proc.alive;
-    anyPending |= proc.pending;  // from analyzeJobs's scan of its records
+    anyPending |= proc.pending;  // from its progress (comm_progress.h)
   }
   ended_ = !anyAlive;
+  // From the progress kept on arrival (comm_progress.h): every communicator's, aligned or not.
   bool countsDiffer = false;
-  for (const Comm& comm : comms_) {
-    for (const Member& m : comm.members) countsDiffer |= m.maxSeq != comm.members[0].maxSeq;
-  }
+  for (const Comm& comm : comms_) countsDiffer |= comm.progress.countsDiffer;
   if (anyAlive) {
     stalled_ = (anyPending || countsDiffer) && now_ - jobLastActivity_ >= options_.quietNs;
     stalledByQuiet_ = stalled_;

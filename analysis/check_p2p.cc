@@ -16,10 +16,19 @@
 
 namespace ncclwatch::analysis::internal {
 
-// Per communicator; a partial pass keeps the verdicts of those it does not redo.
+// Per communicator; a partial pass keeps the verdicts of those it does not redo, unless it
+// aligned them for the hang checks and the job's state they were drawn in changed.
+uint64_t JobAnalysis::jobState() const {
+  if (!stalled_ && deadRanks_.empty()) return 0;
+  uint64_t h = trace::mix64(stalled_ ? 3 : 5);
+  for (int p : deadRanks_) h = trace::mix64(h ^ static_cast<uint64_t>(p));
+  return h | 1;
+}
+
 void JobAnalysis::checkP2p() {
+  const uint64_t state = jobState();
   for (Comm& comm : comms_) {
-    if (!redo(comm)) {
+    if (!redo(comm) && (!aligned(comm) || cache_->comms[comm.hash].jobState == state)) {
       const CommCache& kept = cache_->comms[comm.hash];
       verdicts_.insert(verdicts_.end(), kept.p2p.begin(), kept.p2p.end());
       continue;
@@ -27,8 +36,9 @@ void JobAnalysis::checkP2p() {
     size_t before = verdicts_.size();
     checkP2p(comm);
     if (cache_ == nullptr) continue;
-    cache_->comms[comm.hash].p2p.assign(verdicts_.begin() + static_cast<std::ptrdiff_t>(before),
-                                        verdicts_.end());
+    CommCache& kept = cache_->comms[comm.hash];
+    kept.p2p.assign(verdicts_.begin() + static_cast<std::ptrdiff_t>(before), verdicts_.end());
+    kept.jobState = state;
   }
 }
 

@@ -19,14 +19,21 @@
 
 namespace ncclwatch::analysis::internal {
 
+namespace {
+bool isHead(const std::vector<uint32_t>& heads, uint32_t index) {
+  return std::binary_search(heads.begin(), heads.end(), index);
+}
+}  // namespace
+
 void JobAnalysis::checkGraph() {
   if (!stalled_) return;
   int n = static_cast<int>(procs_.size());
   // Heads: per process and stream, the first pending collective or p2p call (and the rest of
   // its group). A collective at an ordinal some rank completed is not pending (stale state).
-  std::vector<std::unordered_set<uint32_t>> heads(n);
+  // headList[p] ascends (records are scanned in order): a head is found by binary search.
   std::vector<std::vector<uint32_t>> headList(n);
   for (int p = 0; p < n; ++p) {
+    if (!procs_[p].pending) continue;  // no pending call at all (its progress says): no head
     const auto& records = procs_[p].file->records;
     std::unordered_map<uint64_t, bool> streamDone;  // stream -> head found
     std::unordered_map<uint64_t, bool> inGroupHead;
@@ -39,12 +46,10 @@ void JobAnalysis::checkGraph() {
         if (found == streamDone.end()) {
           streamDone[r.stream] = true;
           inGroupHead[r.stream] = (r.flags & trace::kRecordInGroup) != 0;
-          heads[p].insert(i);
           headList[p].push_back(i);
         } else if (inGroupHead[r.stream] && (r.flags & trace::kRecordInGroup) &&
                    !headList[p].empty() && records[headList[p].back()].stream == r.stream &&
                    headList[p].back() + 1 == i) {
-          heads[p].insert(i);
           headList[p].push_back(i);
         } else {
           inGroupHead[r.stream] = false;
@@ -54,8 +59,7 @@ void JobAnalysis::checkGraph() {
   }
   // Arcs: p waits for q. Only "behind" arcs (q issued the awaited call but its stream holds it
   // behind q's own head) can close an ordering cycle; a call q never issued is missing, not a
-  // deadlock.
-  std::vector<std::set<int>> arcs(n);
+  // deadlock. Each process's arcs ascend, without repeats (the order the cycles are searched in).
   struct HeadInfo {
     const Comm* comm = nullptr;
     uint64_t ordinal = 0;
@@ -63,6 +67,54 @@ void JobAnalysis::checkGraph() {
   };
   std::vector<std::vector<HeadInfo>> info(n);
   std::map<std::pair<const Comm*, uint64_t>, std::vector<int>> fullyPresent;
+  // Every member waiting at one (comm, ordinal) sees the same others there: the members present
+  // (the call at their head, or finished) and those that hold it behind their head. Counted once
+  // per (comm, ordinal), not once per waiting member: that was members x members, 10^9 looks at
+  // 32,768 ranks waiting in one collective.
+  struct AtOrdinal {
+    std::vector<char> present;  // per member
+    int presentCount = 0;
+    std::vector<int> behind;  // procs, ascending (members are in proc order)
+    std::vector<char> isBehind;
+  };
+  std::map<std::pair<const Comm*, uint64_t>, AtOrdinal> atOrdinal;
+  auto at = [&](const Comm& comm, uint64_t ordinal) -> const AtOrdinal& {
+    auto [slot, added] = atOrdinal.try_emplace({&comm, ordinal});
+    AtOrdinal& a = slot->second;
+    if (!added) return a;
+    a.present.assign(comm.members.size(), 0);
+    a.isBehind.assign(comm.members.size(), 0);
+    for (size_t mi = 0; mi < comm.members.size(); ++mi) {
+      const Member& m = comm.members[mi];
+      uint32_t i = m.at(ordinal);
+      if (i == kNone) continue;
+      if (isHead(headList[m.proc], i) || !isPending(procs_[m.proc].rec(i))) {
+        a.present[mi] = 1;  // at its head, or finished there: not what holds the others
+        ++a.presentCount;
+      } else {
+        a.behind.push_back(m.proc);
+        a.isBehind[mi] = 1;
+      }
+    }
+    return a;
+  };
+  // Per process: the arcs of one head are the shared list of its (comm, ordinal); a process
+  // with several sources of arcs gets its own merged list.
+  std::vector<const std::vector<int>*> arcsOf(n, nullptr);
+  std::vector<std::vector<int>> ownArcs(n);
+  auto addArcs = [&](int p, const std::vector<int>& more) {
+    if (more.empty()) return;
+    if (arcsOf[p] == nullptr) {
+      arcsOf[p] = &more;
+      return;
+    }
+    std::vector<int> merged;
+    std::set_union(arcsOf[p]->begin(), arcsOf[p]->end(), more.begin(), more.end(),
+                   std::back_inserter(merged));
+    ownArcs[p] = std::move(merged);
+    arcsOf[p] = &ownArcs[p];
+  };
+  std::vector<std::vector<int>> extraArcs(n);  // p2p arcs, and any not in a shared list
   for (int p = 0; p < n; ++p) {
     for (uint32_t h : headList[p]) {
       const CallRecord& r = procs_[p].rec(h);
@@ -70,23 +122,27 @@ void JobAnalysis::checkGraph() {
       if (it == commIndex_.end()) continue;
       const Comm& comm = comms_[it->second];
       const Member* me = nullptr;
-      for (const Member& m : comm.members) {
-        if (m.proc == p) me = &m;
+      size_t myIndex = 0;
+      for (const auto& [hash, where] : procMembers_[p]) {
+        if (hash == r.commHash) {
+          me = &comm.members[where.second];
+          myIndex = static_cast<size_t>(where.second);
+        }
       }
       if (me == nullptr) continue;
       if (trace::isCollective(r.op)) {
         uint64_t ordinal = ordinalOf(p, h);
         if (ordinal == 0) continue;
-        int present = 1;
-        for (const Member& m : comm.members) {
-          if (m.proc == p) continue;
-          uint32_t i = m.at(ordinal);
-          if (i != kNone && heads[m.proc].count(i)) {
-            ++present;
-          } else if (i != kNone && !isPending(procs_[m.proc].rec(i))) {
-            ++present;  // finished there: not what holds us
-          } else if (i != kNone) {
-            arcs[p].insert(m.proc);
+        const AtOrdinal& a = at(comm, ordinal);
+        // The others as they are there, and this process present (its call is its head).
+        int present = 1 + a.presentCount - a.present[myIndex];
+        if (!a.isBehind[myIndex]) {
+          addArcs(p, a.behind);
+        } else {
+          // Its call at that ordinal is another record than this head (an ordinal recorded
+          // twice): the others, not an arc to itself.
+          for (int q : a.behind) {
+            if (q != p) extraArcs[p].push_back(q);
           }
         }
         info[p].push_back({&comm, ordinal, present});
@@ -103,13 +159,22 @@ void JobAnalysis::checkGraph() {
         for (uint32_t i : other.p2p) {
           const CallRecord& o = procs_[other.proc].rec(i);
           if (o.op != r.op && o.rootOrPeer == me->commRank && o.p2pSeq == r.p2pSeq) {
-            behind = heads[other.proc].count(i) == 0 && isPending(o);
+            behind = !isHead(headList[other.proc], i) && isPending(o);
           }
         }
-        if (behind) arcs[p].insert(other.proc);
+        if (behind) extraArcs[p].push_back(other.proc);
       }
     }
+    if (!extraArcs[p].empty()) {
+      std::sort(extraArcs[p].begin(), extraArcs[p].end());
+      extraArcs[p].erase(std::unique(extraArcs[p].begin(), extraArcs[p].end()), extraArcs[p].end());
+      addArcs(p, extraArcs[p]);
+    }
   }
+  static const std::vector<int> kNoArcs;
+  auto arcs = [&](int v) -> const std::vector<int>& {
+    return arcsOf[v] == nullptr ? kNoArcs : *arcsOf[v];
+  };
   // Tarjan's strongly connected components.
   std::vector<int> index(n, -1), low(n, 0), stack;
   std::vector<bool> onStack(n, false);
@@ -119,7 +184,7 @@ void JobAnalysis::checkGraph() {
     index[v] = low[v] = counter++;
     stack.push_back(v);
     onStack[v] = true;
-    for (int w : arcs[v]) {
+    for (int w : arcs(v)) {
       if (index[w] < 0) {
         connect(w);
         low[v] = std::min(low[v], low[w]);
@@ -276,17 +341,16 @@ void JobAnalysis::checkGraph() {
     restsOnTiming(v);
     verdicts_.push_back(std::move(v));
   }
-  if (reported.empty()) checkStuckP2p(heads);
+  if (reported.empty()) checkStuckP2p(headList);
 }
 
 // Stuck sends and receives: both sides of a pair at the heads of their streams, neither
 // completed. When several such pairs share one rank, that rank is where the transfer stalls.
-void JobAnalysis::checkStuckP2p(const std::vector<std::unordered_set<uint32_t>>& heads) {
+void JobAnalysis::checkStuckP2p(const std::vector<std::vector<uint32_t>>& heads) {
   for (const Comm& comm : comms_) checkStuckP2p(comm, heads);
 }
 
-void JobAnalysis::checkStuckP2p(const Comm& comm,
-                                const std::vector<std::unordered_set<uint32_t>>& heads) {
+void JobAnalysis::checkStuckP2p(const Comm& comm, const std::vector<std::vector<uint32_t>>& heads) {
   // A communicator another verdict already explains (a mismatch, an unmatched send) is stuck
   // because of it: saying so again would only be noise.
   bool explained = false;
@@ -299,14 +363,14 @@ void JobAnalysis::checkStuckP2p(const Comm& comm,
   for (const Member& m : comm.members) {
     for (uint32_t i : m.p2p) {
       const CallRecord& send = procs_[m.proc].rec(i);
-      if (send.op != OpKind::kSend || !heads[m.proc].count(i)) continue;
+      if (send.op != OpKind::kSend || !isHead(heads[m.proc], i)) continue;
       int pm = comm.byCommRank.find(send.rootOrPeer);
       if (pm < 0) continue;
       const Member& other = comm.members[pm];
       for (uint32_t j : other.p2p) {
         const CallRecord& recv = procs_[other.proc].rec(j);
         if (recv.op != OpKind::kRecv || recv.rootOrPeer != m.commRank ||
-            recv.p2pSeq != send.p2pSeq || !heads[other.proc].count(j)) {
+            recv.p2pSeq != send.p2pSeq || !isHead(heads[other.proc], j)) {
           continue;
         }
         sides.push_back({m.proc, i});

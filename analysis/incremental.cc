@@ -20,6 +20,29 @@ void IncrementalAnalysis::touchAll() {
   state_->all = true;
 }
 
+namespace {
+ProcessProgress& progressOf(internal::IncrementalState& state, size_t file) {
+  if (state.progress.size() <= file) {
+    state.progress.resize(file + 1);
+    state.fed.resize(file + 1, 0);
+  }
+  state.fed[file] = 1;
+  return state.progress[file];
+}
+}  // namespace
+
+void IncrementalAnalysis::appended(size_t file, const trace::TraceFile& window) {
+  progressOf(*state_, file).appended(window);
+}
+void IncrementalAnalysis::replaced(size_t file, const trace::TraceFile& window,
+                                   const trace::CallRecord& before,
+                                   const trace::CallRecord& after) {
+  progressOf(*state_, file).replaced(window, before, after);
+}
+void IncrementalAnalysis::reshaped(size_t file, const trace::TraceFile& window) {
+  progressOf(*state_, file).rebuild(window);
+}
+
 const IncrementalAnalysis::Stats& IncrementalAnalysis::stats() const {
   return state_->stats;
 }

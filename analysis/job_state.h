@@ -19,6 +19,11 @@
 //  - per job: the processes, the comm index, pending ordinals per process, the pending and
 //    completed p2p transfer keys, whether the job stalled, and the verdicts. The hang checks
 //    (dead/missing, the wait-for graph, init) and stragglers look across communicators.
+//  - kept as records arrive (comm_progress.h), per process and membership: issued and completed
+//    counts, pending calls, last ordinal. Whether the job stalled comes from it, and so does
+//    which communicators are "done" (nothing pending, no member behind): the hang checks read
+//    only the alignment of the others, so a pass that runs them need not align the done ones
+//    (JobAnalysis::chooseRedo says why no verdict changes).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -32,6 +37,7 @@
 #include <vector>
 
 #include "analysis/analyze.h"
+#include "analysis/comm_progress.h"
 #include "analysis/incremental.h"
 #include "trace/fingerprint.h"
 #include "trace/ring_reader.h"
@@ -95,6 +101,7 @@ struct Proc {
   uint64_t calls = 0;       // collectives and sends/receives
   uint64_t shed = 0;        // of which left untracked for want of a free CUDA event
   bool anyTracked = false;  // whether any of them had its completion tracked
+  const ProcessProgress* progress = nullptr;  // kept on arrival (comm_progress.h)
   const CallRecord& rec(uint32_t i) const { return file->records[i]; }
   int64_t wall(int64_t t) const { return t == 0 ? 0 : t + toWall; }
 };
@@ -110,6 +117,7 @@ struct Member {
   uint64_t completedSeq = 0;
   uint64_t pendingCount = 0;
   bool prefixBroken = false;
+  const MemberProgress* progress = nullptr;  // the same facts, kept on arrival
   // What alignment folds into its Comm (maxCompletedOrdinal, hasSplits) once every process is
   // aligned: the highest ordinal of a collective it completed, and whether it called a split.
   uint64_t completedCollective = 0;
@@ -156,6 +164,7 @@ struct Comm {
   MemberIndex byCommRank;            // comm rank -> member index
   uint64_t maxCompletedOrdinal = 0;  // a collective at or below it finished everywhere
   bool hasSplits = false;  // a member's aligned calls include ncclCommSplit (checkColours)
+  CommProgress progress;   // its members' progress (comm_progress.h), aligned or not
 };
 
 // A send or receive by (comm, sender, receiver, p2pSeq) in comm ranks.
@@ -197,6 +206,10 @@ struct CommCache {
   StragglerTally tally;
   CommSummary summary;
   bool readsOtherComms = false;  // a verdict describes where absent members are elsewhere
+  // The job's state its p2p verdicts were drawn in (JobAnalysis::jobState: whether the job
+  // stalled, which ranks are dead; checkP2p reads both, for pending calls only), 0 for the state
+  // of a job that runs: a later pass in another state draws them again unless the comm is done.
+  uint64_t jobState = 0;
 };
 
 // What the passes over one job (job id, attempt) keep between them.
@@ -220,16 +233,24 @@ class JobAnalysis {
 
   JobReport run(const std::string& jobId, int attempt);  // analyze.cc
   bool partial() const { return partial_; }
+  // A partial pass that ran the hang checks (over the communicators not done).
+  bool hangChecks() const { return partial_ && hangChecks_; }
+  const char* whyHangChecks() const { return whyHang_; }
+  uint64_t progressDisagreements() const { return progressDisagreements_; }
   const char* whyFull() const { return whyFull_; }
   size_t commsRedone() const {
     size_t redone = 0;
-    for (const Comm& comm : comms_) redone += redo(comm) ? 1 : 0;
+    for (const Comm& comm : comms_) redone += aligned(comm) ? 1 : 0;
     return redone;
   }
 
  private:
   // ----- align.cc: building the state -----
   void buildComms();
+  // In a partial pass, the communicators to align besides the touched ones: those not done when
+  // the hang checks run (they read their alignment) or when their kept p2p verdicts were drawn in
+  // another job state.
+  void chooseRedo();
   // One thread's tallies for alignProc, reused from process to process; the pending transfers
   // it found, merged into pendingP2p_ after.
   struct AlignScratch {
@@ -239,11 +260,16 @@ class JobAnalysis {
   };
   void alignAll(const std::vector<std::vector<char>>& aligned);
   void alignProc(int proc, const std::vector<char>& aligned, AlignScratch& scratch);
+  // Counts aligned members whose progress (comm_progress.h) differs from their alignment.
+  void compareProgress(const Comm& comm);
   void findCompletedTransfers();
   void alignSkipped();
   void excludeShrunkMembers();
-  // The earliest pending call of a process (by issue time): where it waits.
+  // The earliest pending call of a process (in its window's order) not done elsewhere: where it
+  // waits. kNone if none.
   uint32_t waitPoint(int proc) const;
+  static constexpr uint32_t kUnknownWaitPoint = kNone - 1;
+  mutable std::vector<uint32_t> waitPoints_;  // per proc, once found in this pass
   // A pending collective whose ordinal finished on some rank: its state here is stale.
   bool impliedDone(int proc, uint32_t index) const;
   CallDesc whereIs(int proc) const;
@@ -278,8 +304,9 @@ class JobAnalysis {
 
   // ----- check_wait_for_graph.cc -----
   void checkGraph();
-  void checkStuckP2p(const std::vector<std::unordered_set<uint32_t>>& heads);
-  void checkStuckP2p(const Comm& comm, const std::vector<std::unordered_set<uint32_t>>& heads);
+  // `heads`: per process, the record indices at the heads of its streams, ascending.
+  void checkStuckP2p(const std::vector<std::vector<uint32_t>>& heads);
+  void checkStuckP2p(const Comm& comm, const std::vector<std::vector<uint32_t>>& heads);
 
   // ----- check_init.cc -----
   void checkInit();
@@ -299,8 +326,18 @@ class JobAnalysis {
   // Returns "" when it holds, else why not (IncrementalAnalysis::Stats::fullBecause).
   const char* crossCommChecksQuiet() const;
   uint64_t identity() const;
+  bool hasShrink() const;
+  // What the p2p check reads of the job's state (stalled, dead ranks), 0 when neither.
+  uint64_t jobState() const;
+  // Whether this pass runs the cross-communicator (hang) families.
+  bool hangFamilies() const { return !partial_ || hangChecks_; }
   // Whether this pass aligns and checks `comm` (a full pass: all of them).
   bool redo(const Comm& comm) const { return !partial_ || redo_.count(comm.hash) != 0; }
+  // Whether this pass aligns `comm`: those it redoes, and in a partial pass those not done that
+  // the hang checks read (chooseRedo), whose kept structural verdicts, tallies and summaries
+  // stand (they are untouched) and whose p2p verdicts are drawn again (they read the job's
+  // state).
+  bool aligned(const Comm& comm) const { return redo(comm) || alignOnly_.count(comm.hash) != 0; }
   CommSummary summarize(const Comm& comm) const;
 
   // ----- finish_verdicts.cc -----
@@ -363,10 +400,14 @@ class JobAnalysis {
   JobCache* cache_ = nullptr;
   const std::unordered_set<uint64_t>* dirty_ = nullptr;
   bool partial_ = false;
+  bool hangChecks_ = false;  // a partial pass that runs the hang families
+  const char* whyHang_ = "";
+  uint64_t progressDisagreements_ = 0;
   bool abandoned_ = false;  // a partial pass found it needs the other comms too (alignSkipped)
   const char* whyFull_ = "first";
-  mutable bool readsOtherComms_ = false;  // set by whereIs
-  std::unordered_set<uint64_t> redo_;     // in a partial pass: the comms aligned and checked
+  mutable bool readsOtherComms_ = false;    // set by whereIs
+  std::unordered_set<uint64_t> redo_;       // in a partial pass: the comms aligned and checked
+  std::unordered_set<uint64_t> alignOnly_;  // ... and those only aligned (chooseRedo)
   // Per process, its memberships in its comm table's order: (hash, (comm index, member index)).
   std::vector<std::vector<std::pair<uint64_t, std::pair<int, int>>>> procMembers_;
 };
@@ -383,6 +424,10 @@ struct IncrementalState {
   std::array<uint64_t, 1024> recentlyDirty{};
   bool all = true;
   IncrementalAnalysis::Stats stats;
+  // Per file (its index in the span of a pass): its progress, and whether the caller says what
+  // changed in its window (appended, replaced, reshaped); a file it does not is rebuilt per pass.
+  std::vector<ProcessProgress> progress;
+  std::vector<char> fed;
 };
 
 // analysis::analyze, and IncrementalAnalysis::analyze when `incremental` is given.

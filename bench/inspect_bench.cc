@@ -3,7 +3,11 @@
 // every check runs. Budget: 3 s on a 2-core machine. Then the timing side (computeStragglers) on
 // the same traces. With --live: the same job healthy and running (every call completed, no bug,
 // every rank alive), the pass the collector runs every few hundred ms while a job is active:
-// three passes, each one's CPU time. With --collector: the shape bench/collector_load sends
+// three passes, each one's CPU time. Then the same job hung: the world's last allreduce waits on
+// every rank but one that never issued it, nothing moved for longer than quietNs: the pass the
+// collector runs every few hundred ms once a job goes quiet (the hang checks on), full
+// (analysis::analyze) and as the collector's IncrementalAnalysis runs it with nothing arriving.
+// With --collector: the shape bench/collector_load sends
 // (tensor-parallel comms of 8 and the world, allreduces alternating between them, no p2p), live,
 // with rank 17's last world allreduce of the wrong count: the passes a collector runs when that
 // mismatch arrives, the divergence's own pass over the world communicator above all.
@@ -159,6 +163,9 @@ int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
   // What a divergence on the world communicator costs the collector: the incremental pass that
   // redoes that communicator alone (IncrementalAnalysis::analyzeFirst), after a full one.
   ncclwatch::analysis::IncrementalAnalysis incremental;
+  // As the collector, which reports every record it stores: the passes keep each window's
+  // progress (analysis/comm_progress.h) instead of rescanning it.
+  for (size_t f = 0; f < files.size(); ++f) incremental.reshaped(f, files[f]);
   incremental.analyze(files, options);
   for (int pass = 0; pass < 3; ++pass) {
     incremental.touch(kWorldHash);
@@ -179,6 +186,60 @@ int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
               static_cast<unsigned long long>(incremental.stats().fullPasses), why.c_str() + 1,
               static_cast<unsigned long long>(incremental.stats().partialPasses));
   return 0;
+}
+
+// The job of livePasses hung: the world's last allreduce started on every rank but `missing`,
+// which never issued it; every rank alive and silent for longer than quietNs.
+void hungPasses(std::vector<TraceFile>& files, int ranks) {
+  ncclwatch::analysis::Options options;
+  options.probeProcesses = false;
+  options.threads = g_threads;
+  const int missing = ranks / 2 + 5;
+  int64_t last = 0;
+  for (TraceFile& file : files) {
+    options.aliveRanks.push_back(file.header.rank);
+    if (file.header.rank == missing) {
+      file.records.pop_back();
+    } else {
+      CallRecord& r = file.records.back();
+      r.state = RecordState::kStarted;
+      r.completeNs = 0;
+    }
+    const CallRecord& r = file.records.back();
+    last = std::max(last, std::max(r.startNs, r.completeNs) + file.header.anchorRealtimeNs -
+                              file.header.anchorMonotonicNs);
+  }
+  options.nowNs = last + 2 * options.quietNs;
+  auto verdictText = [](const ncclwatch::analysis::Report& report) {
+    if (report.jobs.empty() || report.jobs[0].verdicts.empty()) return std::string("none");
+    const auto& v = report.jobs[0].verdicts[0];
+    return std::string(ncclwatch::analysis::kindName(v.kind)) + " culprits " +
+           ncclwatch::analysis::formatRanks(v.culprits);
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    double cpuStart = cpuSeconds();
+    ncclwatch::analysis::Report report = ncclwatch::analysis::analyze(files, options);
+    double cpu = cpuSeconds() - cpuStart;
+    std::printf("inspect_bench --live: hung, quiet, full pass %d: CPU %.3f s, first verdict %s\n",
+                pass + 1, cpu, verdictText(report).c_str());
+  }
+  // The collector's passes while the hung job stays quiet: nothing arrives between them.
+  ncclwatch::analysis::IncrementalAnalysis incremental;
+  for (size_t f = 0; f < files.size(); ++f) incremental.reshaped(f, files[f]);
+  for (int pass = 0; pass < 4; ++pass) {
+    uint64_t redoneBefore = incremental.stats().commsReanalysed;
+    uint64_t partialBefore = incremental.stats().partialPasses;
+    double cpuStart = cpuSeconds();
+    ncclwatch::analysis::Report report = incremental.analyze(files, options);
+    double cpu = cpuSeconds() - cpuStart;
+    bool partial = incremental.stats().partialPasses > partialBefore;
+    std::printf(
+        "inspect_bench --live: hung, quiet, the collector's pass %d: CPU %.3f s, %s (%llu comms "
+        "re-aligned), first verdict %s\n",
+        pass + 1, cpu, partial ? "partial" : "full",
+        static_cast<unsigned long long>(incremental.stats().commsReanalysed - redoneBefore),
+        verdictText(report).c_str());
+  }
 }
 
 }  // namespace
@@ -207,7 +268,11 @@ int main(int argc, char** argv) {
   std::vector<TraceFile> files;
   files.reserve(ranks);
   for (int r = 0; r < ranks; ++r) files.push_back(makeRank(r, ranks, records));
-  if (g_live) return livePasses(files, ranks, records);
+  if (g_live) {
+    livePasses(files, ranks, records);
+    if (!g_collector) hungPasses(files, ranks);
+    return 0;
+  }
   ncclwatch::analysis::Options options;
   options.probeProcesses = false;
   options.threads = g_threads;

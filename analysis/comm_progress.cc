@@ -1,0 +1,286 @@
+// Per-communicator progress kept on arrival. The per-record rules are align.cc's
+// (JobAnalysis::alignProc), applied one record at a time; tests/analysis/comm_progress_test.cc
+// and the passes' own check (IncrementalAnalysis::Stats::progressDisagreements) hold them equal.
+#include "analysis/comm_progress.h"
+
+#include <algorithm>
+
+#include "analysis/job_state.h"
+
+namespace ncclwatch::analysis {
+
+using internal::isPending;
+using internal::isSequenced;
+using internal::isTracked;
+using trace::CallRecord;
+using trace::OpKind;
+
+uint64_t ProcessProgress::tableSignature(const trace::TraceFile& file) {
+  uint64_t h = trace::mix64(file.comms.size() + 1);
+  for (const trace::CommInfo& info : file.comms) {
+    h = trace::mix64(h ^ info.commHash) + static_cast<uint32_t>(info.rank);
+  }
+  return h;
+}
+
+bool ProcessProgress::follows(const trace::TraceFile& file) const {
+  if (!built_ || records_ != file.records.size() || table_ != tableSignature(file)) return false;
+  return file.records.empty() || (file.records.front().ringIndex == firstRing_ &&
+                                  file.records.back().ringIndex == lastRing_);
+}
+
+int ProcessProgress::slotOf(uint64_t commHash) {
+  if (commHash == lastHash_ && lastSlot_ >= 0) return lastSlot_;
+  int slot = -1;
+  for (size_t s = 0; s < memberCount_; ++s) {
+    if (members_[s].commHash == commHash) slot = static_cast<int>(s);
+  }
+  lastHash_ = commHash;
+  lastSlot_ = slot;
+  return slot;
+}
+
+const MemberProgress* ProcessProgress::member(uint64_t commHash) const {
+  for (size_t s = 0; s < memberCount_; ++s) {
+    if (members_[s].commHash == commHash) return &members_[s];
+  }
+  return nullptr;
+}
+
+namespace {
+inline int64_t latestOf(const CallRecord& r) {
+  return std::max({r.issueNs, r.startNs, r.completeNs});
+}
+}  // namespace
+
+void ProcessProgress::countFacts(const CallRecord& r, bool pending, int sign) {
+  const uint64_t step = static_cast<uint64_t>(static_cast<int64_t>(sign));
+  pendingCalls_ += pending ? step : 0;
+  failedCalls_ += isFailedCall(r) ? step : 0;
+  if (trace::isCollective(r.op) || trace::isPointToPoint(r.op)) {
+    calls_ += step;
+    tracked_ += isTracked(r) || (r.flags & trace::kRecordKernelTracked) != 0 ? step : 0;
+    shed_ += (r.flags & trace::kRecordShed) != 0 ? step : 0;
+  }
+}
+
+void ProcessProgress::rebuild(const trace::TraceFile& file) {
+  ++rebuilds_;
+  // The memberships: each hash once, in table order (as JobAnalysis::buildComms takes them).
+  memberCount_ = 0;
+  lastSlot_ = -1;
+  for (const trace::CommInfo& info : file.comms) {
+    bool seen = false;
+    for (size_t s = 0; s < memberCount_; ++s) seen |= members_[s].commHash == info.commHash;
+    if (seen) continue;
+    if (memberCount_ == members_.size()) members_.emplace_back();
+    MemberProgress& m = members_[memberCount_++];
+    // Reset, keeping the containers' storage.
+    std::vector<MemberProgress::Pending> pending = std::move(m.pending);
+    std::vector<MemberProgress::P2pMax> p2pMax = std::move(m.p2pMax);
+    std::unordered_map<int64_t, uint32_t> p2pIndex = std::move(m.p2pIndex);
+    pending.clear();
+    p2pMax.clear();
+    p2pIndex.clear();
+    m = MemberProgress{};
+    m.pending = std::move(pending);
+    m.p2pMax = std::move(p2pMax);
+    m.p2pIndex = std::move(p2pIndex);
+    m.commHash = info.commHash;
+    m.commRank = info.rank;
+  }
+  pendingCalls_ = failedCalls_ = calls_ = shed_ = tracked_ = 0;
+  latestRecordNs_ = 0;
+  for (const CallRecord& r : file.records) add(r, file.records.size());
+  table_ = tableSignature(file);
+  records_ = file.records.size();
+  firstRing_ = file.records.empty() ? 0 : file.records.front().ringIndex;
+  lastRing_ = file.records.empty() ? 0 : file.records.back().ringIndex;
+  built_ = true;
+}
+
+void ProcessProgress::appended(const trace::TraceFile& file) {
+  const CallRecord& r = file.records.back();
+  // Anything but the window this state follows plus one record at its end: from scratch. (A
+  // changed communicator table is seen by the pass, in follows(): not looked at per record.)
+  bool oneMore = built_ && records_ + 1 == file.records.size() &&
+                 (records_ == 0 || (file.records.front().ringIndex == firstRing_ &&
+                                    file.records[records_ - 1].ringIndex == lastRing_));
+  if (!oneMore) {
+    rebuild(file);
+    return;
+  }
+  add(r, file.records.size());
+  if (records_ == 0) firstRing_ = r.ringIndex;
+  ++records_;
+  lastRing_ = r.ringIndex;
+}
+
+// One record at the window's end: align.cc's rules for it.
+void ProcessProgress::add(const CallRecord& r, size_t windowSize) {
+  const bool pending = isPending(r);
+  countFacts(r, pending, +1);
+  int64_t latest = latestOf(r);
+  latestRecordNs_ = std::max(latestRecordNs_, latest);
+  if (!isSequenced(r)) return;
+  int slot = slotOf(r.commHash);
+  if (slot < 0) return;  // a communicator missing from the table (table full)
+  MemberProgress& m = members_[static_cast<size_t>(slot)];
+  m.lastActivityNs = std::max(m.lastActivityNs, latest);
+  m.maxSeq = std::max(m.maxSeq, r.seq);
+  uint64_t seqBefore = m.lastSeq;
+  m.lastSeq = r.seq;
+  uint64_t ordinal = 0;
+  if (trace::isPointToPoint(r.op)) {
+    int64_t key = (static_cast<int64_t>(r.rootOrPeer) << 1) | (r.op == OpKind::kSend ? 1 : 0);
+    constexpr size_t kScanned = 8;  // up to this many, a scan; past it, the index
+    MemberProgress::P2pMax* mx = nullptr;
+    if (m.p2pIndex.empty()) {
+      for (MemberProgress::P2pMax& entry : m.p2pMax) {
+        if (entry.peerAndDirection == key) mx = &entry;
+      }
+    } else if (auto found = m.p2pIndex.find(key); found != m.p2pIndex.end()) {
+      mx = &m.p2pMax[found->second];
+    }
+    if (mx == nullptr) {
+      m.p2pMax.push_back({key, 0});
+      if (m.p2pMax.size() > kScanned) {
+        if (m.p2pIndex.empty()) {
+          for (uint32_t i = 0; i < m.p2pMax.size(); ++i) {
+            m.p2pIndex.emplace(m.p2pMax[i].peerAndDirection, i);
+          }
+        } else {
+          m.p2pIndex.emplace(key, static_cast<uint32_t>(m.p2pMax.size() - 1));
+        }
+      }
+      mx = &m.p2pMax.back();
+    }
+    if (r.p2pSeq > mx->p2pSeq) {
+      m.p2pSum += r.p2pSeq - mx->p2pSeq;
+      mx->p2pSeq = r.p2pSeq;
+    }
+  } else if (r.seq > m.p2pSum) {
+    uint64_t candidate = r.seq - m.p2pSum;
+    if (!m.anyCollective) {
+      m.anyCollective = true;
+      m.base = m.lastOrdinal = candidate;
+      ordinal = candidate;
+    } else if (candidate >= m.base) {
+      uint64_t pos = candidate - m.base, size = m.lastOrdinal - m.base + 1;
+      // align.cc drops a record this far ahead by the window's size at the pass, which may have
+      // grown since: the pass must align this member to know.
+      if (pos >= size && pos - size > 4 * windowSize + 4096) {
+        m.irregular = true;
+      } else {
+        ordinal = candidate;
+        m.lastOrdinal = std::max(m.lastOrdinal, candidate);
+      }
+    }
+    if (ordinal != 0 && r.state == trace::RecordState::kCompleted && trace::isCollective(r.op)) {
+      m.maxCompletedOrdinal = std::max(m.maxCompletedOrdinal, ordinal);
+    }
+  }
+  if (pending) {
+    if (m.pendingCount == 0) {
+      m.completedSeq = seqBefore;
+      m.headRingIndex = r.ringIndex;
+      m.pending.clear();  // only finished ones were left
+      m.pendingFront = 0;
+    }
+    m.pending.push_back({r.ringIndex, seqBefore, ordinal, false});
+    ++m.pendingCount;
+  } else if (m.pendingCount == 0) {
+    m.completedSeq = r.seq;
+  }
+}
+
+void ProcessProgress::replaced(const trace::TraceFile& file, const CallRecord& before,
+                               const CallRecord& after) {
+  // What the alignment reads of a record other than its state: the same call or a rebuild.
+  bool sameCall = before.ringIndex == after.ringIndex && before.commHash == after.commHash &&
+                  before.seq == after.seq && before.op == after.op &&
+                  before.p2pSeq == after.p2pSeq && before.rootOrPeer == after.rootOrPeer;
+  int64_t latestBefore = latestOf(before), latestAfter = latestOf(after);
+  if (!built_ || !sameCall || (latestAfter < latestBefore && latestBefore >= latestRecordNs_)) {
+    rebuild(file);
+    return;
+  }
+  countFacts(before, isPending(before), -1);
+  countFacts(after, isPending(after), +1);
+  latestRecordNs_ = std::max(latestRecordNs_, latestAfter);
+  if (!isSequenced(after)) return;
+  int slot = slotOf(after.commHash);
+  if (slot < 0) return;
+  MemberProgress& m = members_[static_cast<size_t>(slot)];
+  m.lastActivityNs = std::max(m.lastActivityNs, latestAfter);
+  bool wasPending = isPending(before), nowPending = isPending(after);
+  bool nowCompleted = after.state == trace::RecordState::kCompleted &&
+                      before.state != trace::RecordState::kCompleted &&
+                      trace::isCollective(after.op);
+  if (wasPending == nowPending) {
+    // Still pending (started, say), or never was: only a completion outside the pending list
+    // (a call without completion tracking whose kernel events saw it end) raises the completed
+    // ordinal, which needs its ordinal: rare, from scratch.
+    if (nowCompleted && !nowPending) rebuild(file);
+    return;
+  }
+  if (!wasPending) {  // a finished call pending again: not a change a call makes
+    rebuild(file);
+    return;
+  }
+  auto begin = m.pending.begin() + static_cast<std::ptrdiff_t>(m.pendingFront);
+  auto at = std::lower_bound(
+      begin, m.pending.end(), after.ringIndex,
+      [](const MemberProgress::Pending& p, uint64_t ringIndex) { return p.ringIndex < ringIndex; });
+  if (at == m.pending.end() || at->ringIndex != after.ringIndex || at->finished) {
+    rebuild(file);
+    return;
+  }
+  if (nowCompleted && at->ordinal != 0) {
+    m.maxCompletedOrdinal = std::max(m.maxCompletedOrdinal, at->ordinal);
+  }
+  at->finished = true;
+  --m.pendingCount;
+  if (at == begin) {
+    // The head finished: the calls up to the next pending one (or the last one) are complete.
+    while (m.pendingFront < m.pending.size() && m.pending[m.pendingFront].finished) {
+      ++m.pendingFront;
+    }
+    if (m.pendingCount == 0) {
+      m.completedSeq = m.lastSeq;
+      m.pending.clear();
+      m.pendingFront = 0;
+    } else {
+      m.completedSeq = m.pending[m.pendingFront].seqBefore;
+      m.headRingIndex = m.pending[m.pendingFront].ringIndex;
+    }
+  }
+  // Compacted once the finished ones outnumber the pending ones: each moves once.
+  if (m.pending.size() > 2 * m.pendingCount + 16) {
+    std::erase_if(m.pending, [](const MemberProgress::Pending& p) { return p.finished; });
+    m.pendingFront = 0;
+  }
+}
+
+void CommProgress::add(const MemberProgress& m, bool first) {
+  if (first) {
+    done = true;
+    countsDiffer = false;
+    maxCompletedOrdinal = 0;
+    completedByAll = m.maxCompletedOrdinal;
+  }
+  done &= m.pendingCount == 0 && !m.irregular;
+  maxCompletedOrdinal = std::max(maxCompletedOrdinal, m.maxCompletedOrdinal);
+  completedByAll = std::min(completedByAll, m.maxCompletedOrdinal);
+  // Compared with the first member's: CommProgress keeps no member list.
+  if (first) {
+    firstMaxSeq_ = m.maxSeq;
+    firstLastOrdinal_ = m.lastOrdinal;
+  } else {
+    countsDiffer |= m.maxSeq != firstMaxSeq_;
+    done &= m.lastOrdinal == firstLastOrdinal_;
+  }
+  done &= !countsDiffer;
+}
+
+}  // namespace ncclwatch::analysis

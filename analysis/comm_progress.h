@@ -1,0 +1,137 @@
+// Per-communicator progress, kept up to date as records arrive: for each process (one rank's
+// window of records) and each communicator in its table, what the hang checks need to know
+// without aligning the communicator again: how far the member issued (maxSeq), how far it
+// completed (completedSeq: the call before its first pending one), how many calls are pending and
+// the head of its stream (the oldest pending call), its last collective ordinal, the highest
+// ordinal it completed, and when it was last active. Plus the process's own facts (a pending
+// call, a failed call, calls made, shed and tracked completions, its latest record time).
+//
+// The values are those the alignment (analysis/align.cc) derives from the same window, computed
+// by the same rules record by record: a record appended at the window's end costs a lookup of its
+// communicator among the process's few and a few compares (no allocation once the vectors have
+// their size); a record whose state changed (the collector receives a record again when it
+// completes) moves it out of the pending list; anything else (records leaving the window, a
+// record inserted in the middle, a changed communicator table) rebuilds the process's state from
+// its window, which the collector does once per trim (every half window), so a record is visited
+// about three times in all.
+//
+// analysis::analyze builds it from each file's records (rebuild) and IncrementalAnalysis keeps it
+// between passes, fed by the collector (incremental.h): the offline and live verdicts use the
+// same state and the same code. What it is for (job_state.h): whether the job stalled (the
+// members' issued counts), and which communicators are "done" (no member pending, every member at
+// the same issued count and last ordinal): those the hang checks need not align again.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "trace/ring_reader.h"
+
+namespace ncclwatch::analysis {
+
+// One process's membership of one communicator.
+struct MemberProgress {
+  uint64_t commHash = 0;
+  int commRank = -1;
+  uint64_t maxSeq = 0;               // the highest seq it issued on the communicator
+  uint64_t completedSeq = 0;         // the seq of its last call before its first pending one
+  uint64_t pendingCount = 0;         // calls issued and not finished (isPending)
+  uint64_t headRingIndex = 0;        // the ring index of its oldest pending call (pendingCount>0)
+  uint64_t lastOrdinal = 0;          // its last collective ordinal, as aligned (0: none)
+  uint64_t maxCompletedOrdinal = 0;  // the highest collective ordinal it completed (0: none)
+  int64_t lastActivityNs = 0;        // the latest time of its calls (CLOCK_MONOTONIC), 0 if none
+  // A record the alignment places by the window's size at the pass (a seq far ahead: a damaged
+  // record): its communicator is never "done", so that a pass aligns it.
+  bool irregular = false;
+
+  // Internal: what the next record's alignment needs.
+  struct Pending {
+    uint64_t ringIndex;
+    uint64_t seqBefore;  // the seq of the member's call before it in the window, 0 if none
+    uint64_t ordinal;    // its collective ordinal, 0 for a send, receive or skipped record
+    bool finished;       // no longer pending: left in place until the list is compacted
+  };
+  // The pending calls in window order from `pendingFront` (the head) on; finished ones stay in
+  // place until they outnumber the others, so that a completion costs a binary search, not a
+  // move of the list (a window holds up to 65,536 calls).
+  std::vector<Pending> pending;
+  size_t pendingFront = 0;
+  struct P2pMax {
+    int64_t peerAndDirection;
+    uint64_t p2pSeq;
+  };
+  std::vector<P2pMax> p2pMax;  // the highest p2pSeq per (peer, direction)
+  // Where each (peer, direction) is in p2pMax, once there are more than a few (an all-to-all
+  // has two per peer).
+  std::unordered_map<int64_t, uint32_t> p2pIndex;
+  uint64_t p2pSum = 0;  // their sum: what a seq counts of sends and receives
+  uint64_t base = 0;    // the first collective ordinal in the window
+  bool anyCollective = false;
+  uint64_t lastSeq = 0;  // the seq of its last call in window order
+};
+
+// One process's progress: its memberships (its communicator table's order, each hash once: the
+// alignment's order) and the facts of its window.
+class ProcessProgress {
+ public:
+  // From scratch: `file`'s communicator table and window.
+  void rebuild(const trace::TraceFile& file);
+  // `file.records.back()` was just appended to the window this state follows.
+  void appended(const trace::TraceFile& file);
+  // A record of the window was replaced in place by a newer copy of it (`before` -> `after`, the
+  // same ring index): its state or times changed. `file` is the window after the change.
+  void replaced(const trace::TraceFile& file, const trace::CallRecord& before,
+                const trace::CallRecord& after);
+  // Whether this state follows `file`: the same communicator table and window bounds (a window
+  // changed without this state being told needs a rebuild).
+  bool follows(const trace::TraceFile& file) const;
+
+  std::span<const MemberProgress> members() const { return {members_.data(), memberCount_}; }
+  const MemberProgress* member(uint64_t commHash) const;
+
+  uint64_t pendingCalls() const { return pendingCalls_; }     // isPending, any record
+  uint64_t failedCalls() const { return failedCalls_; }       // isFailedCall
+  uint64_t calls() const { return calls_; }                   // collectives, sends and receives
+  uint64_t shed() const { return shed_; }                     // ... left untracked (kRecordShed)
+  uint64_t trackedCalls() const { return tracked_; }          // ... whose completion was tracked
+  int64_t latestRecordNs() const { return latestRecordNs_; }  // CLOCK_MONOTONIC, 0 if none
+  uint64_t rebuilds() const { return rebuilds_; }             // rebuild() calls, for tests
+
+ private:
+  void countFacts(const trace::CallRecord& record, bool pending, int sign);
+  void add(const trace::CallRecord& record, size_t windowSize);
+  int slotOf(uint64_t commHash);
+  static uint64_t tableSignature(const trace::TraceFile& file);
+
+  std::vector<MemberProgress> members_;  // the first memberCount_ are in use (capacity kept)
+  size_t memberCount_ = 0;
+  uint64_t lastHash_ = 0;
+  int lastSlot_ = -1;
+  uint64_t pendingCalls_ = 0, failedCalls_ = 0, calls_ = 0, shed_ = 0, tracked_ = 0;
+  int64_t latestRecordNs_ = 0;
+  // The window this state follows.
+  uint64_t table_ = 0;
+  size_t records_ = 0;
+  uint64_t firstRing_ = 0, lastRing_ = 0;
+  bool built_ = false;
+  uint64_t rebuilds_ = 0;
+};
+
+// What a communicator's members' progress says of it (job_state.h reads it per pass).
+struct CommProgress {
+  // No member has a pending call, and every member issued as many calls and reached the same
+  // last collective ordinal, by regular records: nothing on it waits, and no member is behind.
+  bool done = true;
+  bool countsDiffer = false;         // the members' issued counts (maxSeq) differ
+  uint64_t maxCompletedOrdinal = 0;  // a collective at or below it finished on some member
+  uint64_t completedByAll = 0;       // the lowest of the members' maxCompletedOrdinal
+  // Adds a member (`first`: the first, which starts over).
+  void add(const MemberProgress& member, bool first);
+
+ private:
+  uint64_t firstMaxSeq_ = 0;
+  uint64_t firstLastOrdinal_ = 0;
+};
+
+}  // namespace ncclwatch::analysis
