@@ -200,6 +200,8 @@ void JobAnalysis::alignAll(const std::vector<std::vector<char>>& aligned) {
 // Aligns the records of process `p` on the communicators whose slot (its memberships, in
 // procMembers_ order) is marked in `aligned`.
 void JobAnalysis::alignProc(int p, const std::vector<char>& aligned, AlignScratch& scratch) {
+  // None of its communicators aligned in this pass (a partial one): its records need no look.
+  if (std::find(aligned.begin(), aligned.end(), 1) == aligned.end()) return;
   const Proc& proc = procs_[p];
   const auto& mine = procMembers_[p];
   // p2p calls seen so far per (comm, peer, direction): their highest p2pSeq. Kept across
