@@ -57,6 +57,8 @@ struct Args {
   // host's agents multiplexed over one connection as its relay would (docs/protocol.md,
   // "Relays"): the synthetic relays live here.
   long hosts = 0;
+  // The collector's --analysis-threads; 0: its default (half the cores, 8 at most).
+  long analysisThreads = 0;
 };
 
 // What /proc says about the collector process.

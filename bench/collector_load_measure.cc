@@ -187,6 +187,10 @@ bool LoadGenerator::startCollector(std::string* error) {
   std::string logDir = workDir_ + "/logs";
   std::vector<std::string> words = {args_.cli,       "collect",  "--listen", "127.0.0.1:0",
                                     "--secret-file", secretFile, "--dir",    logDir};
+  if (args_.analysisThreads > 0) {
+    words.push_back("--analysis-threads");
+    words.push_back(std::to_string(args_.analysisThreads));
+  }
   std::vector<char*> argv;
   for (std::string& word : words) argv.push_back(word.data());
   argv.push_back(nullptr);
