@@ -24,7 +24,8 @@ uint32_t JobAnalysis::waitPoint(int p) const {
   const Proc& proc = procs_[p];
   known = kNone;
   if (!proc.pending) return known;  // nothing pending at all (its progress says)
-  for (uint32_t i = 0; i < proc.file->records.size(); ++i) {
+  // Every record before the first pending one is finished: the scan starts there.
+  for (uint32_t i = proc.progress->firstPendingPosition(); i < proc.file->records.size(); ++i) {
     if (isPending(proc.rec(i)) && !impliedDone(p, i)) return known = i;
   }
   return known;
