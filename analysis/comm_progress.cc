@@ -236,10 +236,7 @@ void ProcessProgress::replaced(const trace::TraceFile& file, const CallRecord& b
     if (nowCompleted && !nowPending) rebuild(file);
     return;
   }
-  if (!wasPending) {  // a finished call pending again: not a change a call makes
-    rebuild(file);
-    return;
-  }
+  // Here it was pending and is no longer (the other way round rebuilt above).
   auto begin = m.pending.begin() + static_cast<std::ptrdiff_t>(m.pendingFront);
   auto at = std::lower_bound(
       begin, m.pending.end(), after.ringIndex,
