@@ -24,7 +24,8 @@ uint32_t JobAnalysis::waitPoint(int p) const {
   const Proc& proc = procs_[p];
   known = kNone;
   if (!proc.pending) return known;  // nothing pending at all (its progress says)
-  for (uint32_t i = 0; i < proc.file->records.size(); ++i) {
+  // Every record before the first pending one is finished: the scan starts there.
+  for (uint32_t i = proc.progress->firstPendingPosition(); i < proc.file->records.size(); ++i) {
     if (isPending(proc.rec(i)) && !impliedDone(p, i)) return known = i;
   }
   return known;
@@ -200,6 +201,8 @@ void JobAnalysis::alignAll(const std::vector<std::vector<char>>& aligned) {
 // Aligns the records of process `p` on the communicators whose slot (its memberships, in
 // procMembers_ order) is marked in `aligned`.
 void JobAnalysis::alignProc(int p, const std::vector<char>& aligned, AlignScratch& scratch) {
+  // None of its communicators aligned in this pass (a partial one): its records need no look.
+  if (std::find(aligned.begin(), aligned.end(), 1) == aligned.end()) return;
   const Proc& proc = procs_[p];
   const auto& mine = procMembers_[p];
   // p2p calls seen so far per (comm, peer, direction): their highest p2pSeq. Kept across

@@ -37,7 +37,8 @@ void JobAnalysis::checkGraph() {
     const auto& records = procs_[p].file->records;
     std::unordered_map<uint64_t, bool> streamDone;  // stream -> head found
     std::unordered_map<uint64_t, bool> inGroupHead;
-    for (uint32_t i = 0; i < records.size(); ++i) {
+    // Every record before the first pending one (its progress says where) is finished.
+    for (uint32_t i = procs_[p].progress->firstPendingPosition(); i < records.size(); ++i) {
       const CallRecord& r = records[i];
       if (!(trace::isCollective(r.op) || trace::isPointToPoint(r.op)) || !isPending(r)) continue;
       if (impliedDone(p, i)) continue;

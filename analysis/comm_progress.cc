@@ -91,7 +91,13 @@ void ProcessProgress::rebuild(const trace::TraceFile& file) {
   }
   pendingCalls_ = failedCalls_ = calls_ = shed_ = tracked_ = 0;
   latestRecordNs_ = 0;
-  for (const CallRecord& r : file.records) add(r, file.records.size());
+  pendingAll_.clear();
+  pendingAllFront_ = 0;
+  ascending_ = true;
+  for (size_t i = 0; i < file.records.size(); ++i) {
+    if (i > 0) ascending_ &= file.records[i].ringIndex > file.records[i - 1].ringIndex;
+    add(file.records[i], static_cast<uint32_t>(i), file.records.size());
+  }
   table_ = tableSignature(file);
   records_ = file.records.size();
   firstRing_ = file.records.empty() ? 0 : file.records.front().ringIndex;
@@ -110,16 +116,18 @@ void ProcessProgress::appended(const trace::TraceFile& file) {
     rebuild(file);
     return;
   }
-  add(r, file.records.size());
+  ascending_ &= records_ == 0 || r.ringIndex > lastRing_;
+  add(r, static_cast<uint32_t>(records_), file.records.size());
   if (records_ == 0) firstRing_ = r.ringIndex;
   ++records_;
   lastRing_ = r.ringIndex;
 }
 
 // One record at the window's end: align.cc's rules for it.
-void ProcessProgress::add(const CallRecord& r, size_t windowSize) {
+void ProcessProgress::add(const CallRecord& r, uint32_t position, size_t windowSize) {
   const bool pending = isPending(r);
   countFacts(r, pending, +1);
+  if (pending) pendingAll_.push_back({r.ringIndex, position, false});
   int64_t latest = latestOf(r);
   latestRecordNs_ = std::max(latestRecordNs_, latest);
   if (!isSequenced(r)) return;
@@ -205,15 +213,19 @@ void ProcessProgress::replaced(const trace::TraceFile& file, const CallRecord& b
     rebuild(file);
     return;
   }
-  countFacts(before, isPending(before), -1);
-  countFacts(after, isPending(after), +1);
+  const bool wasPending = isPending(before), nowPending = isPending(after);
+  if (wasPending != nowPending && (!wasPending || !finishPending(after.ringIndex))) {
+    rebuild(file);  // a finished call pending again, or one this state does not know
+    return;
+  }
+  countFacts(before, wasPending, -1);
+  countFacts(after, nowPending, +1);
   latestRecordNs_ = std::max(latestRecordNs_, latestAfter);
   if (!isSequenced(after)) return;
   int slot = slotOf(after.commHash);
   if (slot < 0) return;
   MemberProgress& m = members_[static_cast<size_t>(slot)];
   m.lastActivityNs = std::max(m.lastActivityNs, latestAfter);
-  bool wasPending = isPending(before), nowPending = isPending(after);
   bool nowCompleted = after.state == trace::RecordState::kCompleted &&
                       before.state != trace::RecordState::kCompleted &&
                       trace::isCollective(after.op);
@@ -224,10 +236,7 @@ void ProcessProgress::replaced(const trace::TraceFile& file, const CallRecord& b
     if (nowCompleted && !nowPending) rebuild(file);
     return;
   }
-  if (!wasPending) {  // a finished call pending again: not a change a call makes
-    rebuild(file);
-    return;
-  }
+  // Here it was pending and is no longer (the other way round rebuilt above).
   auto begin = m.pending.begin() + static_cast<std::ptrdiff_t>(m.pendingFront);
   auto at = std::lower_bound(
       begin, m.pending.end(), after.ringIndex,
@@ -260,6 +269,33 @@ void ProcessProgress::replaced(const trace::TraceFile& file, const CallRecord& b
     std::erase_if(m.pending, [](const MemberProgress::Pending& p) { return p.finished; });
     m.pendingFront = 0;
   }
+}
+
+bool ProcessProgress::finishPending(uint64_t ringIndex) {
+  auto begin = pendingAll_.begin() + static_cast<std::ptrdiff_t>(pendingAllFront_);
+  auto at = pendingAll_.end();
+  if (ascending_) {
+    at = std::lower_bound(begin, pendingAll_.end(), ringIndex,
+                          [](const PendingCall& p, uint64_t ring) { return p.ringIndex < ring; });
+  } else {
+    at = std::find_if(begin, pendingAll_.end(), [ringIndex](const PendingCall& p) {
+      return p.ringIndex == ringIndex && !p.finished;
+    });
+  }
+  if (at == pendingAll_.end() || at->ringIndex != ringIndex || at->finished) return false;
+  at->finished = true;
+  while (pendingAllFront_ < pendingAll_.size() && pendingAll_[pendingAllFront_].finished) {
+    ++pendingAllFront_;
+  }
+  size_t live = pendingAll_.size() - pendingAllFront_;
+  if (live == 0) {
+    pendingAll_.clear();
+    pendingAllFront_ = 0;
+  } else if (pendingAll_.size() > 2 * live + 16) {
+    std::erase_if(pendingAll_, [](const PendingCall& p) { return p.finished; });
+    pendingAllFront_ = 0;
+  }
+  return true;
 }
 
 void CommProgress::add(const MemberProgress& m, bool first) {

@@ -90,7 +90,10 @@ class ProcessProgress {
   std::span<const MemberProgress> members() const { return {members_.data(), memberCount_}; }
   const MemberProgress* member(uint64_t commHash) const;
 
-  uint64_t pendingCalls() const { return pendingCalls_; }     // isPending, any record
+  uint64_t pendingCalls() const { return pendingCalls_; }  // isPending, any record
+  // The window position of the first pending record (pendingCalls() > 0): every record before
+  // it is finished, so the hang checks look for pending calls from there on.
+  uint32_t firstPendingPosition() const { return pendingAll_[pendingAllFront_].position; }
   uint64_t failedCalls() const { return failedCalls_; }       // isFailedCall
   uint64_t calls() const { return calls_; }                   // collectives, sends and receives
   uint64_t shed() const { return shed_; }                     // ... left untracked (kRecordShed)
@@ -100,7 +103,9 @@ class ProcessProgress {
 
  private:
   void countFacts(const trace::CallRecord& record, bool pending, int sign);
-  void add(const trace::CallRecord& record, size_t windowSize);
+  void add(const trace::CallRecord& record, uint32_t position, size_t windowSize);
+  // Marks the pending record at `ringIndex` finished; false if it is not in the list.
+  bool finishPending(uint64_t ringIndex);
   int slotOf(uint64_t commHash);
   static uint64_t tableSignature(const trace::TraceFile& file);
 
@@ -109,6 +114,16 @@ class ProcessProgress {
   uint64_t lastHash_ = 0;
   int lastSlot_ = -1;
   uint64_t pendingCalls_ = 0, failedCalls_ = 0, calls_ = 0, shed_ = 0, tracked_ = 0;
+  // Every pending record, in window order from pendingAllFront_ on (finished ones left in
+  // place until compacted, as MemberProgress::pending).
+  struct PendingCall {
+    uint64_t ringIndex;
+    uint32_t position;
+    bool finished;
+  };
+  std::vector<PendingCall> pendingAll_;
+  size_t pendingAllFront_ = 0;
+  bool ascending_ = true;  // the window's ring indices ascend (a binary search finds a record)
   int64_t latestRecordNs_ = 0;
   // The window this state follows.
   uint64_t table_ = 0;

@@ -206,7 +206,8 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
       << " relay_links=" << counters.relayLinks.load() << " rejected=" << counters.rejected.load()
       << " frames=" << counters.frames.load() << " records=" << counters.records.load()
       << " verdicts=" << counters.verdicts.load() << " analyses=" << counters.analyses.load()
-      << " partial=" << counters.partialAnalyses.load() << " full_because=" <<
+      << " partial=" << counters.partialAnalyses.load()
+      << " hang_partial=" << counters.hangAnalyses.load() << " full_because=" <<
       [&] {
         std::string reasons;
         for (size_t i = 0; i < std::size(Counters::kFullReasons); ++i) {

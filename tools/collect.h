@@ -57,6 +57,7 @@ struct Counters {
   std::atomic<uint64_t> verdicts{0};         // verdicts reported
   std::atomic<uint64_t> analyses{0};         // analysis passes run
   std::atomic<uint64_t> partialAnalyses{0};  // of which redid only the touched communicators
+  std::atomic<uint64_t> hangAnalyses{0};     // ... of which ran the hang checks (Stats::hangPasses)
   // Why the other passes were full (analysis::IncrementalAnalysis::Stats::fullBecause), by
   // kFullReasons' order.
   static constexpr const char* kFullReasons[] = {"first",  "changed", "gone",   "no_comm",

@@ -491,6 +491,7 @@ void Triage::analyze(int64_t now, bool final, const std::set<uint64_t>* first) {
                                 ? analysis_.analyzeFirst(files_, analysisOptions, *first)
                                 : analysis_.analyze(files_, analysisOptions);
   counters_.partialAnalyses = analysis_.stats().partialPasses;
+  counters_.hangAnalyses = analysis_.stats().hangPasses;
   for (const auto& [why, count] : analysis_.stats().fullBecause) {
     for (size_t i = 0; i < std::size(Counters::kFullReasons); ++i) {
       if (why == Counters::kFullReasons[i]) counters_.fullBecause[i] = count;

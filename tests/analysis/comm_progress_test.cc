@@ -48,8 +48,10 @@ std::string text(const MemberProgress& m) {
 std::string text(const ProcessProgress& p) {
   std::ostringstream out;
   out << "pending=" << p.pendingCalls() << " failed=" << p.failedCalls() << " calls=" << p.calls()
-      << " shed=" << p.shed() << " tracked=" << p.trackedCalls() << " latest=" << p.latestRecordNs()
-      << "\n";
+      << " shed=" << p.shed() << " tracked=" << p.trackedCalls()
+      << " latest=" << p.latestRecordNs();
+  if (p.pendingCalls() > 0) out << " firstPending=" << p.firstPendingPosition();
+  out << "\n";
   for (const MemberProgress& m : p.members()) out << "  " << text(m) << "\n";
   return out.str();
 }
