@@ -133,20 +133,31 @@ TEST(CommProgress, FollowsRecordsAsTheyArrive) {
   EXPECT_EQ(progress.rebuilds(), 1u);  // the first, empty one only
 }
 
-// The collector receives a record again when its state changes: the copy replaces the one kept.
-TEST(CommProgress, ACompletionMovesTheHeadAndTheCompletedSeq) {
+// A rank with `calls` world allreduces issued, its progress following them as they arrive; a
+// completion arrives as the collector receives it, the record again with its new state.
+struct InFlight {
   TraceFile file = rankFile();
   ProcessProgress progress;
-  progress.rebuild(file);
-  for (uint64_t i = 0; i < 4; ++i) {
-    file.records.push_back(record(kWorld, i + 1, OpKind::kAllReduce, RecordState::kIssued, i));
-    progress.appended(file);
+  explicit InFlight(uint64_t calls) {
+    progress.rebuild(file);
+    for (uint64_t i = 0; i < calls; ++i) {
+      file.records.push_back(record(kWorld, i + 1, OpKind::kAllReduce, RecordState::kIssued, i));
+      progress.appended(file);
+    }
   }
-  auto complete = [&](size_t i) {
+  void complete(size_t i) {
     CallRecord before = file.records[i];
     file.records[i] = completed(before);
     progress.replaced(file, before, file.records[i]);
-  };
+  }
+};
+
+// The collector receives a record again when its state changes: the copy replaces the one kept.
+TEST(CommProgress, ACompletionMovesTheHeadAndTheCompletedSeq) {
+  InFlight calls(4);
+  TraceFile& file = calls.file;
+  ProcessProgress& progress = calls.progress;
+  auto complete = [&](size_t i) { calls.complete(i); };
   const MemberProgress& world = *progress.member(kWorld);
   EXPECT_EQ(world.pendingCount, 4u);
   EXPECT_EQ(world.completedSeq, 0u);
@@ -172,18 +183,11 @@ TEST(CommProgress, ACompletionMovesTheHeadAndTheCompletedSeq) {
 // Many calls in flight completing out of order: the finished ones left in the list are
 // compacted away, the head follows the oldest still pending.
 TEST(CommProgress, ManyCallsInFlightCompletingOutOfOrder) {
-  TraceFile file = rankFile();
-  ProcessProgress progress;
-  progress.rebuild(file);
-  for (uint64_t i = 0; i < 200; ++i) {
-    file.records.push_back(record(kWorld, i + 1, OpKind::kAllReduce, RecordState::kIssued, i));
-    progress.appended(file);
-  }
+  InFlight calls(200);
+  ProcessProgress& progress = calls.progress;
   auto complete = [&](size_t i) {
-    CallRecord before = file.records[i];
-    file.records[i] = completed(before);
-    progress.replaced(file, before, file.records[i]);
-    ASSERT_EQ(text(progress), rebuilt(file)) << "after completing #" << i + 1;
+    calls.complete(i);
+    ASSERT_EQ(text(progress), rebuilt(calls.file)) << "after completing #" << i + 1;
   };
   for (size_t i = 1; i < 200; i += 2) complete(i);
   EXPECT_EQ(progress.member(kWorld)->pendingCount, 100u);
