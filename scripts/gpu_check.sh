@@ -197,14 +197,21 @@ fi
 tar -C "$out" -czf "$out/../gpu_check_traces.tgz" . 2>/dev/null && mv "$out/../gpu_check_traces.tgz" "$out/" || true
 # 6. Not a GPU check: the collector under 4096 synthetic ranks direct and 32,768 through 4096
 # relays (bench/collector_scale.sh), on a host whose 16 cores leave the load generator room
-# (on the 2-core development machine it starves the collector). GPU_CHECK_SCALE_MODES: modes.
+# (on the 2-core development machine it starves the collector). GPU_CHECK_SCALE_MODES: modes;
+# a mode ending in "/1" runs with the collector's analysis on one thread (--analysis-threads 1),
+# to compare with the default (half the cores, 8 at most), e.g. "relays relays/1".
 if want 6; then
   ulimit -n 1048576 2>/dev/null || ulimit -n 65536 2>/dev/null || true
   for mode in ${GPU_CHECK_SCALE_MODES:-4096 relays}; do
-    say "step 6: bench/collector_scale.sh $mode ($(nproc) cores)"
+    threads=()
+    if [[ $mode == */1 ]]; then
+      mode=${mode%/1}
+      threads=(--analysis-threads 1)
+    fi
+    say "step 6: bench/collector_scale.sh $mode ${threads[*]} ($(nproc) cores)"
     # shellcheck disable=SC2086  # GPU_CHECK_SCALE_ARGS: collector_load options, word-split
     timeout 150 bench/collector_scale.sh "$(realpath --relative-to="$PWD" "$prefix")" "$mode" \
-      ${GPU_CHECK_SCALE_ARGS:-} 2>&1 | tail -40
+      "${threads[@]}" ${GPU_CHECK_SCALE_ARGS:-} 2>&1 | tail -40
   done
 fi
 say "done"
