@@ -6,6 +6,7 @@
 // rank to dump (and, with --abort, to abort the communicator).
 #pragma once
 #include <atomic>
+#include <iterator>
 #include <cstdint>
 #include <memory>
 #include <ostream>
@@ -59,10 +60,10 @@ struct Counters {
   std::atomic<uint64_t> partialAnalyses{0};  // of which redid only the touched communicators
   std::atomic<uint64_t> hangAnalyses{0};     // ... of which ran the hang checks (Stats::hangPasses)
   // Why the other passes were full (analysis::IncrementalAnalysis::Stats::fullBecause), by
-  // kFullReasons' order.
-  static constexpr const char* kFullReasons[] = {"first",  "changed", "gone",   "no_comm",
-                                                 "shrink", "quiet",   "failed", "absent"};
-  std::atomic<uint64_t> fullBecause[8] = {};
+  // kFullReasons' order. (A quiet job, a process gone, a failed call or a process without a
+  // communicator make a partial pass with the hang checks now: hangAnalyses.)
+  static constexpr const char* kFullReasons[] = {"first", "changed", "shrink", "absent"};
+  std::atomic<uint64_t> fullBecause[std::size(kFullReasons)] = {};
   std::atomic<uint64_t> analysisNs{0};  // time spent in them
 };
 
