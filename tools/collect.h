@@ -6,8 +6,8 @@
 // rank to dump (and, with --abort, to abort the communicator).
 #pragma once
 #include <atomic>
-#include <iterator>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <ostream>
 #include <string>
