@@ -4,6 +4,7 @@
 #include "analysis/comm_progress.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "analysis/job_state.h"
 
@@ -30,13 +31,20 @@ bool ProcessProgress::follows(const trace::TraceFile& file) const {
 }
 
 int ProcessProgress::slotOf(uint64_t commHash) {
-  if (commHash == lastHash_ && lastSlot_ >= 0) return lastSlot_;
+  if (commHash == lastHash_[0] && lastSlot_[0] >= 0) return lastSlot_[0];
+  if (commHash == lastHash_[1] && lastSlot_[1] >= 0) {
+    std::swap(lastHash_[0], lastHash_[1]);
+    std::swap(lastSlot_[0], lastSlot_[1]);
+    return lastSlot_[0];
+  }
   int slot = -1;
   for (size_t s = 0; s < memberCount_; ++s) {
     if (members_[s].commHash == commHash) slot = static_cast<int>(s);
   }
-  lastHash_ = commHash;
-  lastSlot_ = slot;
+  lastHash_[1] = lastHash_[0];
+  lastSlot_[1] = lastSlot_[0];
+  lastHash_[0] = commHash;
+  lastSlot_[0] = slot;
   return slot;
 }
 
@@ -68,7 +76,7 @@ void ProcessProgress::rebuild(const trace::TraceFile& file) {
   ++rebuilds_;
   // The memberships: each hash once, in table order (as JobAnalysis::buildComms takes them).
   memberCount_ = 0;
-  lastSlot_ = -1;
+  lastSlot_[0] = lastSlot_[1] = -1;
   for (const trace::CommInfo& info : file.comms) {
     bool seen = false;
     for (size_t s = 0; s < memberCount_; ++s) seen |= members_[s].commHash == info.commHash;

@@ -111,8 +111,10 @@ class ProcessProgress {
 
   std::vector<MemberProgress> members_;  // the first memberCount_ are in use (capacity kept)
   size_t memberCount_ = 0;
-  uint64_t lastHash_ = 0;
-  int lastSlot_ = -1;
+  // The last two communicators looked up (calls often alternate between two, which a one-entry
+  // cache misses every time), the latest first.
+  uint64_t lastHash_[2] = {0, 0};
+  int lastSlot_[2] = {-1, -1};
   uint64_t pendingCalls_ = 0, failedCalls_ = 0, calls_ = 0, shed_ = 0, tracked_ = 0;
   // Every pending record, in window order from pendingAllFront_ on (finished ones left in
   // place until compacted, as MemberProgress::pending).
