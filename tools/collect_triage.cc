@@ -165,10 +165,13 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
   if (analysis::isFailedCall(record)) wanted_ = true;
   // Exactly the window and its trim slack: growth by doubling would overshoot the budget.
   if (records.capacity() == 0) records.reserve(process.window + trimSlack(process.window) + 1);
-  // The analysis's per-communicator progress follows the window (analysis/comm_progress.h).
+  // The analysis's per-communicator progress follows the window (analysis/comm_progress.h): told
+  // once per record, after any trim (a trimmed or reshaped window is rebuilt from scratch, which
+  // makes an append just before it, or a second rebuild, wasted work).
+  bool appended = false, reshaped = false;
   if (records.empty() || record.ringIndex > records.back().ringIndex) {
     records.push_back(record);
-    analysis_.appended(index, files_[index]);
+    appended = true;
   } else {
     auto at = std::lower_bound(records.begin(), records.end(), record.ringIndex,
                                [](const trace::CallRecord& kept, uint64_t ringIndex) {
@@ -180,7 +183,7 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
       analysis_.replaced(index, files_[index], before, record);
     } else if (at != records.begin() || records.size() < process.window) {
       records.insert(at, record);
-      analysis_.reshaped(index, files_[index]);
+      reshaped = true;
     }
   }
   // Trim in steps of the slack: each record is moved window / slack times (twice) at most.
@@ -192,7 +195,12 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
       if (it->commHash != lastHash) analysis_.touch(lastHash = it->commHash);
     }
     records.erase(records.begin(), records.end() - static_cast<std::ptrdiff_t>(process.window));
+    reshaped = true;
+  }
+  if (reshaped) {
     analysis_.reshaped(index, files_[index]);
+  } else if (appended) {
+    analysis_.appended(index, files_[index]);
   }
   counters_.recordsHeld += records.size() - before;  // unsigned: wraps right when it shrank
 }
