@@ -43,7 +43,6 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
   // shrank), no kept verdict about ranks on other communicators. When the cross-communicator
   // checks may have something to say (the job quiet, a process gone, a failed call...), the
   // partial pass runs them too, over the communicators not done (chooseRedo).
-  const char* notQuiet = cache_ != nullptr ? crossCommChecksQuiet() : "first";
   uint64_t id = cache_ != nullptr ? identity() : 0;
   if (cache_ == nullptr || dirty_ == nullptr) {
     whyFull_ = "first";
@@ -55,6 +54,7 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
     whyFull_ = cache_->comms.empty() ? "first" : "absent";
   } else {
     partial_ = true;
+    const char* notQuiet = crossCommChecksQuiet();
     hangChecks_ = *notQuiet != '\0';
     whyHang_ = notQuiet;
     redo_ = *dirty_;
@@ -129,9 +129,6 @@ const char* JobAnalysis::crossCommChecksQuiet() const {
   for (const Proc& proc : procs_) {
     if (!proc.alive) return "gone";
     last = std::max(last, proc.lastActivity);
-    for (const trace::CommInfo& info : proc.file->comms) {
-      if (info.kind == static_cast<int>(OpKind::kShrink)) return "shrink";
-    }
     // Never created a communicator: an init hang once the job goes quiet (checkInit).
     if (proc.file->comms.empty()) return "no_comm";
     if (proc.failed) return "failed";

@@ -322,8 +322,9 @@ class JobAnalysis {
 
   // ----- analyze.cc: partial passes -----
   // Whether nothing the cross-communicator checks look at can fire in this pass: every process
-  // alive, none with a failed call, the job not quiet, no shrunk communicator.
-  // Returns "" when it holds, else why not (IncrementalAnalysis::Stats::fullBecause).
+  // alive, with a communicator and without a failed call, the job not quiet. Returns "" when it
+  // holds, else why not (IncrementalAnalysis::Stats::hangBecause). A shrunk communicator makes
+  // the pass a full one before this is asked (hasShrink).
   const char* crossCommChecksQuiet() const;
   uint64_t identity() const;
   bool hasShrink() const;
