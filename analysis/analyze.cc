@@ -404,6 +404,8 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
       JobCache& cache = incremental->jobs[job + "/" + std::to_string(attempt)];
       JobAnalysis analysis(std::move(procs), options, now, &cache,
                            incremental->all ? nullptr : &incremental->dirty);
+      if (incremental->divergencePass)
+        analysis.deferStragglerTallies(&incremental->talliesDeferred);
       JobReport result = analysis.run(job, attempt);
       incremental->stats.progressDisagreements += analysis.progressDisagreements();
       if (analysis.partial()) {

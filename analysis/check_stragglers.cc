@@ -114,7 +114,10 @@ void JobAnalysis::checkStragglers() {
   for (const Comm& comm : comms_) {
     StragglerTally fresh;
     const StragglerTally* tally = &fresh;
-    if (redo(comm)) {
+    if (redo(comm) && partial_ && talliesDeferred_ != nullptr) {
+      tally = &cache_->comms[comm.hash].tally;  // the last pass's (empty for a new comm)
+      talliesDeferred_->push_back(comm.hash);
+    } else if (redo(comm)) {
       fresh = tallyStragglers(comm);
       if (cache_ != nullptr) cache_->comms[comm.hash].tally = fresh;
     } else {

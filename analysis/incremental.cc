@@ -65,8 +65,13 @@ Report IncrementalAnalysis::analyzeFirst(std::span<const trace::TraceFile> files
   }
   for (uint64_t hash : later) state_->dirty.erase(hash);
   state_->recentlyDirty.fill(0);
+  state_->divergencePass = true;
+  state_->talliesDeferred.clear();
   Report report = internal::analyzeJobs(files, options, state_.get());
-  // The others are left for the next pass (after a full pass, redoing them is merely redundant).
+  state_->divergencePass = false;
+  // The others are left for the next pass (after a full pass, redoing them is merely redundant),
+  // and so are the straggler tallies this pass kept (JobAnalysis::deferStragglerTallies).
+  later.insert(state_->talliesDeferred.begin(), state_->talliesDeferred.end());
   state_->dirty = std::move(later);
   state_->all = false;
   return report;

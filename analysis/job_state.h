@@ -230,6 +230,11 @@ class JobAnalysis {
   JobAnalysis(std::vector<Proc> procs, const Options& options, int64_t now, JobCache* cache,
               const std::unordered_set<uint64_t>* dirty)
       : procs_(std::move(procs)), options_(options), now_(now), cache_(cache), dirty_(dirty) {}
+  // A partial pass made for a divergence: the redone communicators keep their straggler tallies
+  // from the last pass (the tally reads every member's whole window, 15% of such a pass at
+  // 32,768 ranks, and a straggler verdict is information that can wait a pass; a mismatch
+  // cannot), and their hashes go to `deferred`, for the next pass to redo.
+  void deferStragglerTallies(std::vector<uint64_t>* deferred) { talliesDeferred_ = deferred; }
 
   JobReport run(const std::string& jobId, int attempt);  // analyze.cc
   bool partial() const { return partial_; }
@@ -409,6 +414,7 @@ class JobAnalysis {
   mutable bool readsOtherComms_ = false;    // set by whereIs
   std::unordered_set<uint64_t> redo_;       // in a partial pass: the comms aligned and checked
   std::unordered_set<uint64_t> alignOnly_;  // ... and those only aligned (chooseRedo)
+  std::vector<uint64_t>* talliesDeferred_ = nullptr;  // deferStragglerTallies
   // Per process, its memberships in its comm table's order: (hash, (comm index, member index)).
   std::vector<std::vector<std::pair<uint64_t, std::pair<int, int>>>> procMembers_;
 };
@@ -424,6 +430,11 @@ struct IncrementalState {
   // empty slot's value: it always goes to the set.)
   std::array<uint64_t, 1024> recentlyDirty{};
   bool all = true;
+  // A divergence's own pass (IncrementalAnalysis::analyzeFirst): the communicators whose
+  // straggler tallies it kept from the last pass instead of redoing them go here, to be redone
+  // by the next pass.
+  bool divergencePass = false;
+  std::vector<uint64_t> talliesDeferred;
   IncrementalAnalysis::Stats stats;
   // Per file (its index in the span of a pass): its progress, and whether the caller says what
   // changed in its window (appended, replaced, reshaped); a file it does not is rebuilt per pass.
