@@ -24,6 +24,13 @@ if [ "$verb" = pack ]; then
   if [ -n "${GPU_CHECK_BASE_LIB:-}" ]; then
     mkdir -p "$dest/lib-base" && cp "$GPU_CHECK_BASE_LIB" "$dest/lib-base/"
   fi
+  # GPU_CHECK_BASE_CLI: an older ncclwatch for step 6's "base:" modes (the same load generator).
+  if [ -n "${GPU_CHECK_BASE_CLI:-}" ]; then
+    mkdir -p "$dest/base/bin" "$dest/base/bench"
+    cp "$GPU_CHECK_BASE_CLI" "$dest/base/bin/ncclwatch"
+    strip --strip-debug "$dest/base/bin/ncclwatch"
+    cp "$build/bench/collector_load" "$dest/base/bench/"
+  fi
   # GPU_CHECK_BASE_BENCH: an older recording_cost (with BM_WholeCall) to run beside this one.
   if [ -n "${GPU_CHECK_BASE_BENCH:-}" ]; then
     cp "$GPU_CHECK_BASE_BENCH" "$dest/bench/recording_cost_base"
@@ -199,18 +206,24 @@ tar -C "$out" -czf "$out/../gpu_check_traces.tgz" . 2>/dev/null && mv "$out/../g
 # relays (bench/collector_scale.sh), on a host whose 16 cores leave the load generator room
 # (on the 2-core development machine it starves the collector). GPU_CHECK_SCALE_MODES: modes;
 # a mode ending in "/1" runs with the collector's analysis on one thread (--analysis-threads 1),
-# to compare with the default (half the cores, 8 at most), e.g. "relays relays/1".
+# to compare with the default (half the cores, 8 at most), e.g. "relays relays/1"; one starting
+# "base:" runs the older ncclwatch packed from GPU_CHECK_BASE_CLI, e.g. "base:4096 4096".
 if want 6; then
   ulimit -n 1048576 2>/dev/null || ulimit -n 65536 2>/dev/null || true
   for mode in ${GPU_CHECK_SCALE_MODES:-4096 relays}; do
     threads=()
+    dir=$prefix
+    if [[ $mode == base:* ]]; then  # the older ncclwatch packed from GPU_CHECK_BASE_CLI
+      mode=${mode#base:}
+      dir=$prefix/base
+    fi
     if [[ $mode == */1 ]]; then
       mode=${mode%/1}
       threads=(--analysis-threads 1)
     fi
-    say "step 6: bench/collector_scale.sh $mode ${threads[*]} ($(nproc) cores)"
+    say "step 6: bench/collector_scale.sh $mode ${threads[*]} ($(nproc) cores, $dir)"
     # shellcheck disable=SC2086  # GPU_CHECK_SCALE_ARGS: collector_load options, word-split
-    timeout 150 bench/collector_scale.sh "$(realpath --relative-to="$PWD" "$prefix")" "$mode" \
+    timeout 150 bench/collector_scale.sh "$(realpath --relative-to="$PWD" "$dir")" "$mode" \
       "${threads[@]}" ${GPU_CHECK_SCALE_ARGS:-} 2>&1 | tail -40
   done
 fi

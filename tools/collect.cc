@@ -218,7 +218,10 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
         }
         return reasons.empty() ? std::string("-") : reasons;
       }()
-      << " analysis_ms=" << counters.analysisNs.load() / 1'000'000 << "\n";
+      << " analysis_ms=" << counters.analysisNs.load() / 1'000'000
+      << " analysis_cpu_ms=" << counters.analysisCpuNs.load() / 1'000'000
+      << " divergence_passes=" << counters.divergencePasses.load()
+      << " divergence_ms=" << counters.divergencePassNs.load() / 1'000'000 << "\n";
   return counters.verdicts.load() > 0 ? 1 : 0;
 }
 

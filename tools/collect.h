@@ -64,7 +64,12 @@ struct Counters {
   // communicator make a partial pass with the hang checks now: hangAnalyses.)
   static constexpr const char* kFullReasons[] = {"first", "changed", "shrink", "absent"};
   std::atomic<uint64_t> fullBecause[std::size(kFullReasons)] = {};
-  std::atomic<uint64_t> analysisNs{0};  // time spent in them
+  std::atomic<uint64_t> analysisNs{0};     // wall time spent in them
+  std::atomic<uint64_t> analysisCpuNs{0};  // CPU time (every thread's) spent in them
+  // The passes over a divergence's communicator alone (Triage::maybeAnalyze), and their wall
+  // time: what a mismatch verdict waits for once its members are in.
+  std::atomic<uint64_t> divergencePasses{0};
+  std::atomic<uint64_t> divergencePassNs{0};
 };
 
 class Collector {

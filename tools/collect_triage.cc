@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -31,6 +32,14 @@ constexpr int64_t kAbortAfterDumpNs = 400 * kMs;
 // How long a divergence waits for its ordinal's last member while members keep reporting it, in
 // settles (settleMs each).
 constexpr int64_t kDivergenceWaitSettles = 8;
+
+// The CPU time of this process, every thread's: a pass that splits its work over threads
+// (Options::threads) costs more CPU than the wall clock shows.
+int64_t processCpuNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
 
 int64_t realtimeNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -449,13 +458,25 @@ void Triage::maybeAnalyze(int64_t now) {
   if ((!due && !divergence) || processes_.empty()) return;
   // A divergence goes first, on its own communicator, even when a full pass is also due: the
   // full pass follows on a later tick (wanted_ stays set).
+  // A pass's cost is the larger of its wall time and its CPU time: with the work split over
+  // threads the wall clock understates what the pass takes from the machine, and pacing by it
+  // alone made a 4096-rank collector run twice the passes on 16 cores (0.47 cores against 0.43
+  // with one thread, docs/scale.md).
+  const int64_t cpuBefore = processCpuNs();
+  auto costOfPass = [&](int64_t end) {
+    int64_t wall = end - now, cpu = processCpuNs() - cpuBefore;
+    counters_.analysisNs += static_cast<uint64_t>(wall);
+    counters_.analysisCpuNs += static_cast<uint64_t>(cpu);
+    return std::max(wall, cpu);
+  };
   if (divergence) {
     std::set<uint64_t> first = std::move(divergent_);
     divergent_.clear();
     analyze(now, false, &first);
     int64_t end = steadyNs();
-    lastFirstCostNs_ = end - now;
-    counters_.analysisNs += static_cast<uint64_t>(lastFirstCostNs_);
+    lastFirstCostNs_ = costOfPass(end);
+    counters_.divergencePasses++;
+    counters_.divergencePassNs += static_cast<uint64_t>(end - now);
     lastAnalysisNs_ = end;
     return;
   }
@@ -463,8 +484,7 @@ void Triage::maybeAnalyze(int64_t now) {
   divergent_.clear();
   analyze(now);
   int64_t end = steadyNs();
-  lastCostNs_ = end - now;
-  counters_.analysisNs += static_cast<uint64_t>(lastCostNs_);
+  lastCostNs_ = costOfPass(end);
   lastAnalysisNs_ = end;
   // Nothing was read while the pass ran: members of a waiting divergence get their settleMs of
   // reading from here.
