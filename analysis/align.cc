@@ -271,17 +271,28 @@ void JobAnalysis::alignProc(int p, const std::vector<char>& aligned, AlignScratc
       // Room for this process's remaining records shared among its communicators: one
       // allocation where growth by doubling took eight for a window of a few hundred calls.
       m.coll.reserve((records.size() - i) / mine.size() + 1);
+      m.keys.reserve(m.coll.capacity());
+      m.issued.reserve(m.coll.capacity());
     }
+    const int64_t issued = trace::isCollective(r.op) ? r.issueNs : Member::kNotCollective;
     if (ordinal < m.base) continue;
     uint64_t pos = ordinal - m.base;
     if (pos == m.coll.size()) {
       m.coll.push_back(i);  // the usual case: the next ordinal
+      m.keys.push_back(alignKey(r));
+      m.issued.push_back(issued);
     } else {
       // A seq further ahead than every call this process recorded (and then some, for calls
       // dropped between): a damaged record, whose alignment would take memory without bound.
       if (pos >= m.coll.size() && pos - m.coll.size() > 4 * records.size() + 4096) continue;
-      if (pos >= m.coll.size()) m.coll.resize(pos + 1, kNone);
+      if (pos >= m.coll.size()) {
+        m.coll.resize(pos + 1, kNone);
+        m.keys.resize(pos + 1, 0);
+        m.issued.resize(pos + 1, Member::kNotCollective);
+      }
       m.coll[pos] = i;
+      m.keys[pos] = alignKey(r);
+      m.issued[pos] = issued;
     }
     m.madeSplit |= r.op == OpKind::kSplit;
     if (pending) pendingOrdinal_[p][i] = ordinal;
@@ -355,6 +366,8 @@ void JobAnalysis::excludeShrunkMembers() {
     for (Member& m : parent.members) {
       if (survivors.count(m.proc) || m.coll.empty() || m.lastOrdinal() < shrinkOrdinal) continue;
       m.coll.resize(shrinkOrdinal > m.base ? shrinkOrdinal - m.base : 0);
+      m.keys.resize(m.coll.size());
+      m.issued.resize(m.coll.size());
     }
   }
 }

@@ -156,9 +156,8 @@ uint64_t JobAnalysis::firstDivergentOrdinal(const Comm& comm, uint64_t lo, uint6
                      for (size_t pos = 0; pos < m.coll.size(); ++pos) {
                        uint64_t k = m.base + pos;
                        if (k >= chunk.earliest) break;  // cannot make the divergence earlier
-                       uint32_t i = m.coll[pos];
-                       if (i == kNone) continue;
-                       uint64_t key = alignKey(procs_[m.proc].rec(i));
+                       if (m.coll[pos] == kNone) continue;
+                       uint64_t key = m.keys[pos];
                        size_t slot = slotOf(k);
                        if (!chunk.seen[slot]) {
                          chunk.seen[slot] = 1;
