@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "trace/wire.h"
 
@@ -138,10 +139,35 @@ std::string describeExit(const RankExit& exit) {
   return text + " exited with code " + std::to_string(exit.status);
 }
 
+// The ports the kernel hands out to outgoing connections (net.ipv4.ip_local_port_range): a port
+// from there that is free now can be taken by any connect() before the job binds it, which a
+// busy machine (a collector's thousands of agents, other jobs) does often enough to matter.
+std::pair<int, int> ephemeralPorts() {
+  std::pair<int, int> range{32768, 60999};  // Linux's default
+  if (FILE* file = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "re")) {
+    int low = 0, high = 0;
+    if (std::fscanf(file, "%d %d", &low, &high) == 2 && low > 0 && low <= high) range = {low, high};
+    std::fclose(file);
+  }
+  return range;
+}
+
 int findFreePortPair() {
   std::random_device device;
+  // Outside the ephemeral range when it leaves room (below it by default: 10000-32767),
+  // anywhere in 10000-60000 otherwise.
+  auto [low, high] = ephemeralPorts();
+  constexpr int kFirst = 10000, kSpan = trace::wire::kCollectorPortOffset + 1;
+  int below = low - kSpan - kFirst, above = 65535 - kSpan - high;
   for (int attempt = 0; attempt < 200; ++attempt) {
-    int port = 20000 + static_cast<int>(device() % 40000);
+    int port = 0;
+    if (below >= 1000) {
+      port = kFirst + static_cast<int>(device() % static_cast<unsigned>(below));
+    } else if (above >= 1000) {
+      port = high + 1 + static_cast<int>(device() % static_cast<unsigned>(above));
+    } else {
+      port = kFirst + static_cast<int>(device() % 50000);
+    }
     // MASTER_PORT, the unique-id port beside it, and the default collector's port, which the
     // rank-0 sidecar binds later: a taken one made the sidecar fail with "Address already in
     // use" and the job go without live verdicts (scenarios_repeat).

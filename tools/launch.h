@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ncclwatch::launch {
@@ -33,9 +34,13 @@ int jobExitCode(const std::vector<RankExit>& exitsInOrder);
 // "rank 3 exited with code 139 (SIGSEGV)".
 std::string describeExit(const RankExit& exit);
 
-// A TCP port p on 127.0.0.1 such that p and p+1 were both free when checked (the examples
-// serve their NCCL id on MASTER_PORT+1). Returns 0 when none was found.
+// A TCP port p on 127.0.0.1 such that p, p+1 and the collector's port above it were free when
+// checked (the examples serve their NCCL id on MASTER_PORT+1), outside the ephemeral range when
+// it leaves room. Returns 0 when none was found.
 int findFreePortPair();
+
+// net.ipv4.ip_local_port_range (Linux's default, 32768-60999, when unreadable).
+std::pair<int, int> ephemeralPorts();
 
 // Splits `pending` into complete lines, each written as `prefix + line + '\n'` to `out`;
 // keeps an unfinished last line in `pending`.

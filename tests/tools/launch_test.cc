@@ -54,6 +54,20 @@ TEST(LaunchPorts, PairIsFree) {
   EXPECT_LT(port, 65535);
 }
 
+// The job's ports (MASTER_PORT, the one beside it, the collector's 17 above) lie outside the
+// range the kernel hands to outgoing connections, where any connect() could take them before
+// the job binds them (scenarios_repeat's sidecar failed with "Address already in use").
+TEST(LaunchPorts, StayOutOfTheEphemeralRange) {
+  auto [low, high] = ncclwatch::launch::ephemeralPorts();
+  ASSERT_LE(low, high);
+  for (int i = 0; i < 50; ++i) {
+    int port = ncclwatch::launch::findFreePortPair();
+    ASSERT_GT(port, 0);
+    bool below = port + 17 < low, above = port > high;
+    EXPECT_TRUE(below || above) << port << " in " << low << "-" << high;
+  }
+}
+
 TEST(LaunchRun, SetsTorchrunVariablesAndPrefixesOutput) {
   CommandResult result =
       runCommand(kLaunch +
