@@ -519,6 +519,8 @@ void Triage::analyze(int64_t now, bool final, const std::set<uint64_t>* first) {
                                 : analysis_.analyze(files_, analysisOptions);
   counters_.partialAnalyses = analysis_.stats().partialPasses;
   counters_.hangAnalyses = analysis_.stats().hangPasses;
+  counters_.progressTrims = analysis_.stats().progressTrims;
+  counters_.progressTrimRebuilds = analysis_.stats().progressTrimRebuilds;
   for (const auto& [why, count] : analysis_.stats().fullBecause) {
     for (size_t i = 0; i < std::size(Counters::kFullReasons); ++i) {
       if (why == Counters::kFullReasons[i]) counters_.fullBecause[i] = count;
