@@ -431,7 +431,9 @@ TEST(CommProgress, DroppingTheFrontEqualsARebuild) {
         rebuilt += progress.rebuilds() - rebuildsBefore;
         ASSERT_EQ(progress.trims() - trimsBefore + progress.rebuilds() - rebuildsBefore, 1u);
         // An append before the trim may have jumped: then it rebuilds.
-        if (jumpedBefore) ASSERT_EQ(progress.trims(), trimsBefore);
+        if (jumpedBefore) {
+          ASSERT_EQ(progress.trims(), trimsBefore);
+        }
       }
     }
   }
