@@ -39,11 +39,13 @@ void IncrementalAnalysis::replaced(size_t file, const trace::TraceFile& window,
                                    const trace::CallRecord& after) {
   progressOf(*state_, file).replaced(window, before, after);
 }
-void IncrementalAnalysis::trimming(size_t file, const trace::TraceFile& window, size_t count) {
+bool IncrementalAnalysis::trimming(size_t file, const trace::TraceFile& window, size_t count) {
   ProcessProgress& progress = progressOf(*state_, file);
   uint64_t trims = progress.trims();
   progress.droppingFront(window, count);
-  ++(progress.trims() != trims ? state_->stats.progressTrims : state_->stats.progressTrimRebuilds);
+  bool dropped = progress.trims() != trims;
+  ++(dropped ? state_->stats.progressTrims : state_->stats.progressTrimRebuilds);
+  return dropped;
 }
 void IncrementalAnalysis::reshaped(size_t file, const trace::TraceFile& window) {
   progressOf(*state_, file).rebuild(window);

@@ -206,7 +206,10 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
          ++it) {
       if (it->commHash != lastHash) analysis_.touch(lastHash = it->commHash);
     }
-    if (!reshaped) analysis_.trimming(index, files_[index], drop);
+    if (!reshaped) {
+      ++(analysis_.trimming(index, files_[index], drop) ? counters_.progressTrims
+                                                        : counters_.progressTrimRebuilds);
+    }
     records.erase(records.begin(), records.begin() + static_cast<std::ptrdiff_t>(drop));
   }
   if (reshaped) analysis_.reshaped(index, files_[index]);
@@ -519,8 +522,6 @@ void Triage::analyze(int64_t now, bool final, const std::set<uint64_t>* first) {
                                 : analysis_.analyze(files_, analysisOptions);
   counters_.partialAnalyses = analysis_.stats().partialPasses;
   counters_.hangAnalyses = analysis_.stats().hangPasses;
-  counters_.progressTrims = analysis_.stats().progressTrims;
-  counters_.progressTrimRebuilds = analysis_.stats().progressTrimRebuilds;
   for (const auto& [why, count] : analysis_.stats().fullBecause) {
     for (size_t i = 0; i < std::size(Counters::kFullReasons); ++i) {
       if (why == Counters::kFullReasons[i]) counters_.fullBecause[i] = count;
