@@ -16,16 +16,18 @@ using internal::isTracked;
 using trace::CallRecord;
 using trace::OpKind;
 
-uint64_t ProcessProgress::tableSignature(const trace::TraceFile& file) {
-  uint64_t h = trace::mix64(file.comms.size() + 1);
-  for (const trace::CommInfo& info : file.comms) {
+uint64_t ProcessProgress::tableSignature(std::span<const trace::CommInfo> comms) {
+  uint64_t h = trace::mix64(comms.size() + 1);
+  for (const trace::CommInfo& info : comms) {
     h = trace::mix64(h ^ info.commHash) + static_cast<uint32_t>(info.rank);
   }
   return h;
 }
 
 bool ProcessProgress::follows(const trace::TraceFile& file) const {
-  if (!built_ || records_ != file.records.size() || table_ != tableSignature(file)) return false;
+  if (!built_ || records_ != file.records.size() || table_ != tableSignature(file.comms)) {
+    return false;
+  }
   return file.records.empty() || (file.records.front().ringIndex == firstRing_ &&
                                   file.records.back().ringIndex == lastRing_);
 }
@@ -73,11 +75,16 @@ void ProcessProgress::countFacts(const CallRecord& r, bool pending, int sign) {
 }
 
 void ProcessProgress::rebuild(const trace::TraceFile& file) {
+  rebuildFrom(file.comms, file.records);
+}
+
+void ProcessProgress::rebuildFrom(std::span<const trace::CommInfo> comms,
+                                  std::span<const CallRecord> records) {
   ++rebuilds_;
   // The memberships: each hash once, in table order (as JobAnalysis::buildComms takes them).
   memberCount_ = 0;
   lastSlot_[0] = lastSlot_[1] = -1;
-  for (const trace::CommInfo& info : file.comms) {
+  for (const trace::CommInfo& info : comms) {
     bool seen = false;
     for (size_t s = 0; s < memberCount_; ++s) seen |= members_[s].commHash == info.commHash;
     if (seen) continue;
@@ -102,14 +109,14 @@ void ProcessProgress::rebuild(const trace::TraceFile& file) {
   pendingAll_.clear();
   pendingAllFront_ = 0;
   ascending_ = true;
-  for (size_t i = 0; i < file.records.size(); ++i) {
-    if (i > 0) ascending_ &= file.records[i].ringIndex > file.records[i - 1].ringIndex;
-    add(file.records[i], static_cast<uint32_t>(i), file.records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (i > 0) ascending_ &= records[i].ringIndex > records[i - 1].ringIndex;
+    add(records[i], static_cast<uint32_t>(i), records.size());
   }
-  table_ = tableSignature(file);
-  records_ = file.records.size();
-  firstRing_ = file.records.empty() ? 0 : file.records.front().ringIndex;
-  lastRing_ = file.records.empty() ? 0 : file.records.back().ringIndex;
+  table_ = tableSignature(comms);
+  records_ = records.size();
+  firstRing_ = records.empty() ? 0 : records.front().ringIndex;
+  lastRing_ = records.empty() ? 0 : records.back().ringIndex;
   built_ = true;
 }
 
@@ -129,6 +136,123 @@ void ProcessProgress::appended(const trace::TraceFile& file) {
   if (records_ == 0) firstRing_ = r.ringIndex;
   ++records_;
   lastRing_ = r.ringIndex;
+}
+
+void ProcessProgress::droppingFront(const trace::TraceFile& file, size_t count) {
+  std::span<const CallRecord> records(file.records);
+  count = std::min(count, records.size());
+  if (count == 0 && follows(file)) return;
+  if (!follows(file) || !trimFront(records.first(count), records.subspan(count))) {
+    rebuildFrom(file.comms, records.subspan(count));
+  }
+}
+
+// Why dropping the window's front this way equals a rebuild from the records left (R), when no
+// check below fails. A member with no sequenced record among the dropped ones (D) sees the same
+// records in the same order with the same sums: its values stand (no record of the window is
+// irregular, so the window's size, which a rebuild uses, decides nothing). For a member with
+// records in D: none is a send or receive, so its p2pSum is 0 at each of them (its candidate
+// is its seq) and at each record of R as much as before (sums of R's earlier records alone);
+// its candidates ascend, so each was its ordinal and the first in R is the new base, below all
+// the others, which keep their ordinals; the highest seq, ordinal and completed ordinal are in
+// R (the dropped ones are below them), so they stand, as its last seq, pending calls and head
+// (none of D is pending). What changes: its base, its last activity when a dropped record may
+// have held it, and the seq before its first call in R (0 now), which is its completedSeq when
+// that call is its pending head. And for the process, D's counts and the positions of its
+// pending calls, which all are in R.
+bool ProcessProgress::trimFront(std::span<const CallRecord> dropped,
+                                std::span<const CallRecord> kept) {
+  if (kept.empty() || !ascending_) return false;
+  for (size_t s = 0; s < memberCount_; ++s) {
+    if (members_[s].farJump || members_[s].irregular) return false;
+  }
+  trimScratch_.assign(memberCount_, TrimMember{false, false, false, false, 0});
+  size_t waiting = 0;
+  bool latestMayLeave = false;
+  for (const CallRecord& d : dropped) {
+    if (isPending(d)) return false;
+    int64_t latest = latestOf(d);
+    latestMayLeave |= latest >= latestRecordNs_;
+    if (!isSequenced(d)) continue;
+    int slot = slotOf(d.commHash);
+    if (slot < 0) continue;
+    const MemberProgress& m = members_[static_cast<size_t>(slot)];
+    // Below lastOrdinal (a candidate, at most its record's seq), it is below maxSeq too.
+    if (trace::isPointToPoint(d.op) || !m.candidatesAscend || d.seq >= m.lastOrdinal) {
+      return false;
+    }
+    if (d.state == trace::RecordState::kCompleted && trace::isCollective(d.op) &&
+        d.seq >= m.maxCompletedOrdinal) {
+      return false;
+    }
+    TrimMember& t = trimScratch_[static_cast<size_t>(slot)];
+    waiting += t.dropped ? 0 : 1;
+    t.dropped = true;
+    t.activity |= latest >= m.lastActivityNs;
+  }
+  if (pendingAllFront_ < pendingAll_.size() &&
+      pendingAll_[pendingAllFront_].position < dropped.size()) {
+    return false;  // not the window this state was built from
+  }
+  // Each member with dropped records: its first call in R.
+  for (size_t i = 0; waiting > 0 && i < kept.size(); ++i) {
+    const CallRecord& r = kept[i];
+    if (!isSequenced(r)) continue;
+    int slot = slotOf(r.commHash);
+    if (slot < 0) continue;
+    TrimMember& t = trimScratch_[static_cast<size_t>(slot)];
+    if (!t.dropped || t.found) continue;
+    // A send or receive first: the new base would need the p2pSum at the first collective.
+    if (trace::isPointToPoint(r.op)) return false;
+    const MemberProgress& m = members_[static_cast<size_t>(slot)];
+    t.found = true;
+    t.base = r.seq;
+    if (isPending(r)) {
+      if (m.pendingCount == 0 || m.pending[m.pendingFront].ringIndex != r.ringIndex) return false;
+      t.headFirst = true;
+    }
+    --waiting;
+  }
+  if (waiting > 0) return false;
+
+  // Exact: apply.
+  ++trims_;
+  for (const CallRecord& d : dropped) countFacts(d, false, -1);
+  pendingAll_.erase(pendingAll_.begin(),
+                    pendingAll_.begin() + static_cast<std::ptrdiff_t>(pendingAllFront_));
+  pendingAllFront_ = 0;
+  for (PendingCall& p : pendingAll_) p.position -= static_cast<uint32_t>(dropped.size());
+  bool rescan = latestMayLeave;
+  for (size_t s = 0; s < memberCount_; ++s) {
+    const TrimMember& t = trimScratch_[s];
+    if (!t.dropped) continue;
+    MemberProgress& m = members_[s];
+    m.base = t.base;
+    if (t.headFirst) {
+      m.pending[m.pendingFront].seqBefore = 0;
+      m.completedSeq = 0;
+    }
+    if (t.activity) {
+      m.lastActivityNs = 0;
+      rescan = true;
+    }
+  }
+  if (rescan) {
+    // A dropped record may have held a latest time: the maximum over R, as add() takes it.
+    if (latestMayLeave) latestRecordNs_ = 0;
+    for (const CallRecord& r : kept) {
+      int64_t latest = latestOf(r);
+      if (latestMayLeave) latestRecordNs_ = std::max(latestRecordNs_, latest);
+      if (!isSequenced(r)) continue;
+      int slot = slotOf(r.commHash);
+      if (slot < 0 || !trimScratch_[static_cast<size_t>(slot)].activity) continue;
+      MemberProgress& m = members_[static_cast<size_t>(slot)];
+      m.lastActivityNs = std::max(m.lastActivityNs, latest);
+    }
+  }
+  records_ = kept.size();
+  firstRing_ = kept.front().ringIndex;
+  return true;
 }
 
 // One record at the window's end: align.cc's rules for it.
@@ -177,6 +301,11 @@ void ProcessProgress::add(const CallRecord& r, uint32_t position, size_t windowS
     }
   } else if (r.seq > m.p2pSum) {
     uint64_t candidate = r.seq - m.p2pSum;
+    if (m.anyCollective) {
+      m.candidatesAscend &= candidate > m.lastCandidate;
+      m.farJump |= candidate > m.lastOrdinal && candidate - m.lastOrdinal > 4097;
+    }
+    m.lastCandidate = candidate;
     if (!m.anyCollective) {
       m.anyCollective = true;
       m.base = m.lastOrdinal = candidate;

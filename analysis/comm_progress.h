@@ -10,10 +10,12 @@
 // by the same rules record by record: a record appended at the window's end costs a lookup of its
 // communicator among the process's few and a few compares (no allocation once the vectors have
 // their size); a record whose state changed (the collector receives a record again when it
-// completes) moves it out of the pending list; anything else (records leaving the window, a
-// record inserted in the middle, a changed communicator table) rebuilds the process's state from
-// its window, which the collector does once per trim (every half window), so a record is visited
-// about three times in all.
+// completes) moves it out of the pending list; records leaving the window's front (the
+// collector's trim, every half window) are subtracted from it (droppingFront) at a cost of the
+// records dropped plus the few after them up to each affected member's first remaining call,
+// when the values the new window gives are certain without a rescan (see droppingFront);
+// anything else (a trim that is not, a record inserted in the middle, a changed communicator
+// table) rebuilds the process's state from its window.
 //
 // analysis::analyze builds it from each file's records (rebuild) and IncrementalAnalysis keeps it
 // between passes, fed by the collector (incremental.h): the offline and live verdicts use the
@@ -69,6 +71,15 @@ struct MemberProgress {
   uint64_t base = 0;    // the first collective ordinal in the window
   bool anyCollective = false;
   uint64_t lastSeq = 0;  // the seq of its last call in window order
+  // What a trim of the window's front needs to know it can drop records without a rescan: the
+  // last collective candidate (seq - p2pSum) in window order, whether every candidate exceeded
+  // the one before it (then each got its candidate as ordinal, and the first remaining one is
+  // the new base), and whether one ever exceeded lastOrdinal + 1 by more than 4096 (the least
+  // distance at which the alignment drops a record as far ahead, whatever the window's size:
+  // without such a jump no subset of the window has an irregular record).
+  uint64_t lastCandidate = 0;
+  bool candidatesAscend = true;
+  bool farJump = false;
 };
 
 // One process's progress: its memberships (its communicator table's order, each hash once: the
@@ -83,6 +94,13 @@ class ProcessProgress {
   // same ring index): its state or times changed. `file` is the window after the change.
   void replaced(const trace::TraceFile& file, const trace::CallRecord& before,
                 const trace::CallRecord& after);
+  // The first `count` records of `file`, the window this state follows, are about to leave it
+  // (the caller erases them next): afterwards this state follows the window without them, as a
+  // rebuild from it would. Exact and O(count + a few) when no dropped record is pending or a
+  // send or receive, none holds a member's highest seq, ordinal or completed ordinal (then its
+  // member keeps a call in the window), the members' candidates ascend without a far jump and
+  // the window's ring indices ascend; otherwise a rebuild from the remaining records.
+  void droppingFront(const trace::TraceFile& file, size_t count);
   // Whether this state follows `file`: the same communicator table and window bounds (a window
   // changed without this state being told needs a rebuild).
   bool follows(const trace::TraceFile& file) const;
@@ -99,15 +117,21 @@ class ProcessProgress {
   uint64_t shed() const { return shed_; }                     // ... left untracked (kRecordShed)
   uint64_t trackedCalls() const { return tracked_; }          // ... whose completion was tracked
   int64_t latestRecordNs() const { return latestRecordNs_; }  // CLOCK_MONOTONIC, 0 if none
-  uint64_t rebuilds() const { return rebuilds_; }             // rebuild() calls, for tests
+  uint64_t rebuilds() const { return rebuilds_; }             // rebuilds, for tests
+  uint64_t trims() const { return trims_; }  // droppingFront calls done without a rebuild
 
  private:
+  void rebuildFrom(std::span<const trace::CommInfo> comms,
+                   std::span<const trace::CallRecord> records);
+  // droppingFront without a rebuild; false (nothing changed) when that would not be exact.
+  bool trimFront(std::span<const trace::CallRecord> dropped,
+                 std::span<const trace::CallRecord> kept);
   void countFacts(const trace::CallRecord& record, bool pending, int sign);
   void add(const trace::CallRecord& record, uint32_t position, size_t windowSize);
   // Marks the pending record at `ringIndex` finished; false if it is not in the list.
   bool finishPending(uint64_t ringIndex);
   int slotOf(uint64_t commHash);
-  static uint64_t tableSignature(const trace::TraceFile& file);
+  static uint64_t tableSignature(std::span<const trace::CommInfo> comms);
 
   std::vector<MemberProgress> members_;  // the first memberCount_ are in use (capacity kept)
   size_t memberCount_ = 0;
@@ -133,6 +157,16 @@ class ProcessProgress {
   uint64_t firstRing_ = 0, lastRing_ = 0;
   bool built_ = false;
   uint64_t rebuilds_ = 0;
+  uint64_t trims_ = 0;
+  // trimFront's scratch, per member slot (kept to spare an allocation per trim).
+  struct TrimMember {
+    bool dropped;    // it has records among those dropped
+    bool found;      // its first remaining call was found
+    bool activity;   // a dropped record may hold its lastActivityNs
+    bool headFirst;  // its first remaining call is its pending head
+    uint64_t base;   // the ordinal of its first remaining collective
+  };
+  std::vector<TrimMember> trimScratch_;
 };
 
 // What a communicator's members' progress says of it (job_state.h reads it per pass).

@@ -56,12 +56,15 @@ class IncrementalAnalysis {
   // live collector says so per record): the per-communicator progress (comm_progress.h) follows
   // it at once instead of a scan of the window per pass. `appended`: window.records.back() was
   // added at its end; `replaced`: a record was replaced in place by a newer copy (before ->
-  // after); `reshaped`: anything else (records left the window, one was inserted). A changed
-  // communicator table is seen by the pass itself. A file the caller never reports is rescanned
-  // at each pass.
+  // after); `trimming`: the first `count` records of `window` are about to leave it (the caller
+  // erases them right after, before anything else reads the progress); `reshaped`: anything else
+  // (one was inserted in the middle). A changed communicator table is seen by the pass itself. A
+  // file the caller never reports is rescanned at each pass.
   void appended(size_t file, const trace::TraceFile& window);
   void replaced(size_t file, const trace::TraceFile& window, const trace::CallRecord& before,
                 const trace::CallRecord& after);
+  // (trimming: true when the records left the progress without a rebuild.)
+  bool trimming(size_t file, const trace::TraceFile& window, size_t count);
   void reshaped(size_t file, const trace::TraceFile& window);
 
   Report analyze(std::span<const trace::TraceFile> files, const Options& options = {});
@@ -84,6 +87,10 @@ class IncrementalAnalysis {
     // Per-process progress the caller reports changes of, rebuilt by a pass because it no longer
     // followed its file's window (a communicator table that changed, a change not reported).
     uint64_t progressRebuilds = 0;
+    // Trims (`trimming`) whose records left the progress without a rebuild, and those that
+    // rebuilt it from the records left (comm_progress.h, droppingFront).
+    uint64_t progressTrims = 0;
+    uint64_t progressTrimRebuilds = 0;
     // Aligned members whose kept progress differed from what their alignment says: a bug (the
     // tests assert none).
     uint64_t progressDisagreements = 0;

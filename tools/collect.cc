@@ -221,7 +221,9 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
       << " analysis_ms=" << counters.analysisNs.load() / 1'000'000
       << " analysis_cpu_ms=" << counters.analysisCpuNs.load() / 1'000'000
       << " divergence_passes=" << counters.divergencePasses.load()
-      << " divergence_ms=" << counters.divergencePassNs.load() / 1'000'000 << "\n";
+      << " divergence_ms=" << counters.divergencePassNs.load() / 1'000'000
+      << " trims=" << counters.progressTrims.load() << "/" << counters.progressTrimRebuilds.load()
+      << "\n";
   return counters.verdicts.load() > 0 ? 1 : 0;
 }
 

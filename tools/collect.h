@@ -70,6 +70,10 @@ struct Counters {
   // time: what a mismatch verdict waits for once its members are in.
   std::atomic<uint64_t> divergencePasses{0};
   std::atomic<uint64_t> divergencePassNs{0};
+  // Trims of a window that dropped the records from the progress kept on arrival, and those that
+  // rebuilt it instead (Triage::store, IncrementalAnalysis::trimming).
+  std::atomic<uint64_t> progressTrims{0};
+  std::atomic<uint64_t> progressTrimRebuilds{0};
 };
 
 class Collector {

@@ -174,9 +174,10 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
   if (analysis::isFailedCall(record)) wanted_ = true;
   // Exactly the window and its trim slack: growth by doubling would overshoot the budget.
   if (records.capacity() == 0) records.reserve(process.window + trimSlack(process.window) + 1);
-  // The analysis's per-communicator progress follows the window (analysis/comm_progress.h): told
-  // once per record, after any trim (a trimmed or reshaped window is rebuilt from scratch, which
-  // makes an append just before it, or a second rebuild, wasted work).
+  // The analysis's per-communicator progress follows the window (analysis/comm_progress.h): an
+  // append at once (one add), a trim as records dropped (before they are erased: it reads them),
+  // and a record inserted in the middle by a rebuild once the window is trimmed (a rebuild
+  // before the trim would be wasted work).
   bool appended = false, reshaped = false;
   if (records.empty() || record.ringIndex > records.back().ringIndex) {
     records.push_back(record);
@@ -195,22 +196,23 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
       reshaped = true;
     }
   }
+  if (appended) analysis_.appended(index, files_[index]);
   // Trim in steps of the slack: each record is moved window / slack times (twice) at most.
   if (records.size() > process.window + trimSlack(process.window)) {
     // What leaves the window changes its communicators' alignment too.
+    size_t drop = records.size() - process.window;
     uint64_t lastHash = record.commHash;
-    for (auto it = records.begin();
-         it != records.end() - static_cast<std::ptrdiff_t>(process.window); ++it) {
+    for (auto it = records.begin(); it != records.begin() + static_cast<std::ptrdiff_t>(drop);
+         ++it) {
       if (it->commHash != lastHash) analysis_.touch(lastHash = it->commHash);
     }
-    records.erase(records.begin(), records.end() - static_cast<std::ptrdiff_t>(process.window));
-    reshaped = true;
+    if (!reshaped) {
+      ++(analysis_.trimming(index, files_[index], drop) ? counters_.progressTrims
+                                                        : counters_.progressTrimRebuilds);
+    }
+    records.erase(records.begin(), records.begin() + static_cast<std::ptrdiff_t>(drop));
   }
-  if (reshaped) {
-    analysis_.reshaped(index, files_[index]);
-  } else if (appended) {
-    analysis_.appended(index, files_[index]);
-  }
+  if (reshaped) analysis_.reshaped(index, files_[index]);
   counters_.recordsHeld += records.size() - before;  // unsigned: wraps right when it shrank
 }
 

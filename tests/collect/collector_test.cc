@@ -270,6 +270,8 @@ TEST_F(CollectorTest, EachRankKeepsABoundedWindowOfItsCalls) {
     for (uint64_t seq = first; seq < first + 1000; ++seq) {
       records.push_back(allReduce(kComm, seq, 1024));
       records.back().ncclSeqNumber = seq - 1;
+      records.back().state = ncclwatch::trace::RecordState::kCompleted;  // nothing pending
+      records.back().completeNs = records.back().startNs + 1000;
     }
     frame.clear();
     wire::encodeRecords(2'000'000'000, records, encoder, frame);
@@ -279,6 +281,11 @@ TEST_F(CollectorTest, EachRankKeepsABoundedWindowOfItsCalls) {
   EXPECT_GE(collector_.counters().recordsHeld.load(), 128u);
   EXPECT_LE(collector_.counters().recordsHeld.load(), 192u);  // the window and its trim slack
   close(agent);
+  // Each trim dropped its records from the progress kept on arrival, none rebuilt it: a trim
+  // at the 193rd call and every 65 calls after (counted as they happen; stopped, all are in).
+  collector_.stop();
+  EXPECT_EQ(collector_.counters().progressTrims.load(), 1 + (kCalls - 193) / 65);
+  EXPECT_EQ(collector_.counters().progressTrimRebuilds.load(), 0u);
 }
 
 // Four ranks, one of which calls with another count: the verdict names that rank alone, and
