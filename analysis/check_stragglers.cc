@@ -47,18 +47,16 @@ StragglerTally JobAnalysis::tallyStragglers(const Comm& comm) const {
                    arrivals.assign(hi - lo + 1, Arrivals{});
                    for (size_t mi = begin; mi < end; ++mi) {
                      const Member& m = comm.members[mi];
-                     const int64_t toWall = procs_[m.proc].toWall;
-                     // lo..hi lie within every member's ordinals (lo >= base, hi <= last).
-                     const int64_t* issued = m.issued.data() + (lo - m.base);
                      for (uint64_t k = lo; k <= hi; ++k) {
                        Arrivals& a = arrivals[k - lo];
                        if (!a.ok) continue;
-                       int64_t issueNs = issued[k - lo];
-                       if (issueNs == Member::kNotCollective) {
+                       uint32_t i = m.at(k);
+                       const CallRecord* r = i == kNone ? nullptr : &procs_[m.proc].rec(i);
+                       if (r == nullptr || !trace::isCollective(r->op)) {
                          a.ok = false;
                          continue;
                        }
-                       int64_t t = issueNs == 0 ? 0 : issueNs + toWall;  // Proc::wall
+                       int64_t t = procs_[m.proc].wall(r->issueNs);
                        if (t > a.first) {
                          a.second = a.first;
                          a.first = t;

@@ -116,11 +116,6 @@ struct Member {
   // at hand: the divergence search reads 8 bytes a call from here instead of a 128-byte record
   // from each member's window (at 32,768 ranks, 2 M records scattered over 540 MB).
   std::vector<uint64_t> keys;
-  // The issue time (CLOCK_MONOTONIC) of the collective at each coll entry, kNotCollective for a
-  // gap or a call that is no collective (a split, a lifecycle call): the straggler tally's
-  // arrivals, read the same way.
-  static constexpr int64_t kNotCollective = INT64_MIN;
-  std::vector<int64_t> issued;
   std::vector<uint32_t> p2p;  // record indices of sends and receives, in issue order
   uint64_t maxSeq = 0;
   uint64_t completedSeq = 0;
