@@ -1,6 +1,7 @@
 #include "analysis/live_triage.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace ncclwatch::analysis {
 
@@ -13,13 +14,29 @@ void LiveTriage::addComm(const trace::CommInfo& comm) {
   comms_[comm.commHash].size = comm.nranks;
 }
 
+LiveTriage::Comm* LiveTriage::find(uint64_t commHash) {
+  if (lastComm_[0] != nullptr && lastHash_[0] == commHash) return lastComm_[0];
+  if (lastComm_[1] != nullptr && lastHash_[1] == commHash) {
+    std::swap(lastHash_[0], lastHash_[1]);
+    std::swap(lastComm_[0], lastComm_[1]);
+    return lastComm_[0];
+  }
+  auto found = comms_.find(commHash);
+  if (found == comms_.end()) return nullptr;  // not cached: its COMMS frame may come later
+  lastHash_[1] = lastHash_[0];
+  lastComm_[1] = lastComm_[0];
+  lastHash_[0] = commHash;
+  lastComm_[0] = &found->second;
+  return lastComm_[0];
+}
+
 bool LiveTriage::observe(const trace::CallRecord& record, int64_t wallNs) {
   observeUpdate(wallNs);
   lastJoinedDivergence_ = false;
   if (!trace::isCollective(record.op)) return false;
-  auto found = comms_.find(record.commHash);
-  if (found == comms_.end()) return false;  // its COMMS frame has not arrived: nothing to align
-  Comm& comm = found->second;
+  Comm* found = find(record.commHash);
+  if (found == nullptr) return false;  // its COMMS frame has not arrived: nothing to align
+  Comm& comm = *found;
   // NCCL's collective counter is the ordinal the analysis aligns on: sends and receives, which
   // legitimately differ between ranks, do not shift it.
   auto [slot, added] = comm.open.try_emplace(record.ncclSeqNumber);
