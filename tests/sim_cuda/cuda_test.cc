@@ -170,11 +170,17 @@ TEST(SimCudaStreams, LegacyDefaultStreamSynchronizesWithBlockingStreamsOnly) {
   // A non-blocking stream ignores the legacy stream entirely.
   ASSERT_EQ(cudaLaunchHostFunc(nonBlocking, logStep, &onNonBlocking), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(nonBlocking), cudaSuccess);
-  std::this_thread::sleep_for(200ms);
-  {
+  // Step 1 sleeps 100 ms on its stream: wait for it (up to 10 s: a loaded sanitizer run once
+  // took longer than the fixed 200 ms this slept), then give 2 and 3 time to run if they could.
+  auto entries = [&] {
     std::lock_guard<std::mutex> lock(log.mutex);
-    EXPECT_EQ(log.entries, (std::vector<int>{4, 1}));  // 2 and 3 wait behind the gate
+    return log.entries;
+  };
+  for (int waited = 0; entries().size() < 2 && waited < 10000; waited += 10) {
+    std::this_thread::sleep_for(10ms);
   }
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(entries(), (std::vector<int>{4, 1}));  // 2 and 3 wait behind the gate
   gate.release();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(log.entries, (std::vector<int>{4, 1, 2, 3}));
