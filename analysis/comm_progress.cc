@@ -346,7 +346,9 @@ void ProcessProgress::replaced(const trace::TraceFile& file, const CallRecord& b
                   before.seq == after.seq && before.op == after.op &&
                   before.p2pSeq == after.p2pSeq && before.rootOrPeer == after.rootOrPeer;
   int64_t latestBefore = latestOf(before), latestAfter = latestOf(after);
-  if (!built_ || !sameCall || (latestAfter < latestBefore && latestBefore >= latestRecordNs_)) {
+  // A latest time that went down (a resend carrying the ring's times then) may have held the
+  // process's or its member's maximum: rare, from scratch.
+  if (!built_ || !sameCall || latestAfter < latestBefore) {
     rebuild(file);
     return;
   }

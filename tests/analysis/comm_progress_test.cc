@@ -181,6 +181,26 @@ TEST(CommProgress, ACompletionMovesTheHeadAndTheCompletedSeq) {
   EXPECT_EQ(progress.rebuilds(), 1u);  // every change followed without a rescan
 }
 
+// A newer copy of a record whose latest time is earlier (a resend after a reconnect carries the
+// times the ring holds then): the member's last activity is recomputed, even when another
+// communicator's record holds the process's latest time.
+TEST(CommProgress, ANewerCopyWithAnEarlierTimeLowersTheMembersActivity) {
+  TraceFile file = rankFile();
+  CallRecord world = record(kWorld, 1, OpKind::kAllReduce, RecordState::kCompleted, 0);
+  world.completeNs = world.issueNs + 50 * kMs;
+  CallRecord pair = record(kPair, 1, OpKind::kAllReduce, RecordState::kCompleted, 1);
+  pair.completeNs = pair.issueNs + 100 * kMs;  // the process's latest time
+  file.records = {world, pair};
+  ProcessProgress progress;
+  progress.rebuild(file);
+  CallRecord earlier = world;
+  earlier.completeNs = world.issueNs + 3000;
+  file.records[0] = earlier;
+  progress.replaced(file, world, earlier);
+  EXPECT_EQ(progress.member(kWorld)->lastActivityNs, earlier.completeNs);
+  EXPECT_EQ(text(progress), rebuilt(file));
+}
+
 // Many calls in flight completing out of order: the finished ones left in the list are
 // compacted away, the head follows the oldest still pending.
 TEST(CommProgress, ManyCallsInFlightCompletingOutOfOrder) {
