@@ -18,24 +18,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <string>
 #include <vector>
 
 #include "analysis/analyze.h"
 #include "analysis/incremental.h"
 #include "analysis/timing.h"
+#include "bench/cpu_time.h"
 #include "trace/fingerprint.h"
 
 namespace {
 
-// CPU seconds of this process: on a shared machine the wall clock also counts other programs'
-// time slices, the CPU time does not.
-double cpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
-}
+using ncclwatch::bench::processCpuSeconds;
 
 using ncclwatch::trace::CallRecord;
 using ncclwatch::trace::OpKind;
@@ -149,11 +143,11 @@ int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
   options.nowNs = last + 1'000'000;
   double total = static_cast<double>(ranks) * (records / 8 * 8);
   for (int pass = 0; pass < 3; ++pass) {
-    double cpuStart = cpuSeconds();
+    double cpuStart = processCpuSeconds();
     auto start = std::chrono::steady_clock::now();
     ncclwatch::analysis::Report report = ncclwatch::analysis::analyze(files, options);
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    double cpu = cpuSeconds() - cpuStart;
+    double cpu = processCpuSeconds() - cpuStart;
     size_t verdicts = report.jobs.empty() ? 0 : report.jobs[0].verdicts.size();
     std::printf(
         "inspect_bench --live: %d ranks x %d records, pass %d: CPU %.3f s, %.1f M "
@@ -169,11 +163,11 @@ int livePasses(const std::vector<TraceFile>& files, int ranks, int records) {
   incremental.analyze(files, options);
   for (int pass = 0; pass < 3; ++pass) {
     incremental.touch(kWorldHash);
-    double cpuStart = cpuSeconds();
+    double cpuStart = processCpuSeconds();
     auto start = std::chrono::steady_clock::now();
     ncclwatch::analysis::Report report = incremental.analyzeFirst(files, options, {kWorldHash});
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    double cpu = cpuSeconds() - cpuStart;
+    double cpu = processCpuSeconds() - cpuStart;
     std::printf(
         "inspect_bench --live: the world communicator alone (a divergence's pass) %d: "
         "CPU %.3f s, wall %.3f s (%d threads), %s\n",
@@ -217,9 +211,9 @@ void hungPasses(std::vector<TraceFile>& files, int ranks) {
            ncclwatch::analysis::formatRanks(v.culprits);
   };
   for (int pass = 0; pass < 2; ++pass) {
-    double cpuStart = cpuSeconds();
+    double cpuStart = processCpuSeconds();
     ncclwatch::analysis::Report report = ncclwatch::analysis::analyze(files, options);
-    double cpu = cpuSeconds() - cpuStart;
+    double cpu = processCpuSeconds() - cpuStart;
     std::printf("inspect_bench --live: hung, quiet, full pass %d: CPU %.3f s, first verdict %s\n",
                 pass + 1, cpu, verdictText(report).c_str());
   }
@@ -229,9 +223,9 @@ void hungPasses(std::vector<TraceFile>& files, int ranks) {
   for (int pass = 0; pass < 4; ++pass) {
     uint64_t redoneBefore = incremental.stats().commsReanalysed;
     uint64_t partialBefore = incremental.stats().partialPasses;
-    double cpuStart = cpuSeconds();
+    double cpuStart = processCpuSeconds();
     ncclwatch::analysis::Report report = incremental.analyze(files, options);
-    double cpu = cpuSeconds() - cpuStart;
+    double cpu = processCpuSeconds() - cpuStart;
     bool partial = incremental.stats().partialPasses > partialBefore;
     std::printf(
         "inspect_bench --live: hung, quiet, the collector's pass %d: CPU %.3f s, %s (%llu comms "
@@ -277,10 +271,10 @@ int main(int argc, char** argv) {
   options.probeProcesses = false;
   options.threads = g_threads;
   auto start = std::chrono::steady_clock::now();
-  double cpuStart = cpuSeconds();
+  double cpuStart = processCpuSeconds();
   ncclwatch::analysis::Report report = ncclwatch::analysis::analyze(files, options);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  double cpu = cpuSeconds() - cpuStart;
+  double cpu = processCpuSeconds() - cpuStart;
   double total = static_cast<double>(ranks) * (records / 8 * 8);
   size_t verdicts = report.jobs.empty() ? 0 : report.jobs[0].verdicts.size();
   std::printf(
@@ -296,10 +290,10 @@ int main(int argc, char** argv) {
   // The timing side (`ncclwatch stragglers`, timeline) on the same traces: collectives matched
   // across ranks, clocks aligned, lateness per rank.
   start = std::chrono::steady_clock::now();
-  cpuStart = cpuSeconds();
+  cpuStart = processCpuSeconds();
   ncclwatch::analysis::StragglerReport stragglers = ncclwatch::analysis::computeStragglers(files);
   seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  cpu = cpuSeconds() - cpuStart;
+  cpu = processCpuSeconds() - cpuStart;
   std::printf(
       "stragglers: %.3f s, %.1f M records/s (CPU %.3f s, %.1f M records/CPU s), %zu comms\n",
       seconds, total / seconds / 1e6, cpu, total / cpu / 1e6, stragglers.comms.size());

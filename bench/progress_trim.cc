@@ -11,10 +11,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <vector>
 
 #include "analysis/comm_progress.h"
+#include "bench/cpu_time.h"
 #include "trace/ring_reader.h"
 
 namespace {
@@ -25,11 +25,7 @@ using ncclwatch::trace::OpKind;
 using ncclwatch::trace::RecordState;
 using ncclwatch::trace::TraceFile;
 
-double cpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
-}
+using ncclwatch::bench::processCpuSeconds;
 
 constexpr size_t kWindow = 128, kSlack = 64, kFrame = 10;
 constexpr uint64_t kWorld = 0x3002, kTensorBase = 0xE1CA0000;
@@ -126,9 +122,9 @@ int main(int argc, char** argv) {
     // Rotating which goes first, so that none always follows the same other.
     for (int j = 0; j < 3; ++j) {
       int at = (j + r) % 3;
-      double start = cpuSeconds();
+      double start = processCpuSeconds();
       jobs[at]->round(now);
-      seconds[at] += cpuSeconds() - start;
+      seconds[at] += processCpuSeconds() - start;
     }
     records += processes * kFrame;
   }
