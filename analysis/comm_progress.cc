@@ -138,13 +138,13 @@ void ProcessProgress::appended(const trace::TraceFile& file) {
   lastRing_ = r.ringIndex;
 }
 
-void ProcessProgress::droppingFront(const trace::TraceFile& file, size_t count) {
+bool ProcessProgress::droppingFront(const trace::TraceFile& file, size_t count) {
   std::span<const CallRecord> records(file.records);
   count = std::min(count, records.size());
-  if (count == 0 && follows(file)) return;
-  if (!follows(file) || !trimFront(records.first(count), records.subspan(count))) {
-    rebuildFrom(file.comms, records.subspan(count));
-  }
+  if (count == 0 && follows(file)) return true;
+  if (follows(file) && trimFront(records.first(count), records.subspan(count))) return true;
+  rebuildFrom(file.comms, records.subspan(count));
+  return false;
 }
 
 // Why dropping the window's front this way equals a rebuild from the records left (R), when no

@@ -99,8 +99,9 @@ class ProcessProgress {
   // rebuild from it would. Exact and O(count + a few) when no dropped record is pending or a
   // send or receive, none holds a member's highest seq, ordinal or completed ordinal (then its
   // member keeps a call in the window), the members' candidates ascend without a far jump and
-  // the window's ring indices ascend; otherwise a rebuild from the remaining records.
-  void droppingFront(const trace::TraceFile& file, size_t count);
+  // the window's ring indices ascend; otherwise a rebuild from the remaining records. True when
+  // no rebuild was needed.
+  bool droppingFront(const trace::TraceFile& file, size_t count);
   // Whether this state follows `file`: the same communicator table and window bounds (a window
   // changed without this state being told needs a rebuild).
   bool follows(const trace::TraceFile& file) const;

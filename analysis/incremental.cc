@@ -39,13 +39,9 @@ void IncrementalAnalysis::replaced(size_t file, const trace::TraceFile& window,
                                    const trace::CallRecord& after) {
   progressOf(*state_, file).replaced(window, before, after);
 }
-bool IncrementalAnalysis::trimming(size_t file, const trace::TraceFile& window, size_t count) {
-  ProcessProgress& progress = progressOf(*state_, file);
-  uint64_t trims = progress.trims();
-  progress.droppingFront(window, count);
-  bool dropped = progress.trims() != trims;
+void IncrementalAnalysis::trimming(size_t file, const trace::TraceFile& window, size_t count) {
+  bool dropped = progressOf(*state_, file).droppingFront(window, count);
   ++(dropped ? state_->stats.progressTrims : state_->stats.progressTrimRebuilds);
-  return dropped;
 }
 void IncrementalAnalysis::reshaped(size_t file, const trace::TraceFile& window) {
   progressOf(*state_, file).rebuild(window);

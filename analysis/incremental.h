@@ -63,8 +63,8 @@ class IncrementalAnalysis {
   void appended(size_t file, const trace::TraceFile& window);
   void replaced(size_t file, const trace::TraceFile& window, const trace::CallRecord& before,
                 const trace::CallRecord& after);
-  // (trimming: true when the records left the progress without a rebuild.)
-  bool trimming(size_t file, const trace::TraceFile& window, size_t count);
+  // (Stats::progressTrims and progressTrimRebuilds count the two ways a trim went.)
+  void trimming(size_t file, const trace::TraceFile& window, size_t count);
   void reshaped(size_t file, const trace::TraceFile& window);
 
   Report analyze(std::span<const trace::TraceFile> files, const Options& options = {});

@@ -71,7 +71,7 @@ struct Counters {
   std::atomic<uint64_t> divergencePasses{0};
   std::atomic<uint64_t> divergencePassNs{0};
   // Trims of a window that dropped the records from the progress kept on arrival, and those that
-  // rebuilt it instead (Triage::store, IncrementalAnalysis::trimming).
+  // rebuilt it instead: IncrementalAnalysis::Stats's, copied at each trim (Triage::store).
   std::atomic<uint64_t> progressTrims{0};
   std::atomic<uint64_t> progressTrimRebuilds{0};
 };

@@ -207,8 +207,9 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
       if (it->commHash != lastHash) analysis_.touch(lastHash = it->commHash);
     }
     if (!reshaped) {
-      ++(analysis_.trimming(index, files_[index], drop) ? counters_.progressTrims
-                                                        : counters_.progressTrimRebuilds);
+      analysis_.trimming(index, files_[index], drop);
+      counters_.progressTrims = analysis_.stats().progressTrims;
+      counters_.progressTrimRebuilds = analysis_.stats().progressTrimRebuilds;
     }
     records.erase(records.begin(), records.begin() + static_cast<std::ptrdiff_t>(drop));
   }
