@@ -433,10 +433,10 @@ void Triage::maybeAnalyze(int64_t now) {
   // collector's time at 4096 ranks). Jobs whose passes cost under 2.5 ms still get one every
   // analyzeEveryMs.
   bool urgent = wanted_ || !candidates_.empty();
+  const int64_t longestGap = std::max<int64_t>(2000 * kMs, 20 * lastCostNs_);
   bool due = (urgent && since >= 3 * lastCostNs_) ||
              (quiet && since >= std::max<int64_t>(200 * kMs, 3 * lastCostNs_)) ||
-             (activity_ && since >= 19 * lastCostNs_) ||
-             since >= std::max<int64_t>(2000 * kMs, 20 * lastCostNs_);  // longestGap below
+             (activity_ && since >= 19 * lastCostNs_) || since >= longestGap;
   // A divergence the triage saw is looked at on its own communicator at once, by a pass that
   // redoes only that one (when the rest still holds: analysis/incremental.h), paced by its own
   // cost: at most half a core.
@@ -464,7 +464,6 @@ void Triage::maybeAnalyze(int64_t now) {
   // ranks on the 16-core host a mismatch took 1,010 ms instead of 346 that way). Each wait is
   // bounded (kDivergenceWaitSettles), and the passes due meanwhile run after it; a job that
   // diverges again and again still gets the pass every 2 s (or 20 passes' cost) at least.
-  const int64_t longestGap = std::max<int64_t>(2000 * kMs, 20 * lastCostNs_);
   if (!divergence && !divergingSince_.empty() && since < longestGap) return;
   // A divergence goes first, on its own communicator, even when a full pass is also due: the
   // full pass follows on a later tick (wanted_ stays set).
