@@ -11,6 +11,7 @@
 
 #include "analysis/describe.h"
 #include "analysis/parallel.h"
+#include "analysis/recent_two.h"
 
 namespace ncclwatch::analysis::internal {
 
@@ -218,29 +219,19 @@ void JobAnalysis::alignProc(int p, const std::vector<char>& aligned, AlignScratc
   }
   std::vector<uint64_t>& p2pSum = scratch.p2pSum;
   p2pSum.assign(mine.size(), 0);
-  // The last two communicators seen: calls often alternate between two (tensor-parallel and
-  // data-parallel), which a one-entry cache misses every time.
-  uint64_t lastHash[2] = {0, 0};
-  int lastSlot[2] = {-1, -1};
+  RecentTwo<int> recentSlots;  // the last two communicators' slots
   const auto& records = proc.file->records;
   for (uint32_t i = 0; i < records.size(); ++i) {
     const CallRecord& r = records[i];
     if (!isSequenced(r)) continue;
     int slot = -1;
-    if (r.commHash == lastHash[0] && lastSlot[0] >= 0) {
-      slot = lastSlot[0];
-    } else if (r.commHash == lastHash[1] && lastSlot[1] >= 0) {
-      slot = lastSlot[1];
-      std::swap(lastHash[0], lastHash[1]);
-      std::swap(lastSlot[0], lastSlot[1]);
+    if (const int* kept = recentSlots.find(r.commHash)) {
+      slot = *kept;
     } else {
       for (int s = 0; s < static_cast<int>(mine.size()); ++s) {
         if (mine[s].first == r.commHash) slot = s;
       }
-      lastHash[1] = lastHash[0];
-      lastSlot[1] = lastSlot[0];
-      lastHash[0] = r.commHash;
-      lastSlot[0] = slot;
+      if (slot >= 0) recentSlots.remember(r.commHash, slot);
     }
     if (slot < 0 || !aligned[slot]) continue;  // a comm missing from the table (table full)
     Comm& comm = comms_[mine[slot].second.first];

@@ -33,20 +33,12 @@ bool ProcessProgress::follows(const trace::TraceFile& file) const {
 }
 
 int ProcessProgress::slotOf(uint64_t commHash) {
-  if (commHash == lastHash_[0] && lastSlot_[0] >= 0) return lastSlot_[0];
-  if (commHash == lastHash_[1] && lastSlot_[1] >= 0) {
-    std::swap(lastHash_[0], lastHash_[1]);
-    std::swap(lastSlot_[0], lastSlot_[1]);
-    return lastSlot_[0];
-  }
+  if (const int* kept = recentSlots_.find(commHash)) return *kept;
   int slot = -1;
   for (size_t s = 0; s < memberCount_; ++s) {
     if (members_[s].commHash == commHash) slot = static_cast<int>(s);
   }
-  lastHash_[1] = lastHash_[0];
-  lastSlot_[1] = lastSlot_[0];
-  lastHash_[0] = commHash;
-  lastSlot_[0] = slot;
+  if (slot >= 0) recentSlots_.remember(commHash, slot);
   return slot;
 }
 
@@ -83,7 +75,7 @@ void ProcessProgress::rebuildFrom(std::span<const trace::CommInfo> comms,
   ++rebuilds_;
   // The memberships: each hash once, in table order (as JobAnalysis::buildComms takes them).
   memberCount_ = 0;
-  lastSlot_[0] = lastSlot_[1] = -1;
+  recentSlots_.clear();
   for (const trace::CommInfo& info : comms) {
     bool seen = false;
     for (size_t s = 0; s < memberCount_; ++s) seen |= members_[s].commHash == info.commHash;

@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "analysis/recent_two.h"
 #include "trace/ring_reader.h"
 
 namespace ncclwatch::analysis {
@@ -136,10 +137,7 @@ class ProcessProgress {
 
   std::vector<MemberProgress> members_;  // the first memberCount_ are in use (capacity kept)
   size_t memberCount_ = 0;
-  // The last two communicators looked up (calls often alternate between two, which a one-entry
-  // cache misses every time), the latest first.
-  uint64_t lastHash_[2] = {0, 0};
-  int lastSlot_[2] = {-1, -1};
+  RecentTwo<int> recentSlots_;  // slotOf's last two communicators
   uint64_t pendingCalls_ = 0, failedCalls_ = 0, calls_ = 0, shed_ = 0, tracked_ = 0;
   // Every pending record, in window order from pendingAllFront_ on (finished ones left in
   // place until compacted, as MemberProgress::pending).

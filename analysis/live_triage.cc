@@ -1,7 +1,6 @@
 #include "analysis/live_triage.h"
 
 #include <algorithm>
-#include <utility>
 
 namespace ncclwatch::analysis {
 
@@ -15,19 +14,11 @@ void LiveTriage::addComm(const trace::CommInfo& comm) {
 }
 
 LiveTriage::Comm* LiveTriage::find(uint64_t commHash) {
-  if (lastComm_[0] != nullptr && lastHash_[0] == commHash) return lastComm_[0];
-  if (lastComm_[1] != nullptr && lastHash_[1] == commHash) {
-    std::swap(lastHash_[0], lastHash_[1]);
-    std::swap(lastComm_[0], lastComm_[1]);
-    return lastComm_[0];
-  }
+  if (Comm* const* kept = recentComms_.find(commHash)) return *kept;
   auto found = comms_.find(commHash);
-  if (found == comms_.end()) return nullptr;  // not cached: its COMMS frame may come later
-  lastHash_[1] = lastHash_[0];
-  lastComm_[1] = lastComm_[0];
-  lastHash_[0] = commHash;
-  lastComm_[0] = &found->second;
-  return lastComm_[0];
+  if (found == comms_.end()) return nullptr;  // not remembered: its COMMS frame may come later
+  recentComms_.remember(commHash, &found->second);
+  return &found->second;
 }
 
 bool LiveTriage::observe(const trace::CallRecord& record, int64_t wallNs) {

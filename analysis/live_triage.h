@@ -10,6 +10,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "analysis/recent_two.h"
 #include "trace/ring_format.h"
 
 namespace ncclwatch::analysis {
@@ -57,10 +58,9 @@ class LiveTriage {
   };
   size_t maxOpen_;
   std::unordered_map<uint64_t, Comm> comms_;  // never erased: pointers to its values hold
-  // The last two communicators looked up, the latest first: a frame's records alternate between a
-  // rank's few communicators, and the map's lookup was 7% of a 32,768-rank collector's time.
-  uint64_t lastHash_[2] = {0, 0};
-  Comm* lastComm_[2] = {nullptr, nullptr};
+  // The last two communicators looked up: the map's lookup was 7% of a 32,768-rank collector's
+  // time.
+  RecentTwo<Comm*> recentComms_;
   Comm* find(uint64_t commHash);
   int64_t lastActivityNs_ = 0;
   uint64_t forgotten_ = 0;

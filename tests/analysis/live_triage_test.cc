@@ -127,4 +127,24 @@ TEST(LiveTriage, OpenOrdinalsAreBounded) {
   EXPECT_GE(triage.forgotten(), 983u);
 }
 
+// The two-entry cache of the per-record communicator lookups: the last two keys answer, a hit
+// on the older makes it the latest, a third key pushes the older out, and clear forgets both.
+TEST(RecentTwo, KeepsTheLastTwoKeys) {
+  ncclwatch::analysis::RecentTwo<int> recent;
+  EXPECT_EQ(recent.find(7), nullptr);
+  recent.remember(7, 70);
+  recent.remember(8, 80);
+  ASSERT_NE(recent.find(7), nullptr);
+  EXPECT_EQ(*recent.find(7), 70);  // 7 is now the latest, 8 the older
+  recent.remember(9, 90);          // pushes 8 out
+  EXPECT_EQ(recent.find(8), nullptr);
+  ASSERT_NE(recent.find(7), nullptr);
+  EXPECT_EQ(*recent.find(7), 70);
+  ASSERT_NE(recent.find(9), nullptr);
+  EXPECT_EQ(*recent.find(9), 90);
+  recent.clear();
+  EXPECT_EQ(recent.find(7), nullptr);
+  EXPECT_EQ(recent.find(9), nullptr);
+}
+
 }  // namespace
