@@ -40,6 +40,7 @@ bool LiveTriage::observe(const trace::CallRecord& record, int64_t wallNs) {
     // mismatch's classes are now complete, and it can be said without waiting to settle.
     bool completesDivergence = open.diverged;
     comm.open.erase(slot);
+    comm.completedOne = true;
     lastCompleted_ = completesDivergence;
     return diverges || completesDivergence;
   }
@@ -54,6 +55,12 @@ bool LiveTriage::observe(const trace::CallRecord& record, int64_t wallNs) {
 
 void LiveTriage::observeUpdate(int64_t wallNs) {
   lastActivityNs_ = std::max(lastActivityNs_, wallNs);
+}
+
+uint64_t LiveTriage::oldestOpenOrdinal(uint64_t commHash) {
+  Comm* comm = find(commHash);
+  if (comm == nullptr || !comm->completedOne || comm->open.empty()) return UINT64_MAX;
+  return comm->open.begin()->first;
 }
 
 size_t LiveTriage::openOrdinals() const {

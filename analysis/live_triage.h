@@ -40,6 +40,15 @@ class LiveTriage {
   // A record seen again with a newer state: only its times count, as activity.
   void observeUpdate(int64_t wallNs);
 
+  // The oldest collective ordinal on `commHash` that some but not all members have reported, once
+  // every member has been seen (an ordinal of the communicator was complete): the collector's
+  // windows keep that call (Triage::store), since the ordinal's verdict, a mismatch above all,
+  // needs every member's record of it, and a collector that has fallen behind may get the last
+  // member's a window's time after the first. UINT64_MAX when there is none. (A communicator
+  // whose members were never all seen would keep its calls for ever: a member that never
+  // reports.)
+  uint64_t oldestOpenOrdinal(uint64_t commHash);
+
   int64_t lastActivityNs() const { return lastActivityNs_; }
   size_t openOrdinals() const;  // (comm, ordinal) pairs some but not all members reported
   uint64_t forgotten() const { return forgotten_; }
@@ -54,6 +63,7 @@ class LiveTriage {
   };
   struct Comm {
     int size = 0;
+    bool completedOne = false;      // an ordinal was reported by every member
     std::map<uint64_t, Open> open;  // by collective ordinal (NCCL's per-comm counter)
   };
   size_t maxOpen_;

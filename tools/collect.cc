@@ -223,6 +223,7 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
       << " divergence_passes=" << counters.divergencePasses.load()
       << " divergence_ms=" << counters.divergencePassNs.load() / 1'000'000
       << " trims=" << counters.progressTrims.load() << "/" << counters.progressTrimRebuilds.load()
+      << " holds=" << counters.windowHolds.load() << "/" << counters.windowHoldsBroken.load()
       << "\n";
   return counters.verdicts.load() > 0 ? 1 : 0;
 }

@@ -74,6 +74,11 @@ struct Counters {
   // rebuilt it instead: IncrementalAnalysis::Stats's, copied at each trim (Triage::store).
   std::atomic<uint64_t> progressTrims{0};
   std::atomic<uint64_t> progressTrimRebuilds{0};
+  // Trims of a window held back, whole or in part, to keep a call a verdict still needs (a
+  // collective not every member has reported, a divergence not said yet), and trims that
+  // dropped one all the same, at the cap (collect_triage.h, heldWindowCap).
+  std::atomic<uint64_t> windowHolds{0};
+  std::atomic<uint64_t> windowHoldsBroken{0};
 };
 
 class Collector {

@@ -149,6 +149,8 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
   wall = wall == 0 ? 0 : wall + process.toWall;
   if (record.ringIndex >= process.firstNewIndex) {
     if (triage_.observe(record, wall)) {
+      auto [held, added] = heldDivergences_.try_emplace(record.commHash, record.ncclSeqNumber);
+      if (!added) held->second = std::min(held->second, record.ncclSeqNumber);
       if (triage_.lastCompletedOrdinal()) {
         wanted_ = true;
         divergent_.insert(record.commHash);
@@ -198,23 +200,62 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
   }
   if (appended) analysis_.appended(index, files_[index]);
   // Trim in steps of the slack: each record is moved window / slack times (twice) at most.
-  if (records.size() > process.window + trimSlack(process.window)) {
-    // What leaves the window changes its communicators' alignment too.
+  const size_t slack = trimSlack(process.window), reserved = process.window + slack + 1;
+  if (records.size() > std::max(process.trimAt, process.window + slack)) {
     size_t drop = records.size() - process.window;
+    // A call a verdict still needs stays, with what came after it, up to the cap.
+    size_t kept = droppable(records, drop);
+    if (kept < drop && records.size() > heldWindowCap(process.window)) {
+      counters_.windowHoldsBroken++;
+      kept = drop;
+    } else if (kept < drop) {
+      counters_.windowHolds++;
+    }
+    drop = kept;
+    process.trimAt =
+        records.size() - drop +
+        (drop < records.size() - process.window ? std::max<size_t>(slack / 4, 1) : slack);
+    // What leaves the window changes its communicators' alignment too.
     uint64_t lastHash = record.commHash;
     for (auto it = records.begin(); it != records.begin() + static_cast<std::ptrdiff_t>(drop);
          ++it) {
       if (it->commHash != lastHash) analysis_.touch(lastHash = it->commHash);
     }
-    if (!reshaped) {
+    if (!reshaped && drop > 0) {
       analysis_.trimming(index, files_[index], drop);
       counters_.progressTrims = analysis_.stats().progressTrims;
       counters_.progressTrimRebuilds = analysis_.stats().progressTrimRebuilds;
     }
     records.erase(records.begin(), records.begin() + static_cast<std::ptrdiff_t>(drop));
+    // A window that grew while held goes back to its reserve once trimmed to its size.
+    if (records.capacity() > reserved && records.size() <= process.window) {
+      std::vector<trace::CallRecord> fresh;
+      fresh.reserve(reserved);
+      fresh.assign(records.begin(), records.end());
+      records.swap(fresh);
+    }
   }
   if (reshaped) analysis_.reshaped(index, files_[index]);
   counters_.recordsHeld += records.size() - before;  // unsigned: wraps right when it shrank
+}
+
+size_t Triage::droppable(const std::vector<trace::CallRecord>& records, size_t drop) {
+  // One look-up per communicator run: a window's records come in runs of a communicator.
+  uint64_t lastHash = 0, keepFrom = UINT64_MAX;
+  for (size_t i = 0; i < drop; ++i) {
+    const trace::CallRecord& record = records[i];
+    if (!trace::isCollective(record.op)) continue;
+    if (record.commHash != lastHash || i == 0) {
+      lastHash = record.commHash;
+      keepFrom = triage_.oldestOpenOrdinal(lastHash);
+      if (!heldDivergences_.empty()) {
+        auto held = heldDivergences_.find(lastHash);
+        if (held != heldDivergences_.end()) keepFrom = std::min(keepFrom, held->second);
+      }
+    }
+    if (record.ncclSeqNumber >= keepFrom) return i;
+  }
+  return drop;
 }
 
 // A process that died on this host took its last unsent calls with it, but its ring file
@@ -550,7 +591,7 @@ void Triage::analyze(int64_t now, bool final, const std::set<uint64_t>* first) {
       int64_t since = previous != candidates_.end() && previous->second.culprits == culprits
                           ? previous->second.sinceNs
                           : now;
-      seen[key] = Candidate{culprits, since};
+      seen[key] = Candidate{culprits, since, verdict.comm.hash};
       bool settled =
           final || now - since >= options_.settleMs * kMs ||
           (verdict.kind == analysis::VerdictKind::kMismatch && everyMemberSpoke(verdict, job)) ||
@@ -566,6 +607,15 @@ void Triage::analyze(int64_t now, bool final, const std::set<uint64_t>* first) {
     }
   }
   candidates_ = std::move(seen);
+  // A divergence whose communicator this pass looked at, and that has no verdict waiting to be
+  // said (said now, or none found), no longer holds its call in the windows.
+  for (auto it = heldDivergences_.begin(); it != heldDivergences_.end();) {
+    bool looked = first == nullptr || first->count(it->first) > 0;
+    bool waiting = std::any_of(candidates_.begin(), candidates_.end(), [&](const auto& candidate) {
+      return candidate.second.commHash == it->first;
+    });
+    it = looked && !waiting ? heldDivergences_.erase(it) : std::next(it);
+  }
 }
 
 // Whether a trace file found in the folder belongs to the attempt the collector watches: its

@@ -25,18 +25,16 @@ namespace ncclwatch::collect {
 
 // Each rank's window of calls: its share of Options::maxRecords, within these bounds.
 //
-// The floor is what a verdict needs from a window: the divergent call on every member until the
-// pass that says it. The live triage flags a divergence as records arrive (its own per-comm
-// fingerprints, not the windows), and a pass over that communicator runs when its last member
-// reports, or once members stop reporting it for settleMs (150 ms), 8 settles (1.2 s) after the
-// divergence at the latest (Triage::maybeAnalyze). So a window must keep the divergent call while
-// the slowest member catches up to it, plus that wait: with 128 calls, a rank may be about 110
-// calls ahead of the slowest member at 100 calls a second when the wait is one settle (15 calls
-// are made in 150 ms); the longest wait, while members still come, is 120 calls at that rate. Ranks
-// that meet at every collective rarely run that far apart (the bench's stay within one poll
-// interval, 10 calls); a job whose ranks do, or that calls far faster, needs a larger
-// --max-records. The floor binds from 4096 ranks on (512 Ki / 4096 = 128). It was 256: a 4096-rank
-// collector then took 160 MiB of windows alone (docs/scale.md).
+// The floor is what a verdict needs from a window in the usual case: the divergent call on every
+// member until the pass that says it. The live triage flags a divergence as records arrive (its
+// own per-comm fingerprints, not the windows), and a pass over that communicator runs when its
+// last member reports, or once members stop reporting it for settleMs (150 ms), 8 settles (1.2 s)
+// after the divergence at the latest (Triage::maybeAnalyze). With 128 calls a rank may be about
+// 110 calls ahead of the slowest member at 100 calls a second when the wait is one settle. Past
+// that (ranks far apart, or a collector that fell behind and reads a call's records over more
+// than a window's time), a window is not trimmed past a call a verdict still needs, up to
+// heldWindowCap. The floor binds from 4096 ranks on (512 Ki / 4096 = 128). It was 256: a
+// 4096-rank collector then took 160 MiB of windows alone (docs/scale.md).
 constexpr size_t kMinWindow = 128;
 constexpr size_t kMaxWindow = 65536;
 // What a window may grow past its size before it is trimmed back to it (Triage::store): a trim
@@ -44,6 +42,15 @@ constexpr size_t kMaxWindow = 65536;
 // window: twice (with a quarter, four times: 8% of the collector's time at 4096 ranks).
 constexpr size_t trimSlack(size_t window) {
   return window / 2;
+}
+// How far a window may grow while it keeps a call that a verdict still needs (Triage::store): a
+// collective that not every member has reported yet, or a divergence until its verdict is said.
+// A collector that fell behind gets a call's records over more than a window's time, and without
+// the hold the first members' copies were trimmed before the last one's came: the verdict was
+// lost (docs/scale.md). Three windows is one doubling of the window's reserve, and 2.5 s of calls
+// at 100 a second with 128-call windows; past it the window is trimmed all the same, counted.
+constexpr size_t heldWindowCap(size_t window) {
+  return 3 * window;
 }
 // A rank's window in a job of `world` ranks.
 inline size_t windowFor(size_t maxRecords, int world) {
@@ -58,6 +65,9 @@ struct Process {
   size_t window = 0;
   uint64_t firstNewIndex = 0;  // ring indices below it arrived before: later copies are updates
   int64_t toWall = 0;          // add to a record time for the wall clock
+  // The size at which the window is trimmed next: its size and slack, or more while the trim is
+  // held back by a call a verdict needs (tried again each quarter slack).
+  size_t trimAt = 0;
   bool connected = false;
   bool saidBye = false;
   int connection = -1;
@@ -127,6 +137,7 @@ class Triage : public FrameSink {
   struct Candidate {
     std::string culprits;
     int64_t sinceNs;
+    uint64_t commHash;
   };
   std::map<std::string, Candidate> candidates_;  // verdicts seen, not yet settled
   // What asks for an analysis pass: a divergence the triage saw or a member joining or leaving
@@ -146,6 +157,13 @@ class Triage : public FrameSink {
     int64_t lastJoinNs = 0;
   };
   std::map<uint64_t, Diverging> divergingSince_;
+  // Divergences whose verdict is not said yet: the communicator and the earliest diverged
+  // ordinal, which the windows keep (store) until a pass over the communicator leaves no verdict
+  // on it waiting to be said.
+  std::map<uint64_t, uint64_t> heldDivergences_;
+  // How many of the `drop` oldest records of a window may go: those before the first call a
+  // verdict still needs (heldWindowCap).
+  size_t droppable(const std::vector<trace::CallRecord>& records, size_t drop);
   int64_t lastFirstCostNs_ = 0;  // the cost of the last pass over those alone
   int64_t nextAdoptNs_ = 0;
   std::set<std::string> foreignFiles_;  // trace files in the folder that are not this job's

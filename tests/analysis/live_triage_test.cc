@@ -129,6 +129,23 @@ TEST(LiveTriage, OpenOrdinalsAreBounded) {
 
 // The two-entry cache of the per-record communicator lookups: the last two keys answer, a hit
 // on the older makes it the latest, a third key pushes the older out, and clear forgets both.
+// What the collector's windows must keep: the oldest ordinal not every member has reported, once
+// every member was seen (before that, a member that never reports would hold it for ever).
+TEST(LiveTriage, TheOldestOpenOrdinalIsKeptOnceEveryMemberWasSeen) {
+  LiveTriage triage;
+  triage.addComm(comm(kWorld, 2));
+  EXPECT_EQ(triage.oldestOpenOrdinal(kWorld), UINT64_MAX);
+  for (uint64_t ordinal = 0; ordinal < 5; ++ordinal) triage.observe(collective(ordinal, 64), 1);
+  EXPECT_EQ(triage.oldestOpenOrdinal(kWorld), UINT64_MAX);  // the other member not seen yet
+  triage.observe(collective(0, 64), 1);                     // ordinal 0 complete
+  EXPECT_EQ(triage.oldestOpenOrdinal(kWorld), 1u);
+  for (uint64_t ordinal = 1; ordinal < 5; ++ordinal) triage.observe(collective(ordinal, 64), 1);
+  EXPECT_EQ(triage.oldestOpenOrdinal(kWorld), UINT64_MAX);  // all complete
+  triage.observe(collective(5, 64), 1);
+  EXPECT_EQ(triage.oldestOpenOrdinal(kWorld), 5u);
+  EXPECT_EQ(triage.oldestOpenOrdinal(0x999), UINT64_MAX);  // an unknown communicator
+}
+
 TEST(RecentTwo, KeepsTheLastTwoKeys) {
   ncclwatch::analysis::RecentTwo<int> recent;
   EXPECT_EQ(recent.find(7), nullptr);

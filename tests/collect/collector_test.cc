@@ -310,6 +310,107 @@ TEST_F(CollectorTest, TheOddRankOutOfFourIsTheCulprit) {
   for (int fd : agents) close(fd);
 }
 
+// A collector behind its agents still says the mismatch: ranks 0, 1 and 3 of a 4-rank communicator
+// report 300 calls (more than twice their 128-call windows) before rank 2's, whose 11th call has
+// another count, reaches it. The others' records of that call are older than their windows by
+// then; a window keeps a collective that not every member has reported (and a divergence until
+// its pass), so the verdict names the call and its culprit instead of being lost with them.
+TEST(CollectorWindows, ALaggingCollectorKeepsTheDivergentCallUntilItsVerdict) {
+  constexpr uint64_t kComm = 0x1a66edull;
+  constexpr uint64_t kCalls = 300, kAlike = 6, kDivergentSeq = 11;
+  std::string directory =
+      std::string(testing::TempDir()) + "/nw-collect-lag-" + std::to_string(getpid());
+  std::filesystem::remove_all(directory);
+  std::ostringstream out;
+  Collector collector;
+  ncclwatch::collect::Options options;
+  options.secret = "lagging";
+  options.directory = directory;
+  options.maxRecords = 4 * 128;  // 128-call windows for 4 ranks, as 4096 ranks get by default
+  std::string error;
+  ASSERT_TRUE(collector.start(options, out, &error)) << error;
+  struct FakeRank {
+    int fd = -1;
+    wire::RecordEncoder encoder;
+  };
+  FakeRank ranks[4];
+  auto send = [&](int rank, uint64_t firstSeq, uint64_t lastSeq) {
+    std::vector<ncclwatch::trace::CallRecord> records;
+    for (uint64_t seq = firstSeq; seq <= lastSeq; ++seq) {
+      records.push_back(allReduce(kComm, seq, rank == 2 && seq == kDivergentSeq ? 96 : 1024));
+      records.back().ncclSeqNumber = seq - 1;
+      records.back().state = ncclwatch::trace::RecordState::kCompleted;
+      records.back().completeNs = records.back().startNs + 1000;
+    }
+    std::vector<std::byte> frame;
+    wire::encodeRecords(2'000'000'000, records, ranks[rank].encoder, frame);
+    sendAll(ranks[rank].fd, frame);
+  };
+  for (int rank = 0; rank < 4; ++rank) {
+    ranks[rank].fd = joinAgent(collector.port(), "lagging", rank, 4, "fake-job", kComm, {});
+    send(rank, 1, kAlike);  // calls 1-6 alike
+  }
+  // Every member seen: a communicator whose members never all reported keeps nothing (one that
+  // never will would hold its windows at the cap).
+  ASSERT_TRUE(eventually([&] { return collector.counters().records.load() == 4 * kAlike; }));
+  for (int rank : {0, 1, 3}) send(rank, kAlike + 1, kCalls);
+  ASSERT_TRUE(eventually([&] {
+    return collector.counters().records.load() == 4 * kAlike + 3 * (kCalls - kAlike);
+  })) << out.str();
+  send(2, kAlike + 1, kCalls);
+  ASSERT_TRUE(eventually([&] { return collector.counters().verdicts.load() >= 1; })) << out.str();
+  // The windows come back to their size (and trim slack) once the verdict is said.
+  for (int rank = 0; rank < 4; ++rank) send(rank, kCalls + 1, kCalls + 100);
+  ASSERT_TRUE(
+      eventually([&] { return collector.counters().records.load() == 4 * (kCalls + 100); }));
+  EXPECT_LE(collector.counters().recordsHeld.load(), 4u * 192u);
+  collector.stop();
+  std::ifstream jsonl(directory + "/verdicts.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(jsonl, line)) << out.str();
+  EXPECT_NE(line.find("\"kind\":\"mismatch\""), std::string::npos) << line;
+  EXPECT_NE(line.find("\"seq\":" + std::to_string(kDivergentSeq)), std::string::npos) << line;
+  EXPECT_NE(line.find("\"culprits\":[2]"), std::string::npos) << line;
+  for (FakeRank& rank : ranks) close(rank.fd);
+  std::filesystem::remove_all(directory);
+}
+
+// A member that stops reporting (dead, or its agent gone) leaves every later call open: the
+// others' windows hold them up to the cap (three windows), then are trimmed all the same, counted,
+// so that the collector's memory stays bounded.
+TEST(CollectorWindows, AWindowHeldForASilentMemberStopsAtItsCap) {
+  constexpr uint64_t kComm = 0x5113ull;
+  constexpr uint64_t kCalls = 1000;
+  std::ostringstream out;
+  Collector collector;
+  ncclwatch::collect::Options options;
+  options.secret = "silent-member";
+  options.maxRecords = 2 * 128;  // 128-call windows
+  std::string error;
+  ASSERT_TRUE(collector.start(options, out, &error)) << error;
+  auto calls = [&](uint64_t firstSeq, uint64_t lastSeq) {
+    std::vector<ncclwatch::trace::CallRecord> records;
+    for (uint64_t seq = firstSeq; seq <= lastSeq; ++seq) {
+      records.push_back(allReduce(kComm, seq, 1024));
+      records.back().ncclSeqNumber = seq - 1;
+      records.back().state = ncclwatch::trace::RecordState::kCompleted;
+      records.back().completeNs = records.back().startNs + 1000;
+    }
+    return records;
+  };
+  int silent = joinAgent(collector.port(), "silent-member", 1, 2, "fake-job", kComm, calls(1, 2));
+  ASSERT_TRUE(eventually([&] { return collector.counters().records.load() == 2; }));
+  int goesOn =
+      joinAgent(collector.port(), "silent-member", 0, 2, "fake-job", kComm, calls(1, kCalls));
+  ASSERT_TRUE(eventually([&] { return collector.counters().records.load() == 2 + kCalls; }));
+  collector.stop();
+  EXPECT_GE(collector.counters().windowHolds.load(), 1u);
+  EXPECT_GE(collector.counters().windowHoldsBroken.load(), 1u);
+  EXPECT_LE(collector.counters().recordsHeld.load(), 2u + 3u * 128u + 1u);
+  close(silent);
+  close(goesOn);
+}
+
 // Agents that come and go: a rank that finishes its calls and says BYE is not a dead rank while
 // its peer lingers; a rank whose connection drops without BYE while its peer waits for it is one
 // (after the reconnect grace and the quiet time: its process is not on this host to check).
