@@ -193,8 +193,11 @@ void JobAnalysis::alignAll(const std::vector<std::vector<char>>& aligned) {
   parallelChunks(procs_.size(), options_.threads, [&](size_t chunk, size_t begin, size_t end) {
     for (size_t p = begin; p < end; ++p) alignProc(static_cast<int>(p), aligned[p], scratch[chunk]);
   });
-  for (const AlignScratch& s : scratch)
+  for (const AlignScratch& s : scratch) {
     pendingP2p_.insert(s.pendingP2p.begin(), s.pendingP2p.end());
+    membersFromKept_ += s.fromKept;
+    membersFromRecords_ += s.fromRecordsCount;
+  }
   for (Comm& comm : comms_) {
     for (const Member& m : comm.members) {
       comm.maxCompletedOrdinal = std::max(comm.maxCompletedOrdinal, m.completedCollective);
@@ -205,11 +208,28 @@ void JobAnalysis::alignAll(const std::vector<std::vector<char>>& aligned) {
 
 // Aligns the records of process `p` on the communicators whose slot (its memberships, in
 // procMembers_ order) is marked in `aligned`.
-void JobAnalysis::alignProc(int p, const std::vector<char>& aligned, AlignScratch& scratch) {
+void JobAnalysis::alignProc(int p, const std::vector<char>& alignedSlots, AlignScratch& scratch) {
   // None of its communicators aligned in this pass (a partial one): its records need no look.
-  if (std::find(aligned.begin(), aligned.end(), 1) == aligned.end()) return;
+  if (std::find(alignedSlots.begin(), alignedSlots.end(), 1) == alignedSlots.end()) return;
   const Proc& proc = procs_[p];
   const auto& mine = procMembers_[p];
+  // Members whose calls the progress kept take them from there; the records are read for the
+  // others alone, and not at all when there are none.
+  std::vector<char>& aligned = scratch.fromRecords;
+  aligned.assign(alignedSlots.begin(), alignedSlots.end());
+  bool anyFromRecords = false;
+  for (size_t s = 0; s < mine.size(); ++s) {
+    if (!aligned[s]) continue;
+    Member& m = comms_[mine[s].second.first].members[mine[s].second.second];
+    if (options_.keptAlignment && takeKeptAlignment(m)) {
+      aligned[s] = 0;
+      ++scratch.fromKept;
+    } else {
+      anyFromRecords = true;
+      ++scratch.fromRecordsCount;
+    }
+  }
+  if (!anyFromRecords) return;
   // p2p calls seen so far per (comm, peer, direction): their highest p2pSeq. Kept across
   // processes (emptied here) so that a pass allocates them once a thread, not once a process.
   std::vector<std::unordered_map<int64_t, uint64_t>>& p2pMax = scratch.p2pMax;
@@ -290,6 +310,23 @@ void JobAnalysis::alignProc(int p, const std::vector<char>& aligned, AlignScratc
       m.completedCollective = std::max(m.completedCollective, ordinal);
     }
   }
+}
+
+bool JobAnalysis::takeKeptAlignment(Member& m) const {
+  const MemberProgress& kept = *m.progress;
+  // A pending call needs its ordinal noted (pendingOrdinal_), from its record.
+  if (!kept.alignedPlain || kept.pendingCount != 0 || kept.irregular) return false;
+  m.maxSeq = kept.maxSeq;
+  m.completedSeq = kept.completedSeq;
+  m.pendingCount = 0;
+  if (!kept.alignedPositions.empty()) {
+    m.base = kept.base;
+    m.coll.assign(kept.alignedPositions.begin(), kept.alignedPositions.end());
+    m.keys.assign(kept.alignedKeys.begin(), kept.alignedKeys.end());
+  }
+  m.completedCollective = kept.maxCompletedOrdinal;
+  m.madeSplit = kept.splits > 0;
+  return true;
 }
 
 void JobAnalysis::findCompletedTransfers() {

@@ -408,6 +408,8 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
         analysis.deferStragglerTallies(&incremental->talliesDeferred);
       JobReport result = analysis.run(job, attempt);
       incremental->stats.progressDisagreements += analysis.progressDisagreements();
+      incremental->stats.membersFromKept += analysis.membersFromKept();
+      incremental->stats.membersFromRecords += analysis.membersFromRecords();
       if (analysis.partial()) {
         ++incremental->stats.partialPasses;
         if (analysis.hangChecks()) {

@@ -162,6 +162,10 @@ struct Options {
   // scan, the straggler tally, the scan of each process's records), for jobs of 512 processes
   // or more; 1: the calling thread alone. The verdicts do not depend on it.
   int threads = 1;
+  // Whether a member whose progress kept its aligned calls (comm_progress.h, alignedPlain) takes
+  // them from there; false: every member is aligned from its window's records. The verdicts do
+  // not depend on it (the tests compare both).
+  bool keptAlignment = true;
 };
 
 // The threads the CLI and the collector give a pass (Options::threads): half the machine's, 8 at

@@ -53,6 +53,15 @@ namespace {
 inline int64_t latestOf(const CallRecord& r) {
   return std::max({r.issueNs, r.startNs, r.completeNs});
 }
+// A member whose calls are no longer plain from its call at window position `position` on: the
+// pass aligns it from its records until that call leaves the window (trimFront).
+void dropAligned(MemberProgress& m, uint32_t position) {
+  m.notPlainAt = m.alignedPlain ? position : std::max(m.notPlainAt, position);
+  m.alignedPlain = false;
+  m.alignedPositions.clear();
+  m.alignedKeys.clear();
+  m.splits = 0;
+}
 }  // namespace
 
 void ProcessProgress::countFacts(const CallRecord& r, bool pending, int sign) {
@@ -86,15 +95,28 @@ void ProcessProgress::rebuildFrom(std::span<const trace::CommInfo> comms,
     std::vector<MemberProgress::Pending> pending = std::move(m.pending);
     std::vector<MemberProgress::P2pMax> p2pMax = std::move(m.p2pMax);
     std::unordered_map<int64_t, uint32_t> p2pIndex = std::move(m.p2pIndex);
+    std::vector<uint32_t> alignedPositions = std::move(m.alignedPositions);
+    std::vector<uint64_t> alignedKeys = std::move(m.alignedKeys);
     pending.clear();
     p2pMax.clear();
     p2pIndex.clear();
+    alignedPositions.clear();
+    alignedKeys.clear();
     m = MemberProgress{};
     m.pending = std::move(pending);
     m.p2pMax = std::move(p2pMax);
     m.p2pIndex = std::move(p2pIndex);
+    m.alignedPositions = std::move(alignedPositions);
+    m.alignedKeys = std::move(alignedKeys);
     m.commHash = info.commHash;
     m.commRank = info.rank;
+  }
+  // The kept aligned calls: room for the window's records shared among the memberships at once,
+  // where growth by doubling took several allocations per member and rebuild.
+  for (size_t s = 0; s < memberCount_; ++s) {
+    size_t share = records.size() / std::max<size_t>(memberCount_, 1) + 8;
+    members_[s].alignedPositions.reserve(share);
+    members_[s].alignedKeys.reserve(share);
   }
   pendingCalls_ = failedCalls_ = calls_ = shed_ = tracked_ = 0;
   latestRecordNs_ = 0;
@@ -209,7 +231,55 @@ bool ProcessProgress::trimFront(std::span<const CallRecord> dropped,
 
   // Exact: apply.
   ++trims_;
-  for (const CallRecord& d : dropped) countFacts(d, false, -1);
+  for (const CallRecord& d : dropped) {
+    countFacts(d, false, -1);
+    if (d.op != OpKind::kSplit || !isSequenced(d)) continue;
+    int slot = slotOf(d.commHash);
+    if (slot >= 0 && members_[static_cast<size_t>(slot)].alignedPlain) {
+      --members_[static_cast<size_t>(slot)].splits;
+    }
+  }
+  // The kept aligned calls: the dropped ones leave, the others move to the front with the window.
+  // A member whose last call that was not plain left is plain again: its calls are taken from
+  // the window's records that stay (as a rebuild from them would).
+  const uint32_t shift = static_cast<uint32_t>(dropped.size());
+  bool plainAgain = false;
+  for (size_t s = 0; s < memberCount_; ++s) {
+    MemberProgress& m = members_[s];
+    if (!m.alignedPlain && m.notPlainAt < shift) {
+      m.alignedPlain = plainAgain = true;
+      m.splits = 0;
+      m.alignedPositions.clear();
+      m.alignedKeys.clear();
+      m.notPlainAt = UINT32_MAX;  // marks it for the scan below
+      m.lastCollectivePosition -= std::min(m.lastCollectivePosition, shift);
+      continue;
+    }
+    m.lastCollectivePosition -= std::min(m.lastCollectivePosition, shift);
+    if (!m.alignedPlain) {
+      m.notPlainAt -= shift;
+      continue;
+    }
+    auto firstKept = std::lower_bound(m.alignedPositions.begin(), m.alignedPositions.end(), shift);
+    size_t gone = static_cast<size_t>(firstKept - m.alignedPositions.begin());
+    m.alignedPositions.erase(m.alignedPositions.begin(), firstKept);
+    m.alignedKeys.erase(m.alignedKeys.begin(),
+                        m.alignedKeys.begin() + static_cast<std::ptrdiff_t>(gone));
+    for (uint32_t& position : m.alignedPositions) position -= shift;
+  }
+  for (uint32_t i = 0; plainAgain && i < kept.size(); ++i) {
+    const CallRecord& r = kept[i];
+    if (!isSequenced(r) || trace::isPointToPoint(r.op)) continue;
+    int slot = slotOf(r.commHash);
+    if (slot < 0 || members_[static_cast<size_t>(slot)].notPlainAt != UINT32_MAX) continue;
+    MemberProgress& m = members_[static_cast<size_t>(slot)];
+    m.alignedPositions.push_back(i);
+    m.alignedKeys.push_back(internal::alignKey(r));
+    m.splits += r.op == OpKind::kSplit ? 1 : 0;
+  }
+  for (size_t s = 0; plainAgain && s < memberCount_; ++s) {
+    if (members_[s].notPlainAt == UINT32_MAX) members_[s].notPlainAt = 0;
+  }
   pendingAll_.erase(pendingAll_.begin(),
                     pendingAll_.begin() + static_cast<std::ptrdiff_t>(pendingAllFront_));
   pendingAllFront_ = 0;
@@ -264,6 +334,7 @@ void ProcessProgress::add(const CallRecord& r, uint32_t position, size_t windowS
   m.lastSeq = r.seq;
   uint64_t ordinal = 0;
   if (trace::isPointToPoint(r.op)) {
+    dropAligned(m, position);
     int64_t key = (static_cast<int64_t>(r.rootOrPeer) << 1) | (r.op == OpKind::kSend ? 1 : 0);
     constexpr size_t kScanned = 8;  // up to this many, a scan; past it, the index
     MemberProgress::P2pMax* mx = nullptr;
@@ -291,13 +362,26 @@ void ProcessProgress::add(const CallRecord& r, uint32_t position, size_t windowS
       m.p2pSum += r.p2pSeq - mx->p2pSeq;
       mx->p2pSeq = r.p2pSeq;
     }
-  } else if (r.seq > m.p2pSum) {
+  } else if (r.seq <= m.p2pSum) {
+    dropAligned(m, position);  // skipped by the alignment (inconsistent)
+  } else {
     uint64_t candidate = r.seq - m.p2pSum;
     if (m.anyCollective) {
       m.candidatesAscend &= candidate > m.lastCandidate;
       m.farJump |= candidate > m.lastOrdinal && candidate - m.lastOrdinal > 4097;
     }
     m.lastCandidate = candidate;
+    const uint32_t previous = m.lastCollectivePosition;
+    m.lastCollectivePosition = position;
+    if (m.anyCollective && candidate != m.lastOrdinal + 1) {
+      // A gap or a repeat (seen whether plain or not): plain again once the call before it,
+      // which it does not follow, left the window.
+      dropAligned(m, previous);
+    } else if (m.alignedPlain) {
+      m.alignedPositions.push_back(position);
+      m.alignedKeys.push_back(internal::alignKey(r));
+      m.splits += r.op == OpKind::kSplit ? 1 : 0;
+    }
     if (!m.anyCollective) {
       m.anyCollective = true;
       m.base = m.lastOrdinal = candidate;
@@ -336,7 +420,8 @@ void ProcessProgress::replaced(const trace::TraceFile& file, const CallRecord& b
   // What the alignment reads of a record other than its state: the same call or a rebuild.
   bool sameCall = before.ringIndex == after.ringIndex && before.commHash == after.commHash &&
                   before.seq == after.seq && before.op == after.op &&
-                  before.p2pSeq == after.p2pSeq && before.rootOrPeer == after.rootOrPeer;
+                  before.p2pSeq == after.p2pSeq && before.rootOrPeer == after.rootOrPeer &&
+                  before.fingerprint == after.fingerprint;  // the kept alignKey
   int64_t latestBefore = latestOf(before), latestAfter = latestOf(after);
   // A latest time that went down (a resend carrying the ring's times then) may have held the
   // process's or its member's maximum: rare, from scratch.

@@ -81,6 +81,21 @@ struct MemberProgress {
   uint64_t lastCandidate = 0;
   bool candidatesAscend = true;
   bool farJump = false;
+  // The member's aligned calls, kept while they are plain: no send or receive in the window, and
+  // each of its other sequenced calls, in window order, at the ordinal after the one before (no
+  // gap, no repeat). Then they are the alignment's coll and keys for this member (job_state.h,
+  // Member): the window positions of its calls by ordinal from `base`, and their alignKey. A pass
+  // copies these 12 bytes a call instead of reading every record of the window (128 bytes
+  // each): at 32,768 ranks, 4 M records and 512 MB a pass (align.cc, alignProc).
+  bool alignedPlain = true;
+  std::vector<uint32_t> alignedPositions;
+  std::vector<uint64_t> alignedKeys;
+  uint32_t splits = 0;  // splits among them (Member::madeSplit)
+  // Not plain: the window position from which its calls are plain (they were not because of a
+  // send or receive there, or of a call there followed by one at an ordinal not the next); plain
+  // again once the call there left the window.
+  uint32_t notPlainAt = 0;
+  uint32_t lastCollectivePosition = 0;  // the window position of its last call but sends/receives
 };
 
 // One process's progress: its memberships (its communicator table's order, each hash once: the

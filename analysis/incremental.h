@@ -94,6 +94,10 @@ class IncrementalAnalysis {
     // Aligned members whose kept progress differed from what their alignment says: a bug (the
     // tests assert none).
     uint64_t progressDisagreements = 0;
+    // Aligned members that took their calls from their kept progress (Options::keptAlignment),
+    // and those aligned from their window's records.
+    uint64_t membersFromKept = 0;
+    uint64_t membersFromRecords = 0;
     // Why passes were full, by reason: "first" (nothing kept, or touchAll), "changed" (processes,
     // liveness or communicator tables), "shrink", "absent" (a kept mismatch describes absent
     // members elsewhere).

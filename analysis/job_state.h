@@ -246,6 +246,8 @@ class JobAnalysis {
   bool hangChecks() const { return partial_ && hangChecks_; }
   const char* whyHangChecks() const { return whyHang_; }
   uint64_t progressDisagreements() const { return progressDisagreements_; }
+  uint64_t membersFromKept() const { return membersFromKept_; }
+  uint64_t membersFromRecords() const { return membersFromRecords_; }
   const char* whyFull() const { return whyFull_; }
   size_t commsRedone() const {
     size_t redone = 0;
@@ -266,9 +268,14 @@ class JobAnalysis {
     std::vector<std::unordered_map<int64_t, uint64_t>> p2pMax;
     std::vector<uint64_t> p2pSum;
     std::vector<TransferKey> pendingP2p;
+    std::vector<char> fromRecords;  // per membership: aligned from the records (not kept)
+    uint64_t fromKept = 0, fromRecordsCount = 0;  // members aligned each way
   };
   void alignAll(const std::vector<std::vector<char>>& aligned);
   void alignProc(int proc, const std::vector<char>& aligned, AlignScratch& scratch);
+  // Fills `m` from its kept aligned calls when its progress has them (plain, nothing pending):
+  // what alignProc would find in its records. False when it must be aligned from them.
+  bool takeKeptAlignment(Member& m) const;
   // Counts aligned members whose progress (comm_progress.h) differs from their alignment.
   void compareProgress(const Comm& comm);
   void findCompletedTransfers();
@@ -413,6 +420,7 @@ class JobAnalysis {
   bool hangChecks_ = false;  // a partial pass that runs the hang families
   const char* whyHang_ = "";
   uint64_t progressDisagreements_ = 0;
+  uint64_t membersFromKept_ = 0, membersFromRecords_ = 0;
   bool abandoned_ = false;  // a partial pass found it needs the other comms too (alignSkipped)
   const char* whyFull_ = "first";
   mutable bool readsOtherComms_ = false;    // set by whereIs

@@ -43,6 +43,16 @@ std::string text(const MemberProgress& m) {
   if (m.pendingCount > 0) out << " head=" << m.headRingIndex;
   out << " lastOrdinal=" << m.lastOrdinal << " maxCompletedOrdinal=" << m.maxCompletedOrdinal
       << " lastActivity=" << m.lastActivityNs << " irregular=" << m.irregular;
+  // The aligned calls kept while plain (what a pass copies instead of reading the records).
+  out << " plain=" << m.alignedPlain;
+  if (m.alignedPlain) {
+    out << " base=" << m.base << " splits=" << m.splits << " aligned=";
+    for (size_t i = 0; i < m.alignedPositions.size(); ++i) {
+      out << m.alignedPositions[i] << ":" << (i < m.alignedKeys.size() ? m.alignedKeys[i] : 0)
+          << ",";
+    }
+    if (m.alignedKeys.size() != m.alignedPositions.size()) out << " keys-differ";
+  }
   return out.str();
 }
 

@@ -38,8 +38,9 @@ constexpr uint64_t kTpComm = 0xB000;  // + colour
 // A train_loop-like job: a split into two tensor-parallel halves, then per step an allreduce on
 // the half, one on the world and (every other step) a send to the next rank and a receive from
 // the previous one. The last two steps stay issued (the job runs, or hangs there). `bug` bends
-// it as train_loop's --bug does.
-std::vector<TraceFile> job(const std::string& bug) {
+// it as train_loop's --bug does. `plain`: no sends or receives, and every call completed (the
+// shape whose members the passes take from their kept progress: comm_progress.h, alignedPlain).
+std::vector<TraceFile> job(const std::string& bug, bool plain = false) {
   std::vector<int> colour(kWorld);
   for (int r = 0; r < kWorld; ++r) colour[r] = r / 4;
   if (bug == "color") colour[2] = 1;
@@ -62,8 +63,8 @@ std::vector<TraceFile> job(const std::string& bug) {
   for (int r = 0; r < kWorld; ++r) {
     Rank& rank = ranks[r];
     int64_t t = 1000 * kMs;
-    auto state = [](int step) {
-      return step >= kSteps - 2 ? RecordState::kIssued : RecordState::kCompleted;
+    auto state = [plain](int step) {
+      return step >= kSteps - 2 && !plain ? RecordState::kIssued : RecordState::kCompleted;
     };
     rank.call(kWorldComm, OpKind::kSplit, 0, RecordState::kCompleted, t, 0, 0, colour[r]);
     int lastStep = bug == "crash" && r == 6 ? 7 : bug == "exit" && r == 6 ? 6 : kSteps;
@@ -81,7 +82,7 @@ std::vector<TraceFile> job(const std::string& bug) {
       OpKind op = bad && bug == "op" ? OpKind::kBroadcast : OpKind::kAllReduce;
       rank.call(kWorldComm, op, count, s, t + 2 * kMs + late, dtype, redop,
                 op == OpKind::kBroadcast ? 0 : -1);
-      if (step % 2 == 0) {
+      if (step % 2 == 0 && !plain) {
         int next = (r + 1) % kWorld, previous = (r + kWorld - 1) % kWorld;
         if (bug == "peer" && r == badRank && step == 2 * (badStep / 2)) next = (r + 2) % kWorld;
         bool p2pDone = step < kSteps - 4;
@@ -395,6 +396,37 @@ constexpr int kParallelShapes = 2;
 const char* const kParallelBugs[] = {"none", "count", "half"};
 constexpr int kParallelShapes = 3;
 #endif
+
+// Members whose progress kept their aligned calls take them from there (Options::keptAlignment):
+// the verdicts are those of aligning every member from its window's records, for every bug class,
+// in the usual shape and the plain one (no sends or receives, nothing pending: where the kept
+// calls are taken), running, hung and ended, in one pass and in a collector's batches.
+TEST(KeptAlignment, SaysWhatAligningTheRecordsSays) {
+  for (std::string bug : {"none", "count", "dtype", "redop", "op", "skip", "extra", "peer", "color",
+                          "slow", "exit", "crash", "clean"}) {
+    for (bool plain : {false, true}) {
+      std::vector<TraceFile> files = job(bug, plain);
+      for (Options options : {running(), hung(), ended()}) {
+        Options fromRecords = options;
+        fromRecords.keptAlignment = false;
+        std::string kept = describe(ncclwatch::analysis::analyze(files, options));
+        EXPECT_EQ(firstDifference(kept, describe(ncclwatch::analysis::analyze(files, fromRecords))),
+                  "")
+            << bug << (plain ? ", plain" : "");
+      }
+      // The collector's way: the progress kept as records arrive, complete and are replaced.
+      feed(files, running(), 1);
+      IncrementalAnalysis incremental;
+      incremental.analyze(files, running());
+      if (plain) {
+        EXPECT_GT(incremental.stats().membersFromKept, 0u) << bug;
+        if (bug == "none") {
+          EXPECT_EQ(incremental.stats().membersFromRecords, 0u);
+        }
+      }
+    }
+  }
+}
 
 // Threads change how fast a pass is, never what it says: one thread and four give the same
 // report for a healthy job (stragglers), a mismatch, a hung job and an ended one, in full passes
