@@ -281,34 +281,40 @@ void JobAnalysis::alignProc(int p, const std::vector<char>& alignedSlots, AlignS
     }
     if (r.seq <= p2pSum[slot]) continue;  // inconsistent: skip
     uint64_t ordinal = r.seq - p2pSum[slot];
-    if (m.coll.empty()) {
+    if (m.ownColl.empty()) {
       m.base = ordinal;
       // Room for this process's remaining records shared among its communicators: one
       // allocation where growth by doubling took eight for a window of a few hundred calls.
-      m.coll.reserve((records.size() - i) / mine.size() + 1);
-      m.keys.reserve(m.coll.capacity());
+      m.ownColl.reserve((records.size() - i) / mine.size() + 1);
+      m.ownKeys.reserve(m.ownColl.capacity());
     }
     if (ordinal < m.base) continue;
     uint64_t pos = ordinal - m.base;
-    if (pos == m.coll.size()) {
-      m.coll.push_back(i);  // the usual case: the next ordinal
-      m.keys.push_back(alignKey(r));
+    if (pos == m.ownColl.size()) {
+      m.ownColl.push_back(i);  // the usual case: the next ordinal
+      m.ownKeys.push_back(alignKey(r));
     } else {
       // A seq further ahead than every call this process recorded (and then some, for calls
       // dropped between): a damaged record, whose alignment would take memory without bound.
-      if (pos >= m.coll.size() && pos - m.coll.size() > 4 * records.size() + 4096) continue;
-      if (pos >= m.coll.size()) {
-        m.coll.resize(pos + 1, kNone);
-        m.keys.resize(pos + 1, 0);
+      if (pos >= m.ownColl.size() && pos - m.ownColl.size() > 4 * records.size() + 4096) continue;
+      if (pos >= m.ownColl.size()) {
+        m.ownColl.resize(pos + 1, kNone);
+        m.ownKeys.resize(pos + 1, 0);
       }
-      m.coll[pos] = i;
-      m.keys[pos] = alignKey(r);
+      m.ownColl[pos] = i;
+      m.ownKeys[pos] = alignKey(r);
     }
     m.madeSplit |= r.op == OpKind::kSplit;
     if (pending) pendingOrdinal_[p][i] = ordinal;
     if (r.state == RecordState::kCompleted && trace::isCollective(r.op)) {
       m.completedCollective = std::max(m.completedCollective, ordinal);
     }
+  }
+  for (size_t s = 0; s < mine.size(); ++s) {
+    if (!aligned[s]) continue;
+    Member& m = comms_[mine[s].second.first].members[mine[s].second.second];
+    m.coll = m.ownColl;
+    m.keys = m.ownKeys;
   }
 }
 
@@ -321,8 +327,8 @@ bool JobAnalysis::takeKeptAlignment(Member& m) const {
   m.pendingCount = 0;
   if (!kept.alignedPositions.empty()) {
     m.base = kept.base;
-    m.coll.assign(kept.alignedPositions.begin(), kept.alignedPositions.end());
-    m.keys.assign(kept.alignedKeys.begin(), kept.alignedKeys.end());
+    m.coll = kept.alignedPositions;  // the progress outlives the pass
+    m.keys = kept.alignedKeys;
   }
   m.completedCollective = kept.maxCompletedOrdinal;
   m.madeSplit = kept.splits > 0;
@@ -392,8 +398,8 @@ void JobAnalysis::excludeShrunkMembers() {
     if (shrinkOrdinal == 0) continue;
     for (Member& m : parent.members) {
       if (survivors.count(m.proc) || m.coll.empty() || m.lastOrdinal() < shrinkOrdinal) continue;
-      m.coll.resize(shrinkOrdinal > m.base ? shrinkOrdinal - m.base : 0);
-      m.keys.resize(m.coll.size());
+      m.coll = m.coll.first(shrinkOrdinal > m.base ? shrinkOrdinal - m.base : 0);
+      m.keys = m.keys.first(m.coll.size());
     }
   }
 }

@@ -110,12 +110,18 @@ struct Proc {
 struct Member {
   int proc = 0;
   int commRank = -1;
-  uint64_t base = 0;           // ordinal of coll[0]
-  std::vector<uint32_t> coll;  // record index by ordinal - base, kNone for a gap
+  uint64_t base = 0;  // ordinal of coll[0]
+  // Record index by ordinal - base, kNone for a gap: ownColl, filled from the member's records
+  // (align.cc, alignProc), or the calls its progress kept (comm_progress.h, alignedPositions),
+  // which outlives the pass: a view, so that a pass neither copies nor frees them (at 32,768
+  // ranks the copies and their frees were a third of a divergence's pass).
+  std::span<const uint32_t> coll;
   // alignKey of the record at each coll entry (0 for a gap), taken while alignment has the record
   // at hand: the divergence search reads 8 bytes a call from here instead of a 128-byte record
   // from each member's window (at 32,768 ranks, 2 M records scattered over 540 MB).
-  std::vector<uint64_t> keys;
+  std::span<const uint64_t> keys;
+  std::vector<uint32_t> ownColl;
+  std::vector<uint64_t> ownKeys;
   std::vector<uint32_t> p2p;  // record indices of sends and receives, in issue order
   uint64_t maxSeq = 0;
   uint64_t completedSeq = 0;
@@ -127,6 +133,12 @@ struct Member {
   uint64_t completedCollective = 0;
   bool madeSplit = false;
   uint64_t lastOrdinal() const { return coll.empty() ? 0 : base + coll.size() - 1; }
+  Member() = default;
+  // Moved (its views stay on the same storage), never copied (they would not follow).
+  Member(Member&&) = default;
+  Member& operator=(Member&&) = default;
+  Member(const Member&) = delete;
+  Member& operator=(const Member&) = delete;
   uint32_t at(uint64_t ordinal) const {
     if (ordinal < base || ordinal >= base + coll.size()) return kNone;
     return coll[ordinal - base];
