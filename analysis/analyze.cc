@@ -345,7 +345,10 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
       const trace::TraceFile& file = files[f];
       if (!file.usable) continue;
       ProcessProgress& kept = (*progress)[f];
-      if (incremental == nullptr || !incremental->fed[f]) {
+      if (kept.keepsAlignedFrom() != options.keptAlignmentMinRanks) {
+        kept.keepAlignedFrom(options.keptAlignmentMinRanks);
+        kept.rebuild(file);
+      } else if (incremental == nullptr || !incremental->fed[f]) {
         kept.rebuild(file);  // offline, or a caller that does not say what changes
       } else if (!kept.follows(file)) {
         kept.rebuild(file);

@@ -143,6 +143,13 @@ struct Report {
   bool hasFindings() const;
 };
 
+// The communicators whose members' progress keeps their aligned calls on arrival (comm_progress.h,
+// alignedPlain): those of at least this many ranks. A pass over a small communicator reads few
+// records; the kept calls (12 bytes a call) pay where members are many (a divergence's pass over
+// a 32,768-rank world read 2 M records), and for every communicator they took a 4096-rank
+// collector 8-11 MiB over its 150 MiB (docs/scale.md, session 11).
+constexpr int kKeptAlignmentMinRanks = 64;
+
 struct Options {
   // Wall-clock "now" for detection times and silence; 0: the real clock.
   int64_t nowNs = 0;
@@ -166,6 +173,9 @@ struct Options {
   // them from there; false: every member is aligned from its window's records. The verdicts do
   // not depend on it (the tests compare both).
   bool keptAlignment = true;
+  // The communicators whose members' progress keeps their aligned calls: those of at least this
+  // many ranks (ProcessProgress::keepAlignedFrom). The tests lower it to see small jobs take them.
+  int keptAlignmentMinRanks = kKeptAlignmentMinRanks;
 };
 
 // The threads the CLI and the collector give a pass (Options::threads): half the machine's, 8 at

@@ -110,10 +110,13 @@ void ProcessProgress::rebuildFrom(std::span<const trace::CommInfo> comms,
     m.alignedKeys = std::move(alignedKeys);
     m.commHash = info.commHash;
     m.commRank = info.rank;
+    m.keepsAligned = info.nranks >= keepAlignedFrom_;
+    m.alignedPlain = m.keepsAligned;
   }
   // The kept aligned calls: room for the window's records shared among the memberships at once,
   // where growth by doubling took several allocations per member and rebuild.
   for (size_t s = 0; s < memberCount_; ++s) {
+    if (!members_[s].keepsAligned) continue;
     size_t share = records.size() / std::max<size_t>(memberCount_, 1) + 8;
     members_[s].alignedPositions.reserve(share);
     members_[s].alignedKeys.reserve(share);
@@ -246,6 +249,7 @@ bool ProcessProgress::trimFront(std::span<const CallRecord> dropped,
   bool plainAgain = false;
   for (size_t s = 0; s < memberCount_; ++s) {
     MemberProgress& m = members_[s];
+    if (!m.keepsAligned) continue;
     if (!m.alignedPlain && m.notPlainAt < shift) {
       m.alignedPlain = plainAgain = true;
       m.splits = 0;
@@ -378,6 +382,13 @@ void ProcessProgress::add(const CallRecord& r, uint32_t position, size_t windowS
       // which it does not follow, left the window.
       dropAligned(m, previous);
     } else if (m.alignedPlain) {
+      if (m.alignedPositions.size() == m.alignedPositions.capacity()) {
+        // A quarter more, not twice: the lists follow a window that is trimmed back to its size
+        // (a 4096-rank collector holds 8 K of them).
+        size_t more = m.alignedPositions.size() + m.alignedPositions.size() / 4 + 8;
+        m.alignedPositions.reserve(more);
+        m.alignedKeys.reserve(more);
+      }
       m.alignedPositions.push_back(position);
       m.alignedKeys.push_back(internal::alignKey(r));
       m.splits += r.op == OpKind::kSplit ? 1 : 0;

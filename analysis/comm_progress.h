@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "analysis/analyze.h"
 #include "analysis/recent_two.h"
 #include "trace/ring_reader.h"
 
@@ -87,6 +88,7 @@ struct MemberProgress {
   // Member): the window positions of its calls by ordinal from `base`, and their alignKey. A pass
   // copies these 12 bytes a call instead of reading every record of the window (128 bytes
   // each): at 32,768 ranks, 4 M records and 512 MB a pass (align.cc, alignProc).
+  bool keepsAligned = true;  // its communicator is large enough (ProcessProgress::keepAlignedFrom)
   bool alignedPlain = true;
   std::vector<uint32_t> alignedPositions;
   std::vector<uint64_t> alignedKeys;
@@ -104,6 +106,10 @@ class ProcessProgress {
  public:
   // From scratch: `file`'s communicator table and window.
   void rebuild(const trace::TraceFile& file);
+  // Members of communicators of at least `ranks` ranks keep their aligned calls (the next
+  // rebuild on).
+  void keepAlignedFrom(int ranks) { keepAlignedFrom_ = ranks; }
+  int keepsAlignedFrom() const { return keepAlignedFrom_; }
   // `file.records.back()` was just appended to the window this state follows.
   void appended(const trace::TraceFile& file);
   // A record of the window was replaced in place by a newer copy of it (`before` -> `after`, the
@@ -153,6 +159,7 @@ class ProcessProgress {
   std::vector<MemberProgress> members_;  // the first memberCount_ are in use (capacity kept)
   size_t memberCount_ = 0;
   RecentTwo<int> recentSlots_;  // slotOf's last two communicators
+  int keepAlignedFrom_ = kKeptAlignmentMinRanks;
   uint64_t pendingCalls_ = 0, failedCalls_ = 0, calls_ = 0, shed_ = 0, tracked_ = 0;
   // Every pending record, in window order from pendingAllFront_ on (finished ones left in
   // place until compacted, as MemberProgress::pending).

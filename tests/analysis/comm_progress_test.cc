@@ -36,6 +36,13 @@ constexpr int64_t kMs = 1'000'000;
 constexpr uint64_t kWorld = 0xA000;
 constexpr uint64_t kPair = 0xB000;
 
+// The progress as these tests see it: every communicator's members keep their aligned calls
+// (the analysis keeps them for communicators of 64 ranks or more: kKeptAlignmentMinRanks), so
+// that the small communicators here check them too.
+struct KeptProgress : ProcessProgress {
+  KeptProgress() { keepAlignedFrom(1); }
+};
+
 std::string text(const MemberProgress& m) {
   std::ostringstream out;
   out << "comm=" << m.commHash << " rank=" << m.commRank << " maxSeq=" << m.maxSeq
@@ -69,7 +76,7 @@ std::string text(const ProcessProgress& p) {
 
 // What a rebuild from the window says: the reference the kept state must equal.
 std::string rebuilt(const TraceFile& file) {
-  ProcessProgress fresh;
+  KeptProgress fresh;
   fresh.rebuild(file);
   return text(fresh);
 }
@@ -110,7 +117,7 @@ CallRecord completed(CallRecord r) {
 
 TEST(CommProgress, FollowsRecordsAsTheyArrive) {
   TraceFile file = rankFile();
-  ProcessProgress progress;
+  KeptProgress progress;
   progress.rebuild(file);
   ASSERT_EQ(progress.members().size(), 2u);
   EXPECT_EQ(progress.members()[0].commHash, kWorld);
@@ -148,7 +155,7 @@ TEST(CommProgress, FollowsRecordsAsTheyArrive) {
 // completion arrives as the collector receives it, the record again with its new state.
 struct InFlight {
   TraceFile file = rankFile();
-  ProcessProgress progress;
+  KeptProgress progress;
   explicit InFlight(uint64_t calls) {
     progress.rebuild(file);
     for (uint64_t i = 0; i < calls; ++i) {
@@ -201,7 +208,7 @@ TEST(CommProgress, ANewerCopyWithAnEarlierTimeLowersTheMembersActivity) {
   CallRecord pair = record(kPair, 1, OpKind::kAllReduce, RecordState::kCompleted, 1);
   pair.completeNs = pair.issueNs + 100 * kMs;  // the process's latest time
   file.records = {world, pair};
-  ProcessProgress progress;
+  KeptProgress progress;
   progress.rebuild(file);
   CallRecord earlier = world;
   earlier.completeNs = world.issueNs + 3000;
@@ -233,7 +240,7 @@ TEST(CommProgress, ManyCallsInFlightCompletingOutOfOrder) {
 
 TEST(CommProgress, RecordsLeavingTheWindow) {
   TraceFile file = rankFile();
-  ProcessProgress progress;
+  KeptProgress progress;
   progress.rebuild(file);
   for (uint64_t i = 0; i < 6; ++i) {
     uint64_t hash = i < 2 ? kPair : kWorld;
@@ -266,7 +273,7 @@ TEST(CommProgress, AnyOrderOfChangesEqualsARebuild) {
   for (unsigned seed = 1; seed <= 20; ++seed) {
     std::mt19937 random(seed);
     TraceFile file = rankFile();
-    ProcessProgress progress;
+    KeptProgress progress;
     progress.rebuild(file);
     uint64_t ring = 0, worldSeq = 0, pairSeq = 0, sends = 0, recvs = 0;
     for (int step = 0; step < 400; ++step) {
@@ -338,7 +345,7 @@ std::string everything(const ProcessProgress& p) {
 }
 
 std::string everythingRebuilt(const TraceFile& file) {
-  ProcessProgress fresh;
+  KeptProgress fresh;
   fresh.rebuild(file);
   return everything(fresh);
 }
@@ -370,7 +377,7 @@ TEST(CommProgress, DroppingTheFrontEqualsARebuild) {
     TraceFile file = rankFile();
     file.comms.push_back(file.comms.back());
     file.comms.back().commHash = kThird;
-    ProcessProgress progress;
+    KeptProgress progress;
     progress.rebuild(file);
     // Odd seeds trim as the collector does (window 24, slack 12); even ones at random.
     const bool collectorLike = seed % 2 == 1;
@@ -478,7 +485,7 @@ TEST(CommProgress, DroppingTheFrontEqualsARebuild) {
 // without a rebuild, and the state still equals one.
 TEST(CommProgress, TheSteadyShapeTrimsWithoutARebuild) {
   TraceFile file = rankFile();
-  ProcessProgress progress;
+  KeptProgress progress;
   progress.rebuild(file);
   IncrementalAnalysis incremental;
   TraceFile window = file;  // the same, fed through IncrementalAnalysis

@@ -407,6 +407,7 @@ TEST(KeptAlignment, SaysWhatAligningTheRecordsSays) {
     for (bool plain : {false, true}) {
       std::vector<TraceFile> files = job(bug, plain);
       for (Options options : {running(), hung(), ended()}) {
+        options.keptAlignmentMinRanks = 1;  // this job's 8 ranks keep them too
         Options fromRecords = options;
         fromRecords.keptAlignment = false;
         std::string kept = describe(ncclwatch::analysis::analyze(files, options));
@@ -415,15 +416,20 @@ TEST(KeptAlignment, SaysWhatAligningTheRecordsSays) {
             << bug << (plain ? ", plain" : "");
       }
       // The collector's way: the progress kept as records arrive, complete and are replaced.
-      feed(files, running(), 1);
-      IncrementalAnalysis incremental;
-      incremental.analyze(files, running());
+      Options keeping = running();
+      keeping.keptAlignmentMinRanks = 1;
+      feed(files, keeping, 1);
+      IncrementalAnalysis incremental, byDefault;
+      incremental.analyze(files, keeping);
       if (plain) {
         EXPECT_GT(incremental.stats().membersFromKept, 0u) << bug;
         if (bug == "none") {
           EXPECT_EQ(incremental.stats().membersFromRecords, 0u);
         }
       }
+      // By default communicators of fewer than 64 ranks keep none.
+      byDefault.analyze(files, running());
+      EXPECT_EQ(byDefault.stats().membersFromKept, 0u) << bug;
     }
   }
 }
