@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: set-up, build, the PyTorch venv, every ctest test,
 # then the unit and sim tests labelled `sanitize` under ASan+UBSan and under TSan.
-# NCCLWATCH_SANITIZERS=0 skips the sanitizer builds (quicker local runs).
+# NCCLWATCH_SANITIZERS=0 skips the sanitizer builds (quicker local runs); NCCLWATCH_TEST_OVERLAP=0
+# builds each sanitizer tree after the ctest run before it instead of beside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${NCCLWATCH_TEST_JOBS:-2}
@@ -78,7 +79,8 @@ sanitizers=0
 # thing at a time, as below.
 free_kib=$(df -k --output=avail . | tail -1 | tr -d ' ')
 overlap=0
-[ "$sanitizers" = 1 ] && [ "$free_kib" -ge $((16 * 1024 * 1024)) ] && overlap=1
+[ "$sanitizers" = 1 ] && [ "${NCCLWATCH_TEST_OVERLAP:-1}" != 0 ] &&
+  [ "$free_kib" -ge $((16 * 1024 * 1024)) ] && overlap=1
 
 if [ "$overlap" = 1 ]; then
   start_background "address build" "${idle[@]}" "${sanitizer_build[@]}" build-address \
