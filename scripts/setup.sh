@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what ncclwatch needs on a fresh Debian 12 machine of this kind, then configures and
 # builds. Usage: scripts/setup.sh [BUILD_DIR] [extra cmake args...]
+# NCCLWATCH_BUILD_TARGET=NAME builds only that target (scripts/test.sh: sanitize_tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-build}
@@ -33,4 +34,4 @@ scripts/nccl_wheel.sh "$build_dir/nccl-wheel"
 if [ ! -f "$build_dir/build.ninja" ]; then
   cmake -S . -B "$build_dir" -G Ninja "$@"
 fi
-cmake --build "$build_dir"
+cmake --build "$build_dir" ${NCCLWATCH_BUILD_TARGET:+--target "$NCCLWATCH_BUILD_TARGET"}
