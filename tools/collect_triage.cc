@@ -240,20 +240,31 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
 }
 
 size_t Triage::droppable(const std::vector<trace::CallRecord>& records, size_t drop) {
-  // One look-up per communicator run: a window's records come in runs of a communicator.
-  uint64_t lastHash = 0, keepFrom = UINT64_MAX;
+  // One look-up per communicator and trim: a window's records alternate between a few of them
+  // (a tensor-parallel one and the world, say), and the answer does not change within a trim.
+  struct Known {
+    uint64_t commHash;
+    uint64_t keepFrom;
+  };
+  Known known[4];
+  size_t knownCount = 0;
+  auto keepFrom = [&](uint64_t commHash) {
+    for (size_t k = 0; k < knownCount; ++k) {
+      if (known[k].commHash == commHash) return known[k].keepFrom;
+    }
+    uint64_t from = triage_.oldestOpenOrdinal(commHash);
+    if (!heldDivergences_.empty()) {
+      auto held = heldDivergences_.find(commHash);
+      if (held != heldDivergences_.end()) from = std::min(from, held->second);
+    }
+    known[knownCount < std::size(known) ? knownCount++ : std::size(known) - 1] = {commHash, from};
+    return from;
+  };
   for (size_t i = 0; i < drop; ++i) {
     const trace::CallRecord& record = records[i];
-    if (!trace::isCollective(record.op)) continue;
-    if (record.commHash != lastHash || i == 0) {
-      lastHash = record.commHash;
-      keepFrom = triage_.oldestOpenOrdinal(lastHash);
-      if (!heldDivergences_.empty()) {
-        auto held = heldDivergences_.find(lastHash);
-        if (held != heldDivergences_.end()) keepFrom = std::min(keepFrom, held->second);
-      }
+    if (trace::isCollective(record.op) && record.ncclSeqNumber >= keepFrom(record.commHash)) {
+      return i;
     }
-    if (record.ncclSeqNumber >= keepFrom) return i;
   }
   return drop;
 }
