@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "analysis/describe.h"
+#include "analysis/recent_two.h"
 #include "load.h"
 
 namespace ncclwatch::collect {
@@ -205,16 +206,15 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
     size_t drop = records.size() - process.window;
     // A call a verdict still needs stays, with what came after it, up to the cap.
     size_t kept = droppable(records, drop);
-    if (kept < drop && records.size() > heldWindowCap(process.window)) {
+    bool held = kept < drop;
+    if (held && records.size() > heldWindowCap(process.window)) {
       counters_.windowHoldsBroken++;
-      kept = drop;
-    } else if (kept < drop) {
+      held = false;
+    } else if (held) {
       counters_.windowHolds++;
+      drop = kept;
     }
-    drop = kept;
-    process.trimAt =
-        records.size() - drop +
-        (drop < records.size() - process.window ? std::max<size_t>(slack / 4, 1) : slack);
+    process.trimAt = records.size() - drop + (held ? std::max<size_t>(slack / 4, 1) : slack);
     // What leaves the window changes its communicators' alignment too.
     uint64_t lastHash = record.commHash;
     for (auto it = records.begin(); it != records.begin() + static_cast<std::ptrdiff_t>(drop);
@@ -240,24 +240,17 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
 }
 
 size_t Triage::droppable(const std::vector<trace::CallRecord>& records, size_t drop) {
-  // One look-up per communicator and trim: a window's records alternate between a few of them
-  // (a tensor-parallel one and the world, say), and the answer does not change within a trim.
-  struct Known {
-    uint64_t commHash;
-    uint64_t keepFrom;
-  };
-  Known known[4];
-  size_t knownCount = 0;
+  // A window's records alternate between a few communicators (a tensor-parallel one and the
+  // world, say), and the answer does not change within a trim: the last two are kept.
+  analysis::RecentTwo<uint64_t> known;
   auto keepFrom = [&](uint64_t commHash) {
-    for (size_t k = 0; k < knownCount; ++k) {
-      if (known[k].commHash == commHash) return known[k].keepFrom;
-    }
+    if (const uint64_t* from = known.find(commHash)) return *from;
     uint64_t from = triage_.oldestOpenOrdinal(commHash);
     if (!heldDivergences_.empty()) {
       auto held = heldDivergences_.find(commHash);
       if (held != heldDivergences_.end()) from = std::min(from, held->second);
     }
-    known[knownCount < std::size(known) ? knownCount++ : std::size(known) - 1] = {commHash, from};
+    known.remember(commHash, from);
     return from;
   };
   for (size_t i = 0; i < drop; ++i) {
