@@ -86,8 +86,8 @@ struct MemberProgress {
   // each of its other sequenced calls, in window order, at the ordinal after the one before (no
   // gap, no repeat). Then they are the alignment's coll and keys for this member (job_state.h,
   // Member): the window positions of its calls by ordinal from `base`, and their alignKey. A pass
-  // copies these 12 bytes a call instead of reading every record of the window (128 bytes
-  // each): at 32,768 ranks, 4 M records and 512 MB a pass (align.cc, alignProc).
+  // views these 12 bytes a call instead of reading every record of the window (128 bytes each):
+  // at 32,768 ranks, 4 M records and 512 MB a pass (align.cc, takeKeptAlignment).
   bool keepsAligned = true;  // its communicator is large enough (ProcessProgress::keepAlignedFrom)
   bool alignedPlain = true;
   std::vector<uint32_t> alignedPositions;
