@@ -60,8 +60,7 @@ TEST_P(LiveBug, FirstVerdictNamesKindCommCallAndCulprit) {
       runJob(logs, "--abort", "--steps 4 --quiet --bug " + bug, dies ? "--keep-going" : "");
   EXPECT_NE(out.status, 124) << "still hanging when the test's bound ran out\n" << out.text;
   EXPECT_NE(out.status, 0) << out.text;  // aborted: the job failed instead of hanging
-  std::string verdicts = readFile(logs + "/verdicts.jsonl");
-  std::string first = verdicts.substr(0, verdicts.find('\n'));
+  std::string first = testsupport::firstErrorVerdict(logs);
   ASSERT_FALSE(first.empty()) << out.text;
   EXPECT_NE(first.find(std::string("\"kind\":\"") + e.kind + "\""), std::string::npos) << first;
   EXPECT_NE(first.find("\"size\":" + std::to_string(e.commSize)), std::string::npos) << first;
@@ -131,8 +130,7 @@ TEST(LiveFault, AStalledTransferIsStuckAndNamesItsRank) {
       " timeout 120 " + kCli + " run --abort --dir " + logs + " -- " + kCli + " launch -n 8 -- " +
       testsupport::buildDir() + "/examples/train_loop --steps 4 --quiet");
   EXPECT_NE(out.status, 124) << out.text;
-  std::string verdicts = readFile(logs + "/verdicts.jsonl");
-  std::string first = verdicts.substr(0, verdicts.find('\n'));
+  std::string first = testsupport::firstErrorVerdict(logs);
   EXPECT_NE(first.find("\"kind\":\"stuck\""), std::string::npos) << first << out.text;
   EXPECT_NE(first.find("\"name\":\"world\""), std::string::npos) << first;
   EXPECT_NE(first.find("\"seq\":8,"), std::string::npos) << first;

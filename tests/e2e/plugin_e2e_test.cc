@@ -32,23 +32,18 @@ void PrintTo(const Expect& e, std::ostream* out) {
   *out << e.bug;
 }
 
-std::string firstVerdict(const std::string& logs) {
-  std::string verdicts = readFile(logs + "/verdicts.jsonl");
-  return verdicts.substr(0, verdicts.find('\n'));
-}
-
 // Runs train_loop_static on 8 ranks under `ncclwatch run --plugin-only`. The plugin door cannot
 // abort a communicator (it never sees one), so a hung job is ended by this test: 2 s after the
-// first verdict, or after 60 s, `run` gets SIGTERM (which it forwards; the ranks dump and end).
+// first error verdict (not a straggler note), or after 60 s, `run` gets SIGTERM (which it forwards; the ranks dump and end).
 testsupport::Output runStatic(const std::string& logs, const std::string& loopArgs,
                               const std::string& launchFlags) {
   std::string job = "LD_LIBRARY_PATH=" + testsupport::simLibDir() + " " + kCli +
                     " run --abort --plugin-only --dir " + logs + " -- " + kCli + " launch " +
                     launchFlags + " -n 8 -- " + NCCLWATCH_STATIC_LOOP + " " + loopArgs;
-  std::string verdicts = logs + "/verdicts.jsonl";
   return testsupport::command(
-      job + " & job=$!; for i in $(seq 600); do kill -0 $job 2>/dev/null || break; [ -s " +
-      verdicts + " ] && { sleep 2; kill -TERM $job; break; }; sleep 0.1; done; " +
+      job + " & job=$!; for i in $(seq 600); do kill -0 $job 2>/dev/null || break; " +
+      testsupport::hasErrorVerdictCondition(logs) +
+      " && { sleep 2; kill -TERM $job; break; }; sleep 0.1; done; " +
       "kill -0 $job 2>/dev/null && kill -TERM $job; wait $job");
 }
 
@@ -61,7 +56,7 @@ TEST_P(PluginOnlyBug, FirstVerdictHasPreloadModesKindAndCulprit) {
   bool dies = name == "exit" || name == "crash";
   testsupport::Output out = runStatic(logs, "--steps 4 --quiet --bug " + name + ":rank=3,step=2",
                                       dies ? "--keep-going" : "");
-  std::string first = firstVerdict(logs);
+  std::string first = testsupport::firstErrorVerdict(logs);
   ASSERT_FALSE(first.empty()) << out.text;
   EXPECT_NE(first.find(std::string("\"kind\":\"") + e.kind + "\""), std::string::npos) << first;
   if (e.exact) {
@@ -149,7 +144,7 @@ TEST(PluginCombined, AStallSaysWhereEachRankWaitsInNccl) {
       " timeout 120 " + kCli + " run --abort --dir " + logs + " -- " + kCli + " launch -n 8 -- " +
       testsupport::buildDir() + "/examples/train_loop --steps 4 --quiet");
   EXPECT_NE(out.status, 124) << out.text;
-  std::string first = firstVerdict(logs);
+  std::string first = testsupport::firstErrorVerdict(logs);
   EXPECT_NE(first.find("\"kind\":\"stuck\""), std::string::npos) << first << out.text;
   EXPECT_NE(first.find("\"culprits\":[3]"), std::string::npos) << first;
   EXPECT_NE(first.find("\"in_nccl\":[\"rank"), std::string::npos) << first;

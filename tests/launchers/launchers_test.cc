@@ -29,11 +29,6 @@ std::string sim() {
   return "LD_LIBRARY_PATH=" + testsupport::simLibDir() + " ";
 }
 
-std::string firstVerdict(const std::string& logs) {
-  std::string verdicts = testsupport::readFile(logs + "/verdicts.jsonl");
-  return verdicts.substr(0, verdicts.find('\n'));
-}
-
 bool haveTorchrun() {
   return access(kTorchrun.c_str(), X_OK) == 0;
 }
@@ -48,7 +43,7 @@ TEST(Mpirun, RanksFromOpenMpiAndOneJobId) {
       " -- mpirun --allow-run-as-root --oversubscribe -np 8 -x LD_PRELOAD -x LD_LIBRARY_PATH"
       " -x NCCLWATCH_COLLECTOR -x NCCLWATCH_SECRET -x NCCLWATCH_DIR " +
       loop() + " --steps 4 --quiet --bug skip:rank=3,step=2");
-  std::string first = firstVerdict(logs);
+  std::string first = testsupport::firstErrorVerdict(logs);
   EXPECT_NE(first.find("\"kind\":\"mismatch\""), std::string::npos) << first << out.text;
   EXPECT_NE(first.find("\"culprits\":[3]"), std::string::npos) << first;
   // One job: OpenMPI's job id names it (each rank would otherwise be a job of its own).
@@ -65,7 +60,7 @@ TEST(TwoHosts, OneCollectorNamesTheRankOnTheOtherHost) {
       testsupport::command(sim() + "timeout 120 " + kCli + " run --abort --dir " + logs + " -- " +
                            kCli + " launch -n 8 -- " NCCLWATCH_TWO_HOSTS " " + loop() +
                            " --steps 4 --quiet --bug skip:rank=5,step=2");
-  std::string first = firstVerdict(logs);
+  std::string first = testsupport::firstErrorVerdict(logs);
   EXPECT_NE(first.find("\"culprits\":[5]"), std::string::npos) << first << out.text;
   std::set<std::string> hosts;
   for (const auto& file : testsupport::readTraceFiles(logs)) hosts.insert(file.header.host);
@@ -95,7 +90,7 @@ TEST_F(Torchrun, UnderRunAndWithTheSidecarAlone) {
   testsupport::Output out =
       testsupport::command(sim() + "timeout 120 " + kCli + " run --abort --dir " + logs + " -- " +
                            torchrun("", "--steps 4 --quiet --tp 1 --bug skip:rank=1,step=2"));
-  std::string first = firstVerdict(logs);
+  std::string first = testsupport::firstErrorVerdict(logs);
   EXPECT_NE(first.find("\"culprits\":[1]"), std::string::npos) << first << out.text;
   std::filesystem::remove_all(logs);
 
@@ -104,10 +99,10 @@ TEST_F(Torchrun, UnderRunAndWithTheSidecarAlone) {
   out = testsupport::command(sim() + "LD_PRELOAD=" + preload() + " NCCLWATCH_DIR=" + logs +
                              " timeout 60 " +
                              torchrun("", "--steps 4 --quiet --tp 1 --bug skip:rank=1,step=2") +
-                             " 2>&1 & job=$!; for i in $(seq 300); do [ -s " + logs +
-                             "/verdicts.jsonl ] && break; sleep 0.1; done; sleep 1; kill -TERM "
+                             " 2>&1 & job=$!; for i in $(seq 300); do " +
+                             testsupport::hasErrorVerdictCondition(logs) + " && break; sleep 0.1; done; sleep 1; kill -TERM "
                              "$job; wait $job");
-  first = firstVerdict(logs);
+  first = testsupport::firstErrorVerdict(logs);
   EXPECT_NE(first.find("\"culprits\":[1]"), std::string::npos) << first << out.text;
   EXPECT_NE(out.text.find("[ncclwatch] MISMATCH"), std::string::npos) << out.text;
   std::filesystem::remove_all(logs);

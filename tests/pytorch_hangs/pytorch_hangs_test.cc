@@ -102,8 +102,7 @@ TEST_P(PytorchHang, TheVerdictNamesTheRankAndThePythonLine) {
   std::string logs = testsupport::freshDirectory(std::string("pytorch-") + hang.bug);
   testsupport::Output out = run(logs, hang.bug);
   EXPECT_NE(out.status, 124) << "still hanging when the test's bound ran out\n" << out.text;
-  std::string verdicts = testsupport::readFile(logs + "/verdicts.jsonl");
-  std::string first = verdicts.substr(0, verdicts.find('\n'));
+  std::string first = testsupport::firstErrorVerdict(logs);
   ASSERT_FALSE(first.empty()) << out.text;
   EXPECT_NE(first.find(std::string("\"kind\":\"") + hang.kind + "\""), std::string::npos) << first;
   EXPECT_NE(first.find(std::string("\"culprits\":[") + hang.culprits + "]"), std::string::npos)
@@ -133,8 +132,7 @@ TEST_F(PytorchHang, ASkippedSubgroupBarrierNamesTheRankThatSkippedIt) {
   std::string logs = testsupport::freshDirectory("pytorch-subgroup");
   testsupport::Output out = run(logs, "subgroup");
   EXPECT_NE(out.status, 124) << out.text;
-  std::string verdicts = testsupport::readFile(logs + "/verdicts.jsonl");
-  std::string first = verdicts.substr(0, verdicts.find('\n'));
+  std::string first = testsupport::firstErrorVerdict(logs);
   ASSERT_FALSE(first.empty()) << out.text;
   EXPECT_NE(first.find("\"kind\":\"deadlock\""), std::string::npos) << first;
   EXPECT_NE(first.find("\"culprits\":[1]"), std::string::npos) << first;

@@ -32,6 +32,26 @@ std::vector<ncclwatch::trace::TraceFile> readTraceFiles(const std::string& direc
   return files;
 }
 
+namespace {
+constexpr const char* kInformation = "\"effect\":\"information\"";
+}
+
+std::string firstErrorVerdict(const std::string& logs) {
+  std::string verdicts = readFile(logs + "/verdicts.jsonl");
+  for (size_t start = 0; start < verdicts.size();) {
+    size_t end = verdicts.find('\n', start);
+    if (end == std::string::npos) end = verdicts.size();
+    std::string line = verdicts.substr(start, end - start);
+    if (!line.empty() && line.find(kInformation) == std::string::npos) return line;
+    start = end + 1;
+  }
+  return {};
+}
+
+std::string hasErrorVerdictCondition(const std::string& logs) {
+  return std::string("grep -qv '") + kInformation + "' " + logs + "/verdicts.jsonl 2>/dev/null";
+}
+
 std::string readFile(const std::string& path) {
   // libstdc++'s filebuf throws on a read error even without an exception mask: a /proc file
   // of a process that exits while it is read (ESRCH) must read as what was there, not end the
