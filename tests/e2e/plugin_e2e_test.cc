@@ -34,7 +34,8 @@ void PrintTo(const Expect& e, std::ostream* out) {
 
 // Runs train_loop_static on 8 ranks under `ncclwatch run --plugin-only`. The plugin door cannot
 // abort a communicator (it never sees one), so a hung job is ended by this test: 2 s after the
-// first error verdict (not a straggler note), or after 60 s, `run` gets SIGTERM (which it forwards; the ranks dump and end).
+// first error verdict (not a straggler note), or after 60 s, `run` gets SIGTERM (which it forwards;
+// the ranks dump and end).
 testsupport::Output runStatic(const std::string& logs, const std::string& loopArgs,
                               const std::string& launchFlags) {
   std::string job = "LD_LIBRARY_PATH=" + testsupport::simLibDir() + " " + kCli +

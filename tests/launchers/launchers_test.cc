@@ -96,12 +96,12 @@ TEST_F(Torchrun, UnderRunAndWithTheSidecarAlone) {
 
   // No `ncclwatch run`: rank 0's sidecar collector at MASTER_ADDR:MASTER_PORT+17.
   logs = testsupport::freshDirectory("launch-torchrun-sidecar");
-  out = testsupport::command(sim() + "LD_PRELOAD=" + preload() + " NCCLWATCH_DIR=" + logs +
-                             " timeout 60 " +
-                             torchrun("", "--steps 4 --quiet --tp 1 --bug skip:rank=1,step=2") +
-                             " 2>&1 & job=$!; for i in $(seq 300); do " +
-                             testsupport::hasErrorVerdictCondition(logs) + " && break; sleep 0.1; done; sleep 1; kill -TERM "
-                             "$job; wait $job");
+  out = testsupport::command(
+      sim() + "LD_PRELOAD=" + preload() + " NCCLWATCH_DIR=" + logs + " timeout 60 " +
+      torchrun("", "--steps 4 --quiet --tp 1 --bug skip:rank=1,step=2") +
+      " 2>&1 & job=$!; for i in $(seq 300); do " + testsupport::hasErrorVerdictCondition(logs) +
+      " && break; sleep 0.1; done; sleep 1; kill -TERM "
+      "$job; wait $job");
   first = testsupport::firstErrorVerdict(logs);
   EXPECT_NE(first.find("\"culprits\":[1]"), std::string::npos) << first << out.text;
   EXPECT_NE(out.text.find("[ncclwatch] MISMATCH"), std::string::npos) << out.text;
