@@ -224,7 +224,8 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
       << " divergence_ms=" << counters.divergencePassNs.load() / 1'000'000
       << " trims=" << counters.progressTrims.load() << "/" << counters.progressTrimRebuilds.load()
       << " holds=" << counters.windowHolds.load() << "/" << counters.windowHoldsBroken.load()
-      << "\n";
+      << " holds_over_budget=" << counters.windowHoldsOverBudget.load() << " held_peak_mib="
+      << counters.heldRecordsPeak.load() * sizeof(trace::CallRecord) / (1 << 20) << "\n";
   return counters.verdicts.load() > 0 ? 1 : 0;
 }
 

@@ -76,9 +76,13 @@ struct Counters {
   std::atomic<uint64_t> progressTrimRebuilds{0};
   // Trims of a window held back, whole or in part, to keep a call a verdict still needs (a
   // collective not every member has reported, a divergence not said yet), and trims that
-  // dropped one all the same, at the cap (collect_triage.h, heldWindowCap).
+  // dropped one all the same, at the cap (collect_triage.h, heldWindowCap) or because the held
+  // windows together had spent their budget (heldRecordBudget); and the most records of capacity
+  // the held windows took beyond their reserves at once.
   std::atomic<uint64_t> windowHolds{0};
   std::atomic<uint64_t> windowHoldsBroken{0};
+  std::atomic<uint64_t> windowHoldsOverBudget{0};
+  std::atomic<uint64_t> heldRecordsPeak{0};
 };
 
 class Collector {

@@ -207,14 +207,19 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
     // A call a verdict still needs stays, with what came after it, up to the cap.
     size_t kept = droppable(records, drop);
     bool held = kept < drop;
+    const size_t quarter = std::max<size_t>(slack / 4, 1);
     if (held && records.size() > heldWindowCap(process.window)) {
       counters_.windowHoldsBroken++;
+      held = false;
+    } else if (held && !roomToHold(process, records, quarter)) {
+      counters_.windowHoldsBroken++;
+      counters_.windowHoldsOverBudget++;
       held = false;
     } else if (held) {
       counters_.windowHolds++;
       drop = kept;
     }
-    process.trimAt = records.size() - drop + (held ? std::max<size_t>(slack / 4, 1) : slack);
+    process.trimAt = records.size() - drop + (held ? quarter : slack);
     // What leaves the window changes its communicators' alignment too.
     uint64_t lastHash = record.commHash;
     for (auto it = records.begin(); it != records.begin() + static_cast<std::ptrdiff_t>(drop);
@@ -233,10 +238,30 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
       fresh.reserve(reserved);
       fresh.assign(records.begin(), records.end());
       records.swap(fresh);
+      heldCapacity_ -= process.heldCapacity;
+      process.heldCapacity = 0;
     }
   }
   if (reshaped) analysis_.reshaped(index, files_[index]);
   counters_.recordsHeld += records.size() - before;  // unsigned: wraps right when it shrank
+}
+
+bool Triage::roomToHold(Process& process, std::vector<trace::CallRecord>& records, size_t appends) {
+  size_t needed = records.size() + appends + 1;
+  if (needed <= records.capacity()) return true;
+  // Half again each time, up to what the cap allows: few copies, and a window held only a little
+  // past its reserve takes only a little more.
+  size_t grown = std::max(needed, records.capacity() + records.capacity() / 2);
+  grown = std::max(needed, std::min(grown, heldWindowCap(process.window) + appends + 1));
+  size_t growth = grown - records.capacity();
+  if (heldCapacity_ + growth > heldRecordBudget(options_.maxRecords)) return false;
+  records.reserve(grown);
+  process.heldCapacity += growth;
+  heldCapacity_ += growth;
+  if (heldCapacity_ > counters_.heldRecordsPeak.load(std::memory_order_relaxed)) {
+    counters_.heldRecordsPeak.store(heldCapacity_, std::memory_order_relaxed);
+  }
+  return true;
 }
 
 size_t Triage::droppable(const std::vector<trace::CallRecord>& records, size_t drop) {

@@ -52,6 +52,15 @@ constexpr size_t trimSlack(size_t window) {
 constexpr size_t heldWindowCap(size_t window) {
   return 3 * window;
 }
+// What the held windows may take together beyond their reserves (window and slack), in records:
+// twice the job's window budget (128 MiB by default). Holding is per process, and a collector
+// that falls behind makes every member of a big communicator hold at once: at 32,768 ranks the
+// held windows took 2.7 GB instead of 1.1 GB (docs/scale.md). A window held to its cap grows by
+// about 1.6 windows, so the budget binds only where the window floor gives the job more than
+// maxRecords (past 4096 ranks by default). Past it a hold is broken, counted.
+constexpr size_t heldRecordBudget(size_t maxRecords) {
+  return 2 * maxRecords;
+}
 // A rank's window in a job of `world` ranks.
 inline size_t windowFor(size_t maxRecords, int world) {
   size_t share = maxRecords / static_cast<size_t>(world > 1 ? world : 1);
@@ -68,6 +77,8 @@ struct Process {
   // The size at which the window is trimmed next: its size and slack, or more while the trim is
   // held back by a call a verdict needs (tried again each quarter slack).
   size_t trimAt = 0;
+  // The window's capacity beyond its reserve while held (Triage::heldCapacity_ has them all).
+  size_t heldCapacity = 0;
   bool connected = false;
   bool saidBye = false;
   int connection = -1;
@@ -164,6 +175,10 @@ class Triage : public FrameSink {
   // How many of the `drop` oldest records of a window may go: those before the first call a
   // verdict still needs (heldWindowCap).
   size_t droppable(const std::vector<trace::CallRecord>& records, size_t drop);
+  // Whether a held window has room for the appends until its next trim, grown (explicitly, not
+  // by the vector's doubling) within heldRecordBudget; false when the budget is spent.
+  bool roomToHold(Process& process, std::vector<trace::CallRecord>& records, size_t appends);
+  size_t heldCapacity_ = 0;      // records of capacity beyond the reserves, all windows together
   int64_t lastFirstCostNs_ = 0;  // the cost of the last pass over those alone
   int64_t nextAdoptNs_ = 0;
   std::set<std::string> foreignFiles_;  // trace files in the folder that are not this job's

@@ -411,6 +411,68 @@ TEST(CollectorWindows, AWindowHeldForASilentMemberStopsAtItsCap) {
   close(goesOn);
 }
 
+// A collector that falls behind makes every member of a communicator hold at once. Together the
+// held windows take at most twice the job's window budget (maxRecords records) beyond their
+// reserves, which binds where the window floor (128 calls) gives a job more than maxRecords:
+// here 4 windows that would each grow by 208 records share 512, and the holds past it are
+// broken, counted.
+TEST(CollectorWindows, HeldWindowsTogetherStayWithinTheirBudget) {
+  constexpr uint64_t kComm = 0xb0d9e7ull;
+  constexpr uint64_t kCalls = 1000;
+  constexpr int kRanks = 5;
+  std::ostringstream out;
+  Collector collector;
+  ncclwatch::collect::Options options;
+  options.secret = "held-budget";
+  options.maxRecords = 2 * 128;  // 128-call windows all the same: the floor
+  std::string error;
+  ASSERT_TRUE(collector.start(options, out, &error)) << error;
+  auto calls = [&](uint64_t firstSeq, uint64_t lastSeq) {
+    std::vector<ncclwatch::trace::CallRecord> records;
+    for (uint64_t seq = firstSeq; seq <= lastSeq; ++seq) {
+      records.push_back(allReduce(kComm, seq, 1024));
+      records.back().ncclSeqNumber = seq - 1;
+      records.back().state = ncclwatch::trace::RecordState::kCompleted;
+      records.back().completeNs = records.back().startNs + 1000;
+    }
+    return records;
+  };
+  struct FakeRank {
+    int fd = -1;
+    wire::RecordEncoder encoder;
+  } ranks[kRanks];
+  auto send = [&](int rank, uint64_t firstSeq, uint64_t lastSeq) {
+    std::vector<ncclwatch::trace::CallRecord> records = calls(firstSeq, lastSeq);
+    for (auto& record : records) record.commHash = kComm;
+    std::vector<std::byte> frame;
+    wire::encodeRecords(2'000'000'000, records, ranks[rank].encoder, frame);
+    sendAll(ranks[rank].fd, frame);
+  };
+  // Every member reports the first calls (so that the communicator has completed one), then the
+  // last rank falls silent and the others go on.
+  for (int rank = 0; rank < kRanks; ++rank) {
+    ranks[rank].fd =
+        joinAgent(collector.port(), "held-budget", rank, kRanks, "fake-job", kComm, {});
+    send(rank, 1, 2);
+  }
+  ASSERT_TRUE(eventually([&] { return collector.counters().records.load() == 2 * kRanks; }));
+  // In step, as members of one communicator go: every window holds at once.
+  constexpr uint64_t kStep = 50;
+  for (uint64_t first = 3; first <= kCalls; first += kStep) {
+    uint64_t last = std::min(first + kStep - 1, kCalls);
+    for (int rank = 0; rank + 1 < kRanks; ++rank) send(rank, first, last);
+    ASSERT_TRUE(eventually([&] {
+      return collector.counters().records.load() == 2 * kRanks + (kRanks - 1) * (last - 2);
+    })) << out.str();
+  }
+  collector.stop();
+  EXPECT_GE(collector.counters().windowHolds.load(), 1u);
+  EXPECT_GE(collector.counters().windowHoldsOverBudget.load(), 1u);
+  EXPECT_GT(collector.counters().heldRecordsPeak.load(), 0u);
+  EXPECT_LE(collector.counters().heldRecordsPeak.load(), 2 * options.maxRecords);
+  for (FakeRank& rank : ranks) close(rank.fd);
+}
+
 // Agents that come and go: a rank that finishes its calls and says BYE is not a dead rank while
 // its peer lingers; a rank whose connection drops without BYE while its peer waits for it is one
 // (after the reconnect grace and the quiet time: its process is not on this host to check).
