@@ -118,16 +118,24 @@ TEST(LiveCollector, CollectorKilledMidRunLeavesTrainingAlone) {
   testsupport::Job hung(
       job(logs + "/hung", {"--steps", "8", "--tp", "1", "--bug", "skip:rank=1,step=2", "--quiet"}));
   bool dumped = false;
+  std::string seen;  // what the trace files said at the last look
   for (int waited = 0; waited < 300 && !dumped; ++waited) {
     std::this_thread::sleep_for(100ms);
     auto files = testsupport::readTraceFiles(logs + "/hung");
     int withHangDump = 0;
+    seen = std::to_string(files.size()) + " trace files;";
     for (const auto& file : files) {
-      for (const auto& dump : file.dumps) withHangDump += dump.trigger == "hang";
+      seen += " rank " + std::to_string(file.header.rank) + ":";
+      for (const auto& dump : file.dumps) {
+        withHangDump += dump.trigger == "hang";
+        seen += " " + dump.trigger;
+      }
     }
     dumped = files.size() == 4 && withHangDump == 4;
   }
-  EXPECT_TRUE(dumped);
+  std::string outputs;
+  for (int rank = 0; rank < 4; ++rank) outputs += hung.output(rank);
+  EXPECT_TRUE(dumped) << seen << "\n" << outputs;
   hung.signalAll(SIGKILL);
 }
 
