@@ -72,17 +72,20 @@ CallDesc JobAnalysis::whereIs(int p) const {
 
 void JobAnalysis::buildComms() {
   pendingOrdinal_.assign(procs_.size(), {});
-  procMembers_.assign(procs_.size(), {});
+  procMembers_.entries.clear();
+  procMembers_.starts.assign(1, 0);
+  procMembers_.starts.reserve(procs_.size() + 1);
   // Every communicator's members first, with their progress (comm_progress.h); then which to
   // align (a partial pass: chooseRedo); then the alignment.
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
     const Proc& proc = procs_[p];
-    // this process's members, by comm hash; usually a handful, so a small vector
-    std::vector<std::pair<uint64_t, std::pair<int, int>>> mine;  // hash -> (comm, member)
+    // this process's members, by comm hash (usually a handful): hash -> (comm, member)
+    auto& entries = procMembers_.entries;
+    const size_t first = entries.size();
     std::span<const MemberProgress> progress = proc.progress->members();
     auto memberOf = [&](uint64_t hash) -> std::pair<int, int> {
-      for (auto& [h, cm] : mine) {
-        if (h == hash) return cm;
+      for (size_t e = first; e < entries.size(); ++e) {
+        if (entries[e].first == hash) return entries[e].second;
       }
       return {-1, -1};
     };
@@ -110,22 +113,21 @@ void JobAnalysis::buildComms() {
       m.proc = p;
       m.commRank = info.rank;
       // The progress lists the same memberships in the same order (ProcessProgress::rebuild).
-      m.progress = &progress[mine.size()];
+      m.progress = &progress[entries.size() - first];
       comm.progress.add(*m.progress, comm.members.empty());
       comm.byCommRank.set(info.rank, static_cast<int>(comm.members.size()));
-      mine.push_back({info.commHash, {it->second, static_cast<int>(comm.members.size())}});
+      entries.push_back({info.commHash, {it->second, static_cast<int>(comm.members.size())}});
       comm.members.push_back(std::move(m));
     }
-    procMembers_[p] = std::move(mine);
+    procMembers_.starts.push_back(entries.size());
   }
   if (partial_) chooseRedo();
   // A partial pass knows every comm's members but aligns only some: per process, which of its
   // memberships (procMembers_ order) to align.
-  std::vector<std::vector<char>> aligned(procs_.size());
-  for (size_t p = 0; p < procs_.size(); ++p) {
-    for (const auto& [hash, at] : procMembers_[p]) {
-      aligned[p].push_back(this->aligned(comms_[at.first]) ? 1 : 0);
-    }
+  std::vector<char> aligned;
+  aligned.reserve(procMembers_.entries.size());
+  for (const auto& [hash, at] : procMembers_.entries) {
+    aligned.push_back(this->aligned(comms_[at.first]) ? 1 : 0);
   }
   alignAll(aligned);
   for (const Comm& comm : comms_) {
@@ -188,10 +190,14 @@ void JobAnalysis::compareProgress(const Comm& comm) {
 // Options::threads: each writes only its own members and pendingOrdinal_[p]; what a communicator
 // gathers from all of them (the completed-ordinal watermark, splits, pending transfers) is
 // folded in afterwards.
-void JobAnalysis::alignAll(const std::vector<std::vector<char>>& aligned) {
+void JobAnalysis::alignAll(const std::vector<char>& aligned) {
   std::vector<AlignScratch> scratch(chunkCount(procs_.size(), options_.threads));
   parallelChunks(procs_.size(), options_.threads, [&](size_t chunk, size_t begin, size_t end) {
-    for (size_t p = begin; p < end; ++p) alignProc(static_cast<int>(p), aligned[p], scratch[chunk]);
+    for (size_t p = begin; p < end; ++p) {
+      std::span<const char> slots(aligned.data() + procMembers_.starts[p],
+                                  aligned.data() + procMembers_.starts[p + 1]);
+      alignProc(static_cast<int>(p), slots, scratch[chunk]);
+    }
   });
   for (const AlignScratch& s : scratch) {
     pendingP2p_.insert(s.pendingP2p.begin(), s.pendingP2p.end());
@@ -208,11 +214,11 @@ void JobAnalysis::alignAll(const std::vector<std::vector<char>>& aligned) {
 
 // Aligns the records of process `p` on the communicators whose slot (its memberships, in
 // procMembers_ order) is marked in `aligned`.
-void JobAnalysis::alignProc(int p, const std::vector<char>& alignedSlots, AlignScratch& scratch) {
+void JobAnalysis::alignProc(int p, std::span<const char> alignedSlots, AlignScratch& scratch) {
   // None of its communicators aligned in this pass (a partial one): its records need no look.
   if (std::find(alignedSlots.begin(), alignedSlots.end(), 1) == alignedSlots.end()) return;
   const Proc& proc = procs_[p];
-  const auto& mine = procMembers_[p];
+  std::span<const Memberships::Entry> mine = procMembers_.of(p);
   // Members whose calls the progress kept take them from there; the records are read for the
   // others alone, and not at all when there are none.
   std::vector<char>& aligned = scratch.fromRecords;
@@ -357,10 +363,10 @@ void JobAnalysis::findCompletedTransfers() {
 // A partial pass that needs every communicator after all: aligns those it skipped, and is a full
 // pass from then on.
 void JobAnalysis::alignSkipped() {
-  std::vector<std::vector<char>> skipped(procs_.size());
-  for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
-    for (const auto& [hash, at] : procMembers_[p])
-      skipped[p].push_back(aligned(comms_[at.first]) ? 0 : 1);
+  std::vector<char> skipped;
+  skipped.reserve(procMembers_.entries.size());
+  for (const auto& [hash, at] : procMembers_.entries) {
+    skipped.push_back(aligned(comms_[at.first]) ? 0 : 1);
   }
   alignAll(skipped);
   for (const Comm& comm : comms_) {

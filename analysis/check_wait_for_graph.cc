@@ -124,7 +124,7 @@ void JobAnalysis::checkGraph() {
       const Comm& comm = comms_[it->second];
       const Member* me = nullptr;
       size_t myIndex = 0;
-      for (const auto& [hash, where] : procMembers_[p]) {
+      for (const auto& [hash, where] : procMembers_.of(p)) {
         if (hash == r.commHash) {
           me = &comm.members[where.second];
           myIndex = static_cast<size_t>(where.second);

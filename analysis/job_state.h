@@ -283,8 +283,9 @@ class JobAnalysis {
     std::vector<char> fromRecords;  // per membership: aligned from the records (not kept)
     uint64_t fromKept = 0, fromRecordsCount = 0;  // members aligned each way
   };
-  void alignAll(const std::vector<std::vector<char>>& aligned);
-  void alignProc(int proc, const std::vector<char>& aligned, AlignScratch& scratch);
+  // `aligned`: per membership (procMembers_.entries), whether to align it.
+  void alignAll(const std::vector<char>& aligned);
+  void alignProc(int proc, std::span<const char> aligned, AlignScratch& scratch);
   // Fills `m` from its kept aligned calls when its progress has them (plain, nothing pending):
   // what alignProc would find in its records. False when it must be aligned from them.
   bool takeKeptAlignment(Member& m) const;
@@ -439,8 +440,19 @@ class JobAnalysis {
   std::unordered_set<uint64_t> redo_;       // in a partial pass: the comms aligned and checked
   std::unordered_set<uint64_t> alignOnly_;  // ... and those only aligned (chooseRedo)
   std::vector<uint64_t>* talliesDeferred_ = nullptr;  // deferStragglerTallies
-  // Per process, its memberships in its comm table's order: (hash, (comm index, member index)).
-  std::vector<std::vector<std::pair<uint64_t, std::pair<int, int>>>> procMembers_;
+  // Per process, its memberships in its comm table's order: (hash, (comm index, member index)),
+  // every process's in one list: a list a process took two allocations and two frees a pass,
+  // a third of a divergence's pass at 32,768 ranks.
+  struct Memberships {
+    using Entry = std::pair<uint64_t, std::pair<int, int>>;
+    std::vector<Entry> entries;
+    std::vector<size_t> starts;  // process p's: entries[starts[p], starts[p + 1])
+    std::span<const Entry> of(int p) const {
+      return {entries.data() + starts[static_cast<size_t>(p)],
+              entries.data() + starts[static_cast<size_t>(p) + 1]};
+    }
+  };
+  Memberships procMembers_;
 };
 
 // The state of an IncrementalAnalysis (incremental.h): per job, what the last pass kept; what
