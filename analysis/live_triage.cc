@@ -57,9 +57,11 @@ void LiveTriage::observeUpdate(int64_t wallNs) {
   lastActivityNs_ = std::max(lastActivityNs_, wallNs);
 }
 
-uint64_t LiveTriage::oldestOpenOrdinal(uint64_t commHash) {
+uint64_t LiveTriage::oldestOpenOrdinal(uint64_t commHash, int largestHeld) {
   Comm* comm = find(commHash);
-  if (comm == nullptr || !comm->completedOne || comm->open.empty()) return UINT64_MAX;
+  if (comm == nullptr || !comm->completedOne || comm->open.empty() || comm->size > largestHeld) {
+    return UINT64_MAX;
+  }
   return comm->open.begin()->first;
 }
 

@@ -5,6 +5,7 @@
 // fingerprints at one (comm, ordinal), a member joining or leaving, or the job going quiet.
 // The full analysis stays the judge; triage only says when to ask it.
 #pragma once
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -46,8 +47,9 @@ class LiveTriage {
   // needs every member's record of it, and a collector that has fallen behind may get the last
   // member's a window's time after the first. UINT64_MAX when there is none. (A communicator
   // whose members were never all seen would keep its calls for ever: a member that never
-  // reports.)
-  uint64_t oldestOpenOrdinal(uint64_t commHash);
+  // reports.) Also UINT64_MAX for a communicator of more than `largestHeld` members, whose
+  // members' windows cannot all be held (Triage::droppable).
+  uint64_t oldestOpenOrdinal(uint64_t commHash, int largestHeld = INT_MAX);
 
   int64_t lastActivityNs() const { return lastActivityNs_; }
   size_t openOrdinals() const;  // (comm, ordinal) pairs some but not all members reported

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -205,7 +206,7 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
   if (records.size() > std::max(process.trimAt, process.window + slack)) {
     size_t drop = records.size() - process.window;
     // A call a verdict still needs stays, with what came after it, up to the cap.
-    size_t kept = droppable(records, drop);
+    size_t kept = droppable(records, drop, process.window);
     bool held = kept < drop;
     const size_t quarter = std::max<size_t>(slack / 4, 1);
     if (held && records.size() > heldWindowCap(process.window)) {
@@ -264,13 +265,16 @@ bool Triage::roomToHold(Process& process, std::vector<trace::CallRecord>& record
   return true;
 }
 
-size_t Triage::droppable(const std::vector<trace::CallRecord>& records, size_t drop) {
+size_t Triage::droppable(const std::vector<trace::CallRecord>& records, size_t drop,
+                         size_t window) {
+  const int largestHeld =
+      static_cast<int>(std::min<size_t>(largestHeldComm(options_.maxRecords, window), INT_MAX));
   // A window's records alternate between a few communicators (a tensor-parallel one and the
   // world, say), and the answer does not change within a trim: the last two are kept.
   analysis::RecentTwo<uint64_t> known;
   auto keepFrom = [&](uint64_t commHash) {
     if (const uint64_t* from = known.find(commHash)) return *from;
-    uint64_t from = triage_.oldestOpenOrdinal(commHash);
+    uint64_t from = triage_.oldestOpenOrdinal(commHash, largestHeld);
     if (!heldDivergences_.empty()) {
       auto held = heldDivergences_.find(commHash);
       if (held != heldDivergences_.end()) from = std::min(from, held->second);

@@ -61,6 +61,15 @@ constexpr size_t heldWindowCap(size_t window) {
 constexpr size_t heldRecordBudget(size_t maxRecords) {
   return 2 * maxRecords;
 }
+// The largest communicator whose open collectives the windows hold (Triage::droppable): one
+// whose members could all hold to the cap within heldRecordBudget. Past it (the world of a job
+// of more than 4096 ranks by default) a collector that falls behind would make every member hold
+// at once, far past the budget: at 32,768 ranks the holds took turns at the budget, and the
+// churn of their windows cost 400-500 MiB of fragmented heap and a later verdict
+// (docs/scale.md). A divergence already seen is held whatever the size.
+constexpr size_t largestHeldComm(size_t maxRecords, size_t window) {
+  return heldRecordBudget(maxRecords) / (heldWindowCap(window) - window);
+}
 // A rank's window in a job of `world` ranks.
 inline size_t windowFor(size_t maxRecords, int world) {
   size_t share = maxRecords / static_cast<size_t>(world > 1 ? world : 1);
@@ -174,7 +183,7 @@ class Triage : public FrameSink {
   std::map<uint64_t, uint64_t> heldDivergences_;
   // How many of the `drop` oldest records of a window may go: those before the first call a
   // verdict still needs (heldWindowCap).
-  size_t droppable(const std::vector<trace::CallRecord>& records, size_t drop);
+  size_t droppable(const std::vector<trace::CallRecord>& records, size_t drop, size_t window);
   // Whether a held window has room for the appends until its next trim, grown (explicitly, not
   // by the vector's doubling) within heldRecordBudget; false when the budget is spent.
   bool roomToHold(Process& process, std::vector<trace::CallRecord>& records, size_t appends);

@@ -36,8 +36,11 @@ using CollectorTest = CollectorFixture<kCollectorSecret, kCollectorFolder>;
 
 // A fake agent: connects, says HELLO (job `job`, `world` ranks) and COMMS (one communicator of
 // `world` ranks), then sends `records` on it. Returns the connection.
+// Joins as `rank` of `world`, a member of one communicator: the world's size and rank, or
+// commSize and commRank when given.
 int joinAgent(int port, const std::string& secret, int rank, int world, const std::string& job,
-              uint64_t commHash, std::vector<ncclwatch::trace::CallRecord> records) {
+              uint64_t commHash, std::vector<ncclwatch::trace::CallRecord> records,
+              int commSize = -1, int commRank = -1) {
   int fd = connectTo(port);
   std::vector<std::byte> frame;
   wire::Hello h = hello(secret, rank);
@@ -46,8 +49,8 @@ int joinAgent(int port, const std::string& secret, int rank, int world, const st
   wire::encodeHello(h, frame);
   ncclwatch::trace::CommInfo comm{};
   comm.commHash = commHash;
-  comm.nranks = world;
-  comm.rank = rank;
+  comm.nranks = commSize > 0 ? commSize : world;
+  comm.rank = commSize > 0 ? commRank : rank;
   comm.color = -1;
   std::vector<ncclwatch::trace::CommInfo> comms{comm};
   wire::encodeComms(comms, frame);
@@ -411,15 +414,53 @@ TEST(CollectorWindows, AWindowHeldForASilentMemberStopsAtItsCap) {
   close(goesOn);
 }
 
-// A collector that falls behind makes every member of a communicator hold at once. Together the
-// held windows take at most twice the job's window budget (maxRecords records) beyond their
+// Fake ranks of one job, each a member of one communicator, that send their calls (completed
+// allreduces) on their own connection.
+class FakeJob {
+ public:
+  // Rank r is member r % commSize of communicator commOfRank[r].
+  FakeJob(int port, const std::string& secret, int commSize, std::vector<uint64_t> commOfRank)
+      : ranks_(commOfRank.size()), commOfRank_(std::move(commOfRank)) {
+    int world = static_cast<int>(ranks_.size());
+    for (int rank = 0; rank < world; ++rank) {
+      ranks_[static_cast<size_t>(rank)].fd =
+          joinAgent(port, secret, rank, world, "fake-job", commOfRank_[static_cast<size_t>(rank)],
+                    {}, commSize, rank % commSize);
+    }
+  }
+  ~FakeJob() {
+    for (Rank& rank : ranks_) close(rank.fd);
+  }
+  void send(int rank, uint64_t firstSeq, uint64_t lastSeq) {
+    std::vector<ncclwatch::trace::CallRecord> records;
+    for (uint64_t seq = firstSeq; seq <= lastSeq; ++seq) {
+      records.push_back(allReduce(commOfRank_[static_cast<size_t>(rank)], seq, 1024));
+      records.back().ncclSeqNumber = seq - 1;
+      records.back().state = ncclwatch::trace::RecordState::kCompleted;
+      records.back().completeNs = records.back().startNs + 1000;
+    }
+    std::vector<std::byte> frame;
+    wire::encodeRecords(2'000'000'000, records, ranks_[static_cast<size_t>(rank)].encoder, frame);
+    sendAll(ranks_[static_cast<size_t>(rank)].fd, frame);
+  }
+
+ private:
+  struct Rank {
+    int fd = -1;
+    wire::RecordEncoder encoder;
+  };
+  std::vector<Rank> ranks_;
+  std::vector<uint64_t> commOfRank_;
+};
+
+// A collector that falls behind makes the members of many communicators hold at once. Together
+// the held windows take at most twice the job's window budget (maxRecords records) beyond their
 // reserves, which binds where the window floor (128 calls) gives a job more than maxRecords:
-// here 4 windows that would each grow by 208 records share 512, and the holds past it are
-// broken, counted.
+// here 4 pairs of ranks, one of each silent, whose talking members' windows would each grow by
+// 208 records, share 512; the holds past it are broken, counted.
 TEST(CollectorWindows, HeldWindowsTogetherStayWithinTheirBudget) {
-  constexpr uint64_t kComm = 0xb0d9e7ull;
-  constexpr uint64_t kCalls = 1000;
-  constexpr int kRanks = 5;
+  constexpr uint64_t kCalls = 1000, kStep = 50;
+  constexpr int kRanks = 8;
   std::ostringstream out;
   Collector collector;
   ncclwatch::collect::Options options;
@@ -427,42 +468,18 @@ TEST(CollectorWindows, HeldWindowsTogetherStayWithinTheirBudget) {
   options.maxRecords = 2 * 128;  // 128-call windows all the same: the floor
   std::string error;
   ASSERT_TRUE(collector.start(options, out, &error)) << error;
-  auto calls = [&](uint64_t firstSeq, uint64_t lastSeq) {
-    std::vector<ncclwatch::trace::CallRecord> records;
-    for (uint64_t seq = firstSeq; seq <= lastSeq; ++seq) {
-      records.push_back(allReduce(kComm, seq, 1024));
-      records.back().ncclSeqNumber = seq - 1;
-      records.back().state = ncclwatch::trace::RecordState::kCompleted;
-      records.back().completeNs = records.back().startNs + 1000;
-    }
-    return records;
-  };
-  struct FakeRank {
-    int fd = -1;
-    wire::RecordEncoder encoder;
-  } ranks[kRanks];
-  auto send = [&](int rank, uint64_t firstSeq, uint64_t lastSeq) {
-    std::vector<ncclwatch::trace::CallRecord> records = calls(firstSeq, lastSeq);
-    for (auto& record : records) record.commHash = kComm;
-    std::vector<std::byte> frame;
-    wire::encodeRecords(2'000'000'000, records, ranks[rank].encoder, frame);
-    sendAll(ranks[rank].fd, frame);
-  };
-  // Every member reports the first calls (so that the communicator has completed one), then the
-  // last rank falls silent and the others go on.
-  for (int rank = 0; rank < kRanks; ++rank) {
-    ranks[rank].fd =
-        joinAgent(collector.port(), "held-budget", rank, kRanks, "fake-job", kComm, {});
-    send(rank, 1, 2);
-  }
+  std::vector<uint64_t> pairs;
+  for (int rank = 0; rank < kRanks; ++rank) pairs.push_back(0xb0d9e700ull + rank / 2);
+  FakeJob job(collector.port(), "held-budget", 2, pairs);
+  // Every member reports the first calls (so that each pair has completed one), then the odd
+  // ranks fall silent and the even ones go on, in step: every window holds at once.
+  for (int rank = 0; rank < kRanks; ++rank) job.send(rank, 1, 2);
   ASSERT_TRUE(eventually([&] { return collector.counters().records.load() == 2 * kRanks; }));
-  // In step, as members of one communicator go: every window holds at once.
-  constexpr uint64_t kStep = 50;
   for (uint64_t first = 3; first <= kCalls; first += kStep) {
     uint64_t last = std::min(first + kStep - 1, kCalls);
-    for (int rank = 0; rank + 1 < kRanks; ++rank) send(rank, first, last);
+    for (int rank = 0; rank < kRanks; rank += 2) job.send(rank, first, last);
     ASSERT_TRUE(eventually([&] {
-      return collector.counters().records.load() == 2 * kRanks + (kRanks - 1) * (last - 2);
+      return collector.counters().records.load() == 2 * kRanks + kRanks / 2 * (last - 2);
     })) << out.str();
   }
   collector.stop();
@@ -470,7 +487,32 @@ TEST(CollectorWindows, HeldWindowsTogetherStayWithinTheirBudget) {
   EXPECT_GE(collector.counters().windowHoldsOverBudget.load(), 1u);
   EXPECT_GT(collector.counters().heldRecordsPeak.load(), 0u);
   EXPECT_LE(collector.counters().heldRecordsPeak.load(), 2 * options.maxRecords);
-  for (FakeRank& rank : ranks) close(rank.fd);
+}
+
+// A communicator whose members could not all hold to the cap within that budget (here 5 ranks,
+// where 512 records hold 2 windows' growth) is not held for its open collectives: at 32,768
+// ranks a world held on a lagging collector made the holds take turns at the budget, which cost
+// more memory than it bounded.
+TEST(CollectorWindows, ACommunicatorTooLargeForTheBudgetIsNotHeld) {
+  constexpr uint64_t kComm = 0x1a29e5ull, kCalls = 1000;
+  constexpr int kRanks = 5;
+  std::ostringstream out;
+  Collector collector;
+  ncclwatch::collect::Options options;
+  options.secret = "too-large";
+  options.maxRecords = 2 * 128;
+  std::string error;
+  ASSERT_TRUE(collector.start(options, out, &error)) << error;
+  FakeJob job(collector.port(), "too-large", kRanks, std::vector<uint64_t>(kRanks, kComm));
+  for (int rank = 0; rank < kRanks; ++rank) job.send(rank, 1, 2);
+  ASSERT_TRUE(eventually([&] { return collector.counters().records.load() == 2 * kRanks; }));
+  for (int rank = 0; rank + 1 < kRanks; ++rank) job.send(rank, 3, kCalls);
+  ASSERT_TRUE(eventually([&] {
+    return collector.counters().records.load() == 2 * kRanks + (kRanks - 1) * (kCalls - 2);
+  })) << out.str();
+  collector.stop();
+  EXPECT_EQ(collector.counters().windowHolds.load(), 0u);
+  EXPECT_LE(collector.counters().recordsHeld.load(), 2u + (kRanks - 1) * (128u + 64u + 1u));
 }
 
 // Agents that come and go: a rank that finishes its calls and says BYE is not a dead rank while
