@@ -316,6 +316,7 @@ void CompletionTracker::noteCompleted(const Pending& pending, int64_t now) {
   if (!writer_.read(pending.ringIndex, &record)) return;
   if (record.seq > comm.completedSeq) comm.completedSeq = record.seq;
   comm.lastCompletionNs = now;
+  if (comm.completedCalls++ == 0) return;
   int64_t latency = now - record.issueNs;
   comm.recentLatencyNs = std::max(latency, comm.recentLatencyNs - comm.recentLatencyNs / 100);
 }

@@ -51,7 +51,11 @@ struct CommProgress {
   bool oldestStarted = false;
   uint64_t completedSeq = 0;     // the highest seq seen complete
   int64_t lastCompletionNs = 0;  // when it was seen
-  int64_t recentLatencyNs = 0;   // slowest issue-to-completion lately (decays by 1% a call)
+  // The slowest issue-to-completion lately (decays by 1% a call), from its second completed call
+  // on: the first one waits for the ranks' start skew (seconds under a loaded launcher) and for
+  // NCCL's lazy connection set-up, and would raise the hang threshold (10 times this) for good.
+  int64_t recentLatencyNs = 0;
+  uint64_t completedCalls = 0;
 };
 
 struct CompletionCounters {

@@ -1,9 +1,12 @@
 // The collector live, on the sim: `ncclwatch run` names the skipping rank of an 8-rank job while
 // it hangs (and --abort ends the job), says nothing about a clean job, and a collector that dies
 // mid-run leaves the training untouched with local detection still working.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -111,6 +114,16 @@ TEST(LiveCollector, CollectorKilledMidRunLeavesTrainingAlone) {
   std::this_thread::sleep_for(300ms);
   kill(collector, SIGKILL);
   waitpid(collector, nullptr, 0);
+  // The dead collector's port stays taken (bound, not listening: connections are refused), so
+  // that no collector of a test running beside this one gets it and the agents' reconnects.
+  int portHolder = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(std::stoi(port[1].str())));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int reuse = 1;
+  setsockopt(portHolder, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof reuse);
+  bool portHeld = bind(portHolder, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
   ASSERT_TRUE(clean.waitExit(120s));
   for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(clean.exitStatus(rank), 0) << clean.output(rank);
 
@@ -135,8 +148,10 @@ TEST(LiveCollector, CollectorKilledMidRunLeavesTrainingAlone) {
   }
   std::string outputs;
   for (int rank = 0; rank < 4; ++rank) outputs += hung.output(rank);
-  EXPECT_TRUE(dumped) << seen << "\n" << outputs;
+  EXPECT_TRUE(dumped) << seen << (portHeld ? "" : " (the dead collector's port was taken)") << "\n"
+                      << outputs;
   hung.signalAll(SIGKILL);
+  close(portHolder);
 }
 
 }  // namespace

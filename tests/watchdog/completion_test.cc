@@ -179,6 +179,22 @@ TEST_F(CompletionTest, RecordGoesIssuedStartedCompleted) {
   EXPECT_GE(completed.completeNs, completed.startNs);
 }
 
+// The hang thresholds are 10 times a communicator's recent latency. Its first call waits for
+// the ranks' start skew and NCCL's connection set-up: it does not count; the next ones do.
+TEST_F(CompletionTest, ACommunicatorsFirstCallDoesNotSetItsRecentLatency) {
+  uint64_t first = trackedCall(7);  // issued at 1 ns: "completes" decades late
+  drain(7);
+  tracker_->poll();
+  ASSERT_EQ(read(first).state, RecordState::kCompleted);
+  ASSERT_EQ(tracker_->progress().size(), 1u);
+  EXPECT_EQ(tracker_->progress()[0].recentLatencyNs, 0);
+  uint64_t second = trackedCall(7);
+  drain(7);
+  tracker_->poll();
+  ASSERT_EQ(read(second).state, RecordState::kCompleted);
+  EXPECT_GT(tracker_->progress()[0].recentLatencyNs, 0);
+}
+
 TEST_F(CompletionTest, GroupRecordsSharingOnePairCompleteTogether) {
   uint64_t indices[3] = {appendIssued(), appendIssued(), appendIssued()};
   Ticket ticket = tracker_->recordBefore(9);
