@@ -1,7 +1,7 @@
 // The scenario corpus end to end: every scenario of expected.tsv as a job on the sim with rank
 // 0's sidecar collector, its live verdicts and `ncclwatch inspect`'s on the same traces; both
 // must match the table (and so each other). Then the scenarios of the five classes issue 14
-// found unreliable, five times in a row each: live detection must not depend on timing.
+// found unreliable, twice more in a row each: live detection must not depend on timing.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -78,14 +78,17 @@ TEST(Corpus, EveryScenarioLiveAndOfflineMatchesTheTable) {
   removeUnlessFailed(work);
 }
 
-TEST(Repeat, TheFiveClassesLiveFiveTimesInARow) {
+// Issue 14's classes, live, twice more in a row each (the corpus above runs them once): one miss
+// fails. Longer repeats are a bench, not CI: `bench/scenario_corpus --repeat 5 --mode sidecar
+// --only early_exit,...` (each row five times; 100 s of CI's time when this test did it).
+TEST(Repeat, TheFiveClassesLiveTwiceMoreInARow) {
   const std::vector<std::string> classes = {
       "early_exit",        "early_exit_destroy",     "early_exit_finalize", "skip_destroy_two",
       "p2p_wrong_peer",    "error_invalid_argument", "init_wrong_nranks",   "dtype_equal_bytes",
       "redop_substituted", "redop_inserted"};
   std::vector<corpus::Expectation> rows = table();
   std::vector<corpus::Task> tasks;
-  for (int repetition = 0; repetition < 5; ++repetition) {
+  for (int repetition = 0; repetition < 2; ++repetition) {
     for (size_t i = 0; i < rows.size(); ++i) {
       bool wanted = std::find(classes.begin(), classes.end(), rows[i].name) != classes.end();
       if (wanted && selected(rows[i].name))
