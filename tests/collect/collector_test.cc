@@ -271,10 +271,7 @@ TEST_F(CollectorTest, EachRankKeepsABoundedWindowOfItsCalls) {
   for (uint64_t first = 1; first <= kCalls; first += 1000) {
     std::vector<ncclwatch::trace::CallRecord> records;
     for (uint64_t seq = first; seq < first + 1000; ++seq) {
-      records.push_back(allReduce(kComm, seq, 1024));
-      records.back().ncclSeqNumber = seq - 1;
-      records.back().state = ncclwatch::trace::RecordState::kCompleted;  // nothing pending
-      records.back().completeNs = records.back().startNs + 1000;
+      records.push_back(completedAllReduce(kComm, seq, 1024));  // nothing pending
     }
     frame.clear();
     wire::encodeRecords(2'000'000'000, records, encoder, frame);
@@ -340,10 +337,8 @@ TEST(CollectorWindows, ALaggingCollectorKeepsTheDivergentCallUntilItsVerdict) {
   auto send = [&](int rank, uint64_t firstSeq, uint64_t lastSeq) {
     std::vector<ncclwatch::trace::CallRecord> records;
     for (uint64_t seq = firstSeq; seq <= lastSeq; ++seq) {
-      records.push_back(allReduce(kComm, seq, rank == 2 && seq == kDivergentSeq ? 96 : 1024));
-      records.back().ncclSeqNumber = seq - 1;
-      records.back().state = ncclwatch::trace::RecordState::kCompleted;
-      records.back().completeNs = records.back().startNs + 1000;
+      records.push_back(
+          completedAllReduce(kComm, seq, rank == 2 && seq == kDivergentSeq ? 96 : 1024));
     }
     std::vector<std::byte> frame;
     wire::encodeRecords(2'000'000'000, records, ranks[rank].encoder, frame);
@@ -394,10 +389,7 @@ TEST(CollectorWindows, AWindowHeldForASilentMemberStopsAtItsCap) {
   auto calls = [&](uint64_t firstSeq, uint64_t lastSeq) {
     std::vector<ncclwatch::trace::CallRecord> records;
     for (uint64_t seq = firstSeq; seq <= lastSeq; ++seq) {
-      records.push_back(allReduce(kComm, seq, 1024));
-      records.back().ncclSeqNumber = seq - 1;
-      records.back().state = ncclwatch::trace::RecordState::kCompleted;
-      records.back().completeNs = records.back().startNs + 1000;
+      records.push_back(completedAllReduce(kComm, seq, 1024));
     }
     return records;
   };
@@ -434,10 +426,7 @@ class FakeJob {
   void send(int rank, uint64_t firstSeq, uint64_t lastSeq) {
     std::vector<ncclwatch::trace::CallRecord> records;
     for (uint64_t seq = firstSeq; seq <= lastSeq; ++seq) {
-      records.push_back(allReduce(commOfRank_[static_cast<size_t>(rank)], seq, 1024));
-      records.back().ncclSeqNumber = seq - 1;
-      records.back().state = ncclwatch::trace::RecordState::kCompleted;
-      records.back().completeNs = records.back().startNs + 1000;
+      records.push_back(completedAllReduce(commOfRank_[static_cast<size_t>(rank)], seq, 1024));
     }
     std::vector<std::byte> frame;
     wire::encodeRecords(2'000'000'000, records, ranks_[static_cast<size_t>(rank)].encoder, frame);

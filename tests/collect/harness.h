@@ -88,6 +88,16 @@ inline ncclwatch::trace::CallRecord allReduce(uint64_t comm, uint64_t seq, uint6
   return record;
 }
 
+// The same allreduce completed 1 µs after its start, NCCL's per-comm counter at seq - 1.
+inline ncclwatch::trace::CallRecord completedAllReduce(uint64_t comm, uint64_t seq,
+                                                       uint64_t count) {
+  ncclwatch::trace::CallRecord record = allReduce(comm, seq, count);
+  record.ncclSeqNumber = seq - 1;
+  record.state = ncclwatch::trace::RecordState::kCompleted;
+  record.completeNs = record.startNs + 1000;
+  return record;
+}
+
 // A rank of a 2-rank job on "fakehost" saying hello with `secret`.
 inline ncclwatch::trace::wire::Hello hello(const std::string& secret, int rank) {
   ncclwatch::trace::wire::Hello h{};
