@@ -16,6 +16,11 @@ phase() {
 # Each ctest run gets its own TMPDIR, removed when the run passes: the tests' traces, logs and
 # rendezvous files come to several GB a run, and a CI disk once filled up with them. A failing
 # run's folder stays, and the last line says where.
+# A test that fails gets one more run, by itself after the others (ctest --rerun-failed), and
+# fails the suite only if it fails again: on a loaded two-core machine with sanitizers, a
+# multi-process test now and then misses a bound that it meets unloaded, and one such miss in
+# ~600 tests refused three stops in a row (docs/ci.md). The first failure's output stays in the
+# log, and a "[test] flaky:" line names every test that passed only on its rerun.
 run_ctest() {
   local build_dir=$1
   shift
@@ -24,8 +29,19 @@ run_ctest() {
   if TMPDIR=$scratch ctest --test-dir "$build_dir" "$@" -j "$jobs" --output-on-failure \
       --timeout 600; then
     rm -rf "$scratch"
+    return 0
+  fi
+  local failed
+  failed=$(sed 's/^[0-9]*://' "$build_dir/Testing/Temporary/LastTestsFailed.log" 2>/dev/null |
+    tr '\n' ' ')
+  failed=${failed% }
+  echo "[test] ctest in $build_dir: ${failed:-some tests} failed; rerunning them once, by themselves"
+  if TMPDIR=$scratch ctest --test-dir "$build_dir" "$@" --rerun-failed --output-on-failure \
+      --timeout 600; then
+    echo "[test] flaky: $failed failed once in $build_dir and passed on the rerun"
+    rm -rf "$scratch"
   else
-    echo "[test] ctest in $build_dir failed; its tests' files are kept in $scratch"
+    echo "[test] ctest in $build_dir failed twice; its tests' files are kept in $scratch"
     return 1
   fi
 }

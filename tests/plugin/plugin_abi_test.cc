@@ -84,12 +84,21 @@ const Call kCalls[] = {
     {"Send", 16, "ncclBfloat16", "Send", 16, "ncclBfloat16", 0, 1, false},
 };
 
+bool traceHasWaitNote(const std::string& dir) {
+  try {
+    std::vector<ncclwatch::trace::TraceFile> files = testsupport::readTraceFiles(dir);
+    return files.size() == 1 && !files[0].waits.empty();
+  } catch (const std::exception&) {
+    return false;  // the file is still being created
+  }
+}
+
 // Plays NCCL of one ABI version against the library; returns the process exit code (0 ok).
 class FakeNccl {
  public:
   FakeNccl(void* library, int version) : library_(library), version_(version) {}
 
-  int run() {
+  int run(const std::string& traceDir) {
     void* context = nullptr;
     int mask = 0;
     if (!init(&context, &mask)) return 10;
@@ -117,8 +126,13 @@ class FakeNccl {
     start(context, proxyOp(reinterpret_cast<void*>(0x10), getpid() + 1, 1, 1, true));
     // A child of a dropped (null) parent is harmless.
     start(context, kernelCh(nullptr, 0));
-    // Let the watchdog thread poll (every 10 ms here) past the 200 ms wait-note delay.
-    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    // The watchdog thread (polling every 10 ms here) writes the wait note once the step has
+    // waited 200 ms; a loaded or sanitized machine can take seconds to get there, so wait for
+    // the note itself, 30 s at most, instead of a fixed time.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline && !traceHasWaitNote(traceDir)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     return 0;
   }
 
@@ -286,7 +300,7 @@ TEST_P(PluginVersion, RecordsTheSameCallsWithKernelStatesAndWaitNotes) {
     void* library = openAsNccl();
     if (library == nullptr) _exit(9);
     FakeNccl nccl(library, version);
-    int code = nccl.run();
+    int code = nccl.run(dir);
     std::fflush(stderr);
     _exit(code);  // no exit handlers: the trace is the mapping as it stands
   }

@@ -773,7 +773,7 @@ TEST(ProfilerEventsHang, WaitingStepsNameTheMissingRank) {
     if (c.rank != 1) {
       SIMTEST_NCCL(ncclAllReduce(b.data, b.data, 8, ncclFloat32, ncclSum, comm, b.stream), c);
     }
-    usleep(400'000);
+    usleep(1'000'000);  // the proxies reach their waits (slow under sanitizers)
     ncclCommAbort(comm);
     return 0;
   });
@@ -808,7 +808,7 @@ TEST(ProfilerEventsHang, UnmatchedSendAndReceiveWaitOnTheirPeers) {
     Buffers b = buffers(64);
     if (c.rank == 0) SIMTEST_NCCL(ncclSend(b.data, 8, ncclFloat32, 1, comm, b.stream), c);
     if (c.rank == 1) SIMTEST_NCCL(ncclRecv(b.data, 8, ncclFloat32, 2, comm, b.stream), c);
-    usleep(400'000);
+    usleep(1'000'000);  // the proxies reach their waits (slow under sanitizers)
     ncclCommAbort(comm);
     return 0;
   });
@@ -833,7 +833,7 @@ TEST(ProfilerEventsHang, AStalledRankWaitsOnItsGpu) {
     Buffers b = buffers(64);
     SIMTEST_NCCL(ncclAllReduce(b.data, b.data, 8, ncclFloat32, ncclSum, comm, b.stream), c);
     SIMTEST_NCCL(ncclAllReduce(b.data, b.data, 8, ncclFloat32, ncclSum, comm, b.stream), c);
-    usleep(400'000);
+    usleep(1'000'000);  // the proxies reach their waits (slow under sanitizers)
     ncclCommAbort(comm);
     return 0;
   });

@@ -2,6 +2,7 @@
 #pragma once
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -36,11 +37,11 @@ inline ncclwatch::trace::CallRecord makeRecord(
 }
 
 inline std::vector<std::byte> fileBytes(const std::string& path) {
-  std::ifstream stream(path, std::ios::binary);
-  std::vector<char> chars((std::istreambuf_iterator<char>(stream)),
-                          std::istreambuf_iterator<char>());
-  std::vector<std::byte> bytes(chars.size());
-  std::memcpy(bytes.data(), chars.data(), chars.size());
+  std::ifstream stream(path, std::ios::binary | std::ios::ate);
+  std::vector<std::byte> bytes(static_cast<size_t>(std::max<std::streamoff>(stream.tellg(), 0)));
+  stream.seekg(0);
+  stream.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  bytes.resize(static_cast<size_t>(stream.gcount()));
   return bytes;
 }
 
