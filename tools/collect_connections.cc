@@ -300,7 +300,7 @@ void Connections::read(Connection& connection) {
       offset += frameBytes;
       continue;
     }
-    wire::Frame frame;
+    wire::Frame& frame = frame_;
     size_t consumed = 0;
     std::string error;
     auto status = wire::decodeFrame(rest, &frame, &consumed, &error, &connection.records);
@@ -344,7 +344,7 @@ bool Connections::handleChannel(Connection& connection, uint32_t channel, uint16
   Channel& agent = found->second;
   if (agent.rejected) return true;    // in flight before the relay dropped it
   wire::setChannel(bytes.data(), 0);  // the agent's frame as it sent it
-  wire::Frame frame;
+  wire::Frame& frame = frame_;
   size_t consumed = 0;
   std::string error;
   auto status = wire::decodeFrame(bytes, &frame, &consumed, &error, &agent.records);

@@ -126,6 +126,8 @@ class Connections {
   std::vector<Connection> connections_;  // slots; fd < 0: free
   std::vector<size_t> freeSlots_;
   size_t relayLinks_ = 0;
+  // Every frame is decoded into this one, which keeps its vectors' room (decodeFrame).
+  trace::wire::Frame frame_;
 };
 
 // Monotonic time of the collector (std::chrono::steady_clock), in ns.
