@@ -227,7 +227,7 @@ void Connections::drop(Connection& connection, bool rejected) {
   if (connection.process >= 0) sink_.closed(connection.process);
   // A relay link that ends (the relay died, or its host): each of its agents ended. They
   // reconnect straight to the collector (docs/protocol.md, "Relays").
-  for (auto& [channel, agent] : connection.channels) {
+  for (Channel& agent : connection.channels) {
     if (agent.authenticated) sink_.closed(agent.process);
   }
   if (connection.relay) --relayLinks_;
@@ -326,22 +326,22 @@ void Connections::read(Connection& connection) {
 // the relay drops that agent). Only a frame that breaks the framing drops the whole link.
 bool Connections::handleChannel(Connection& connection, uint32_t channel, uint16_t type,
                                 std::span<std::byte> bytes) {
-  auto found = connection.channels.find(channel);
+  Channel* found = connection.findChannel(channel);
   if (type == static_cast<uint16_t>(wire::FrameType::kClosed)) {
     // The agent's connection at the relay ended (or the relay dropped one this side closed):
     // the end of that agent's connection here.
-    if (found != connection.channels.end()) closeChannel(connection, channel, false);
+    if (found != nullptr) closeChannel(connection, channel, false);
     return true;
   }
-  if (found == connection.channels.end()) {
+  if (found == nullptr) {
     bool full = connection.channels.size() >= wire::kMaxChannelsPerLink;
-    found = connection.channels.emplace(channel, Channel{}).first;
+    found = &connection.addChannel(channel);
     if (full) {
       closeChannel(connection, channel, true);
       return true;
     }
   }
-  Channel& agent = found->second;
+  Channel& agent = *found;
   if (agent.rejected) return true;    // in flight before the relay dropped it
   wire::setChannel(bytes.data(), 0);  // the agent's frame as it sent it
   wire::Frame& frame = frame_;
@@ -364,18 +364,38 @@ bool Connections::handleChannel(Connection& connection, uint32_t channel, uint16
   return true;
 }
 
+Connections::Channel* Connections::Connection::findChannel(uint32_t channel) {
+  auto at = std::lower_bound(channelIds.begin(), channelIds.end(), channel);
+  if (at == channelIds.end() || *at != channel) return nullptr;
+  return &channels[static_cast<size_t>(at - channelIds.begin())];
+}
+
+Connections::Channel& Connections::Connection::addChannel(uint32_t channel) {
+  auto at = std::lower_bound(channelIds.begin(), channelIds.end(), channel);
+  auto index = at - channelIds.begin();
+  channelIds.insert(at, channel);
+  return *channels.emplace(channels.begin() + index);
+}
+
+void Connections::Connection::eraseChannel(uint32_t channel) {
+  auto at = std::lower_bound(channelIds.begin(), channelIds.end(), channel);
+  if (at == channelIds.end() || *at != channel) return;
+  channels.erase(channels.begin() + (at - channelIds.begin()));
+  channelIds.erase(at);
+}
+
 // The channel's agent is gone from this link: told to the sink, and, when the collector ends
 // it, to the relay (which then drops the agent's connection).
 void Connections::closeChannel(Connection& connection, uint32_t channel, bool rejected) {
-  auto found = connection.channels.find(channel);
-  if (found == connection.channels.end()) return;
-  if (found->second.authenticated) sink_.closed(found->second.process);
+  Channel* found = connection.findChannel(channel);
+  if (found == nullptr) return;
+  if (found->authenticated) sink_.closed(found->process);
   if (!rejected) {
-    connection.channels.erase(found);
+    connection.eraseChannel(channel);
     return;
   }
-  found->second = Channel{};
-  found->second.rejected = true;
+  *found = Channel{};
+  found->rejected = true;
   counters_.rejected++;
   std::vector<std::byte> closed;
   wire::encodeClosed(channel, closed);

@@ -9,7 +9,6 @@
 #include <set>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "collect.h"
@@ -89,10 +88,17 @@ class Connections {
     std::vector<std::byte> incoming;
     std::vector<std::byte> outgoing;
     trace::wire::RecordDecoder records;  // the delta bases of this connection's RECORDS frames
-    // A relay link (its first frame came with a channel): its agents by channel. It counts as
-    // authenticated once one of them did.
+    // A relay link (its first frame came with a channel): its agents by channel, the channel
+    // numbers ascending in channelIds and each one's agent at the same index in channels. A
+    // lookup per frame reads one short array (a host's 8 or so channels: one cache line) where
+    // a hash map's buckets and nodes took a few misses (3.6% of the collector's time at 2048
+    // ranks on 256 links). It counts as authenticated once one of them did.
     bool relay = false;
-    std::unordered_map<uint32_t, Channel> channels;
+    std::vector<uint32_t> channelIds;
+    std::vector<Channel> channels;
+    Channel* findChannel(uint32_t channel);
+    Channel& addChannel(uint32_t channel);
+    void eraseChannel(uint32_t channel);
   };
   void accept();
   void read(Connection& connection);

@@ -489,12 +489,17 @@ bool RecordDecoder::decode(std::span<const std::byte> messages, std::vector<Call
     record.ncclSeqNumber = expected.ordinal + ordinalDelta;
     record.ringIndex = lastRing_ + 1 + ringDelta;
     record.p2pSeq = expected.p2pSeq + p2pDelta;
-    record.fingerprint = bits & kHasFingerprint ? fingerprintValue : expectedFingerprint(record);
+    const bool sameShape =
+        comm.imageFingerprintImplied && !(bits & (kHasCount | kHasShape | kHasRootOrPeer));
+    record.fingerprint = bits & kHasFingerprint ? fingerprintValue
+                         : sameShape            ? image.fingerprint
+                                                : expectedFingerprint(record);
     if (!(bits & kHasRolling)) {
       rolling = sequenced(record.op) ? rollingHash(comm.rolling, record.fingerprint) : 0;
     }
     record.rollingHash = rolling;
     recordSent(comm, record, bits & kKeep);
+    comm.imageFingerprintImplied = !(bits & kHasFingerprint);
     records->push_back(record);
   }
   return true;

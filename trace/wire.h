@@ -100,6 +100,9 @@ class RecordStream {
     uint64_t nextPointToPoint = 0;
     uint64_t lastP2pSeq = 0;  // p2pSeq of the last send or receive
     uint64_t rolling = 0;     // rollingHash of the last collective, send or receive
+    // The decoder's: image.fingerprint is the one its shape implies (it came without one), so a
+    // record of the same shape takes it without hashing the shape again.
+    bool imageFingerprintImplied = false;
   };
   void defineComm(size_t slot, uint64_t commHash);
   // After a RECORD message: the new delta bases.

@@ -206,6 +206,9 @@ TEST(SimCudaEvents, QueryElapsedAndCrossStreamWait) {
   ASSERT_EQ(cudaEventRecord(untimed, producer), cudaSuccess);
   ASSERT_EQ(cudaStreamWaitEvent(consumer, untimed, 0), cudaSuccess);
   ASSERT_EQ(cudaLaunchHostFunc(consumer, logStep, &consumerStep), cudaSuccess);
+  // The gate is held 30 ms after `start` completed (a loaded machine may run the stream late),
+  // so the elapsed time below is at least that.
+  ASSERT_EQ(cudaEventSynchronize(start), cudaSuccess);
   std::this_thread::sleep_for(30ms);
   EXPECT_EQ(cudaEventQuery(stop), cudaErrorNotReady);
   float ms = 0;
