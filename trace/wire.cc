@@ -98,6 +98,30 @@ struct Reader {
     return static_cast<uint8_t>(*at++);
   }
   uint64_t varint() {
+    // Most of a record's varints are one byte (small deltas); with ten bytes left no single
+    // byte needs its bound checked. The collector decodes millions of these a second: the
+    // checked loop was a sixth of its ingest's instructions.
+    if (end - at >= 10) {
+      auto first = static_cast<uint8_t>(at[0]);
+      if (first < 0x80) {
+        at += 1;
+        return first;
+      }
+      auto second = static_cast<uint8_t>(at[1]);
+      if (second < 0x80) {
+        at += 2;
+        return (first & 0x7fu) | (static_cast<uint64_t>(second) << 7);
+      }
+      uint64_t value = 0;
+      for (int shift = 0; shift < 64; shift += 7) {
+        auto next = static_cast<uint8_t>(*at++);
+        if (shift == 63 && next > 1) break;  // more than 64 bits
+        value |= static_cast<uint64_t>(next & 0x7f) << shift;
+        if ((next & 0x80) == 0) return value;
+      }
+      ok = false;
+      return 0;
+    }
     uint64_t value = 0;
     for (int shift = 0; shift < 64; shift += 7) {
       uint8_t next = byte();
