@@ -254,6 +254,24 @@ TEST(WireRecords, FramesCarryManyRecordsWithinTheirBounds) {
   for (size_t i = 0; i < records.size(); ++i) ASSERT_TRUE(same(decoded[i], records[i])) << i;
 }
 
+// The decoder takes a same-shape record's fingerprint from the record before it only when that
+// one's was the fingerprint its shape implies: after a record that carried its own, the next one
+// gets the implied fingerprint again.
+TEST(WireRecords, AFingerprintOfItsOwnIsNotPassedOnToTheNextRecord) {
+  Link link;
+  Loop loop{0x77};
+  for (uint64_t i = 0; i < 12; ++i) {
+    CallRecord record = loop.next(i, 1000 + static_cast<int64_t>(i) * 50, 256, 0x2000);
+    if (i % 4 == 1) record.fingerprint ^= 0x5a5a;  // not what its shape implies: sent whole
+    CallRecord back = link.roundTrip(record, false);
+    ASSERT_TRUE(same(back, record)) << "record " << i;
+    EXPECT_EQ(back.fingerprint,
+              i % 4 == 1
+                  ? ncclwatch::trace::fingerprint({OpKind::kAllReduce, 256, 9, 0, -1}) ^ 0x5a5a
+                  : ncclwatch::trace::fingerprint({OpKind::kAllReduce, 256, 9, 0, -1}));
+  }
+}
+
 TEST(WireRecords, MalformedMessagesAreRejected) {
   Link link;
   Loop loop{0x3};
