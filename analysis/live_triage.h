@@ -21,6 +21,9 @@ class LiveTriage {
   // At most `maxOpenPerComm` ordinals are tracked per communicator; past that the oldest are
   // forgotten (counted in `forgotten()`), which only costs the triage its view of them.
   explicit LiveTriage(size_t maxOpenPerComm = 4096) : maxOpen_(maxOpenPerComm) {}
+  // It points into itself (recentComms_): not copied.
+  LiveTriage(const LiveTriage&) = delete;
+  LiveTriage& operator=(const LiveTriage&) = delete;
 
   // A communicator of the job and its size (from an agent's COMMS frame).
   void addComm(const trace::CommInfo& comm);

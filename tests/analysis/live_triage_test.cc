@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "trace/fingerprint.h"
 
 namespace {
@@ -48,6 +50,42 @@ TEST(LiveTriage, RanksThatAgreeRaiseNothingAndLeaveNothingOpen) {
   }
   EXPECT_EQ(triage.openOrdinals(), 0u);
   EXPECT_EQ(triage.lastActivityNs(), 149);
+}
+
+// Ranks report in any order: ahead, behind, backwards, interleaved with another communicator,
+// as their frames come. Each ordinal is judged on its own all the same: one divergence, at the
+// ordinal where it is, and nothing left open once all have spoken.
+TEST(LiveTriage, OrdinalsInAnyOrderAreEachJudgedOnTheirOwn) {
+  constexpr uint64_t kTensorParallel = 0x7e;
+  constexpr uint64_t kCalls = 40, kOdd = 23;  // rank 2 gets ordinal 23's count wrong
+  LiveTriage triage;
+  triage.addComm(comm(kWorld, 3));
+  triage.addComm(comm(kTensorParallel, 3));
+  auto count = [](int rank, uint64_t ordinal) {
+    return rank == 2 && ordinal == kOdd ? uint64_t{7} : 1024 + ordinal;
+  };
+  auto onTensorParallel = [](uint64_t ordinal) {
+    CallRecord record = collective(ordinal, 64);
+    record.commHash = kTensorParallel;
+    return record;
+  };
+  std::vector<uint64_t> flagged;
+  bool completedWhenFlagged = false;
+  auto observe = [&](int rank, uint64_t ordinal) {
+    if (triage.observe(collective(ordinal, count(rank, ordinal)), 1)) {
+      flagged.push_back(ordinal);
+      completedWhenFlagged = triage.lastCompletedOrdinal();
+    }
+    EXPECT_FALSE(triage.observe(onTensorParallel(ordinal), 1));  // its own ordinals, agreeing
+  };
+  for (uint64_t ordinal = 0; ordinal < kCalls; ++ordinal) observe(0, ordinal);     // ahead
+  for (uint64_t ordinal = kCalls; ordinal-- > 0;) observe(1, ordinal);             // backwards
+  for (uint64_t ordinal = 0; ordinal < kCalls; ordinal += 2) observe(2, ordinal);  // evens,
+  for (uint64_t ordinal = 1; ordinal < kCalls; ordinal += 2) observe(2, ordinal);  // then odds
+  // Rank 2's record, the last of its ordinal, diverges: flagged once, the ordinal complete.
+  EXPECT_EQ(flagged, (std::vector<uint64_t>{kOdd}));
+  EXPECT_TRUE(completedWhenFlagged);
+  EXPECT_EQ(triage.openOrdinals(), 0u);
 }
 
 TEST(LiveTriage, ADifferentCountAtTheSameOrdinalIsFlagged) {
