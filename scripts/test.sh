@@ -26,16 +26,24 @@ run_ctest() {
   shift
   local scratch
   scratch=$(mktemp -d "${TMPDIR:-/tmp}/ncclwatch-ctest-XXXXXX")
+  touch "$scratch/.started"
   if TMPDIR=$scratch ctest --test-dir "$build_dir" "$@" -j "$jobs" --output-on-failure \
       --timeout 600; then
     rm -rf "$scratch"
     return 0
   fi
-  local failed
-  failed=$(sed 's/^[0-9]*://' "$build_dir/Testing/Temporary/LastTestsFailed.log" 2>/dev/null |
-    tr '\n' ' ')
-  failed=${failed% }
-  echo "[test] ctest in $build_dir: ${failed:-some tests} failed; rerunning them once, by themselves"
+  # Only this run's list of failed tests (ctest leaves an older one in place): a run that
+  # failed without one (no tests found, a broken tree) is not rerun.
+  local failed="" list="$build_dir/Testing/Temporary/LastTestsFailed.log"
+  if [ "$list" -nt "$scratch/.started" ]; then
+    failed=$(sed 's/^[0-9]*://' "$list" | tr '\n' ' ')
+    failed=${failed% }
+  fi
+  if [ -z "$failed" ]; then
+    echo "[test] ctest in $build_dir failed, naming no failed test; its tests' files are kept in $scratch"
+    return 1
+  fi
+  echo "[test] ctest in $build_dir: $failed failed; rerunning them once, by themselves"
   if TMPDIR=$scratch ctest --test-dir "$build_dir" "$@" --rerun-failed --output-on-failure \
       --timeout 600; then
     echo "[test] flaky: $failed failed once in $build_dir and passed on the rerun"
