@@ -377,11 +377,10 @@ Connections::Channel& Connections::Connection::addChannel(uint32_t channel) {
   return *channels.emplace(channels.begin() + index);
 }
 
-void Connections::Connection::eraseChannel(uint32_t channel) {
-  auto at = std::lower_bound(channelIds.begin(), channelIds.end(), channel);
-  if (at == channelIds.end() || *at != channel) return;
-  channels.erase(channels.begin() + (at - channelIds.begin()));
-  channelIds.erase(at);
+void Connections::Connection::eraseChannel(const Channel& agent) {
+  auto index = &agent - channels.data();
+  channels.erase(channels.begin() + index);
+  channelIds.erase(channelIds.begin() + index);
 }
 
 // The channel's agent is gone from this link: told to the sink, and, when the collector ends
@@ -391,7 +390,7 @@ void Connections::closeChannel(Connection& connection, uint32_t channel, bool re
   if (found == nullptr) return;
   if (found->authenticated) sink_.closed(found->process);
   if (!rejected) {
-    connection.eraseChannel(channel);
+    connection.eraseChannel(*found);
     return;
   }
   *found = Channel{};

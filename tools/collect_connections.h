@@ -98,7 +98,7 @@ class Connections {
     std::vector<Channel> channels;
     Channel* findChannel(uint32_t channel);
     Channel& addChannel(uint32_t channel);
-    void eraseChannel(uint32_t channel);
+    void eraseChannel(const Channel& agent);  // one of `channels`
   };
   void accept();
   void read(Connection& connection);

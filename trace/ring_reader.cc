@@ -423,26 +423,34 @@ TraceFile parseTrace(std::span<const std::byte> bytes, const std::string& path) 
   return file;
 }
 
-TraceFile readTraceFile(const std::string& path) {
+bool readFileBytes(const std::string& path, std::vector<std::byte>* bytes, std::string* error) {
+  bytes->clear();
   std::ifstream stream(path, std::ios::binary);
   if (!stream) {
+    *error = std::strerror(errno);
+    return false;
+  }
+  constexpr size_t kBlock = size_t{1} << 20;
+  for (;;) {
+    size_t have = bytes->size();
+    bytes->resize(have + kBlock);
+    stream.read(reinterpret_cast<char*>(bytes->data() + have),
+                static_cast<std::streamsize>(kBlock));
+    bytes->resize(have + static_cast<size_t>(stream.gcount()));
+    if (!stream) return true;
+  }
+}
+
+TraceFile readTraceFile(const std::string& path) {
+  std::vector<std::byte> content;
+  std::string error;
+  if (!readFileBytes(path, &content, &error)) {
     TraceFile file;
     file.path = path;
-    file.problems.push_back({0, std::string("cannot open: ") + std::strerror(errno)});
+    file.problems.push_back({0, "cannot open: " + error});
     return file;
   }
-  // One bulk read: a trace is megabytes, and a byte-at-a-time iterator over it is slow
-  // (seconds per file in a sanitized build).
-  std::vector<char> content;
-  constexpr size_t kChunk = size_t{1} << 20;
-  for (;;) {
-    size_t have = content.size();
-    content.resize(have + kChunk);
-    stream.read(content.data() + have, static_cast<std::streamsize>(kChunk));
-    content.resize(have + static_cast<size_t>(stream.gcount()));
-    if (!stream) break;
-  }
-  return parseTrace(std::as_bytes(std::span<const char>(content)), path);
+  return parseTrace(content, path);
 }
 
 }  // namespace ncclwatch::trace

@@ -49,6 +49,10 @@ struct TraceFile {
 // Parses the bytes of a ring file. `path` only labels problems.
 TraceFile parseTrace(std::span<const std::byte> bytes, const std::string& path = "");
 
+// A whole file's bytes, read in blocks (a trace is megabytes; byte by byte it took seconds in a
+// sanitized build). False, with `error` set (strerror), when it cannot be opened.
+bool readFileBytes(const std::string& path, std::vector<std::byte>* bytes, std::string* error);
+
 // Reads and parses a file; a file that cannot be read yields usable=false and one problem.
 TraceFile readTraceFile(const std::string& path);
 

@@ -2,15 +2,13 @@
 #pragma once
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "trace/record.h"
+#include "trace/ring_reader.h"
 
 namespace tracetest {
 
@@ -37,11 +35,9 @@ inline ncclwatch::trace::CallRecord makeRecord(
 }
 
 inline std::vector<std::byte> fileBytes(const std::string& path) {
-  std::ifstream stream(path, std::ios::binary | std::ios::ate);
-  std::vector<std::byte> bytes(static_cast<size_t>(std::max<std::streamoff>(stream.tellg(), 0)));
-  stream.seekg(0);
-  stream.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  bytes.resize(static_cast<size_t>(stream.gcount()));
+  std::vector<std::byte> bytes;
+  std::string error;
+  ncclwatch::trace::readFileBytes(path, &bytes, &error);  // empty when it cannot be read
   return bytes;
 }
 
