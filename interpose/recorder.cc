@@ -154,9 +154,18 @@ std::string jobId() {
   const char* explicitJob = envText("NCCLWATCH_JOB");
   if (explicitJob != nullptr) return explicitJob;
   if (const char* run = envText("TORCHELASTIC_RUN_ID")) {
+    std::string job = run;
+    // torchrun's static rendezvous (--master-addr/--master-port without --rdzv-backend) names
+    // every run "none": every such job on a machine would be one job. Its store's address is the
+    // same on every node of the job and differs between jobs running at once.
+    const char* masterPort = envText("MASTER_PORT");
+    if (job == "none" && masterPort != nullptr) {
+      const char* masterAddr = envText("MASTER_ADDR");
+      job = std::string("torchrun-") + (masterAddr ? masterAddr : "localhost") + "-" + masterPort;
+    }
     const char* restart = envText("TORCHELASTIC_RESTART_COUNT");
     bool restarted = restart != nullptr && std::strcmp(restart, "0") != 0;
-    return restarted ? std::string(run) + ".attempt" + restart : std::string(run);
+    return restarted ? job + ".attempt" + restart : job;
   }
   if (const char* slurm = envText("SLURM_JOB_ID")) return slurm;
   // OpenMPI (4.x) and other PMIx launchers: one namespace per job.

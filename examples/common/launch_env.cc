@@ -219,7 +219,13 @@ LaunchEnv readLaunchEnv() {
             std::to_string(launch.world));
   }
   for (const char* name : {"NCCLWATCH_JOB", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid"}) {
-    if (const char* value = env(name)) {
+    const char* value = env(name);
+    // torchrun's static rendezvous names every run "none"; MASTER_PORT below tells jobs apart.
+    if (value != nullptr && std::strcmp(name, "TORCHELASTIC_RUN_ID") == 0 &&
+        std::strcmp(value, "none") == 0) {
+      continue;
+    }
+    if (value != nullptr) {
       launch.jobKey = value;
       break;
     }

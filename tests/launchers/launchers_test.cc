@@ -12,6 +12,7 @@
 
 #include "command.h"
 #include "job.h"
+#include "launch.h"
 #include "traces.h"
 
 namespace {
@@ -78,11 +79,17 @@ class Torchrun : public ::testing::Test {
                    << " (scripts/torch_venv.sh installs it; needs PyPI)";
     }
   }
-  // torchrun with native ranks (--no-python), --standalone: a free rendezvous port.
+  // torchrun with native ranks (--no-python) and its static rendezvous on a port that `ncclwatch
+  // launch` would choose: outside the ephemeral range, with the port beside it (the examples'
+  // NCCL id) and the sidecar's free. --standalone's store takes an ephemeral port, and the one
+  // beside it was once taken by another test's connection ("Address already in use").
   std::string torchrun(const std::string& flags, const std::string& loopArgs) {
-    return kTorchrun + " --standalone --nproc_per_node=4 " + flags + " --no-python " + loop() +
+    masterPort = ncclwatch::launch::findFreePortPair();
+    return kTorchrun + " --nnodes=1 --node-rank=0 --master-addr=127.0.0.1 --master-port=" +
+           std::to_string(masterPort) + " --nproc_per_node=4 " + flags + " --no-python " + loop() +
            " " + loopArgs;
   }
+  int masterPort = 0;
 };
 
 TEST_F(Torchrun, UnderRunAndWithTheSidecarAlone) {
@@ -144,13 +151,15 @@ TEST_F(Torchrun, MaxRestartsKeepsAttemptsApart) {
   ASSERT_EQ(files.size(), 8u) << out.text;
   std::set<std::string> jobs;
   for (const auto& file : files) jobs.insert(file.header.jobId);
-  ASSERT_EQ(jobs.size(), 2u);
-  EXPECT_NE(std::next(jobs.begin())->find(".attempt1"), std::string::npos) << *jobs.rbegin();
+  // The static rendezvous names every run "none": the job is named after its store instead.
+  std::string job = "torchrun-127.0.0.1-" + std::to_string(masterPort);
+  EXPECT_EQ(jobs, (std::set<std::string>{job, job + ".attempt1"}));
   testsupport::Output inspect = testsupport::command(kCli + " inspect " + logs);
-  std::regex job("Job [^:]+: 4 of 4 ranks traced.*");
+  std::regex attemptLine("Job [^:]+: 4 of 4 ranks traced.*");
   std::istringstream lines(inspect.text);
   int reported = 0;
-  for (std::string line; std::getline(lines, line);) reported += std::regex_match(line, job);
+  for (std::string line; std::getline(lines, line);)
+    reported += std::regex_match(line, attemptLine);
   EXPECT_EQ(reported, 2) << inspect.text;
   std::filesystem::remove_all(logs);
 }
