@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "analysis/describe.h"
@@ -86,6 +87,11 @@ void Triage::addFile(trace::TraceFile file, int world) {
   // Room for the whole job at once: every move to a larger array would bring the pages back.
   size_t wanted = std::min<size_t>(static_cast<size_t>(std::max(world, 1)), 4 * options_.maxAgents);
   if (files_.capacity() < wanted) files_.reserve(wanted);
+  std::string_view jobId(file.header.jobId, strnlen(file.header.jobId, sizeof file.header.jobId));
+  auto job = jobRanks_.find(jobId);
+  if (job == jobRanks_.end()) job = jobRanks_.emplace(std::string(jobId), JobRanks{}).first;
+  job->second.world = std::max(job->second.world, file.header.world);
+  job->second.ranks.insert(file.header.rank);
   const trace::TraceFile* before = files_.data();
   files_.push_back(std::move(file));
   if (files_.data() != before) {
@@ -671,14 +677,8 @@ bool Triage::sameAttempt(const trace::RingHeader& header) const {
 }
 
 bool Triage::jobMissesRanks() const {
-  std::map<std::string, std::pair<int, std::set<int>>> jobs;  // job -> (world, ranks known)
-  for (const trace::TraceFile& file : files_) {
-    auto& job = jobs[file.header.jobId];
-    job.first = std::max(job.first, file.header.world);
-    job.second.insert(file.header.rank);
-  }
-  for (const auto& [id, job] : jobs) {
-    if (static_cast<int>(job.second.size()) < job.first) return true;
+  for (const auto& [id, job] : jobRanks_) {
+    if (static_cast<int>(job.ranks.size()) < job.world) return true;
   }
   return false;
 }
@@ -700,8 +700,6 @@ void Triage::adoptTraceFiles(int64_t now) {
     rereadAdopted |= process.adopted && process.adoptedAlive && !process.connected;
   }
   if (!rereadAdopted && !jobMissesRanks()) return;
-  std::set<std::string> jobIds;
-  for (const trace::TraceFile& file : files_) jobIds.insert(file.header.jobId);
   // Files known already (by name: <host>-<pid>.ncclwatch), except adopted ones that may still
   // grow; only this host's (a shared folder holds every host's); a few new ones per scan.
   std::set<std::string> known;
@@ -725,8 +723,8 @@ void Triage::adoptTraceFiles(int64_t now) {
     std::string path = entry.path().string();
     trace::TraceFile file = trace::readTraceFile(path);
     if (!file.usable) continue;  // not (yet) a trace: look again next time
-    if (!jobIds.count(file.header.jobId) || !analysis::onThisHost(file) ||
-        !sameAttempt(file.header)) {
+    std::string_view jobId(file.header.jobId, strnlen(file.header.jobId, sizeof file.header.jobId));
+    if (!jobRanks_.count(jobId) || !analysis::onThisHost(file) || !sameAttempt(file.header)) {
       foreignFiles_.insert(name);  // another job's, or an earlier attempt's: never read again
       continue;
     }

@@ -151,6 +151,13 @@ class Triage : public FrameSink {
   std::vector<Process> processes_;
   std::vector<trace::TraceFile> files_;                            // parallel to processes_
   std::map<std::tuple<std::string, int, int>, int> processIndex_;  // (job, rank, pid)
+  // Per job: its largest world size and the ranks it has files of, kept as files are added
+  // (jobMissesRanks ran every half second over every file, ~700 instructions a process).
+  struct JobRanks {
+    int world = 0;
+    std::set<int> ranks;
+  };
+  std::map<std::string, JobRanks, std::less<>> jobRanks_;
   analysis::LiveTriage triage_;
   analysis::IncrementalAnalysis analysis_;
   std::set<std::string> reported_;  // verdict keys already said
