@@ -99,6 +99,27 @@ TEST(WireRecords, RandomRecordsOverManyCommunicatorsComeBackTheSame) {
   }
 }
 
+// Varints of every length, 1 to 10 bytes, at each length's bounds, with more fields after
+// them (the decoder reads up to eight bytes at once where ten remain) and at a message's end.
+TEST(WireRecords, CountsOfEveryVarintLengthComeBackTheSame) {
+  std::mt19937_64 random(11);
+  Link link;
+  std::vector<uint64_t> counts = {0, UINT64_MAX};
+  for (int bits = 7; bits < 64; bits += 7) {
+    counts.push_back((uint64_t{1} << bits) - 1);  // the largest of a length
+    counts.push_back(uint64_t{1} << bits);        // the smallest of the next
+    counts.push_back((uint64_t{1} << bits) | (random() & ((uint64_t{1} << bits) - 1)));
+  }
+  for (uint64_t count : counts) {
+    CallRecord record = randomRecord(random);  // random fields after the count: long varints
+    record.count = count;
+    EXPECT_TRUE(same(link.roundTrip(record, false), record)) << count;
+    Loop loop{0x77};  // a small record whose count ends the message or nearly
+    CallRecord last = loop.next(record.ringIndex + 1, 1000, count, 0x4000);
+    EXPECT_TRUE(same(link.roundTrip(last, false), last)) << count;
+  }
+}
+
 TEST(WireRecords, StateUpdatesOfKeptRecordsAreSmallAndExact) {
   Link link;
   Loop loop{0xabcdef};
