@@ -100,7 +100,7 @@ TEST(WireRecords, RandomRecordsOverManyCommunicatorsComeBackTheSame) {
 }
 
 // Varints of every length, 1 to 10 bytes, at each length's bounds, with more fields after
-// them (the decoder reads up to eight bytes at once where ten remain) and at a message's end.
+// them (where ten bytes remain the decoder checks no bound per byte) and at a message's end.
 TEST(WireRecords, CountsOfEveryVarintLengthComeBackTheSame) {
   std::mt19937_64 random(11);
   Link link;
