@@ -365,7 +365,7 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
   std::map<std::string, std::vector<const trace::TraceFile*>> byJob;
   for (const trace::TraceFile& file : files) {
     if (!file.usable) continue;
-    std::string job(file.header.jobId, strnlen(file.header.jobId, sizeof file.header.jobId));
+    std::string job(trace::jobIdOf(file.header));
     byJob[job].push_back(&file);
   }
   Report report;

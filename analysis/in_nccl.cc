@@ -1,7 +1,6 @@
 #include "analysis/in_nccl.h"
 
 #include <algorithm>
-#include <cstring>
 #include <set>
 
 namespace ncclwatch::analysis {
@@ -13,10 +12,6 @@ std::set<int> ranksOf(const Verdict& verdict) {
     ranks.insert(rankClass.ranks.begin(), rankClass.ranks.end());
   }
   return ranks;
-}
-
-std::string jobOf(const trace::TraceFile& file) {
-  return std::string(file.header.jobId, strnlen(file.header.jobId, sizeof file.header.jobId));
 }
 
 }  // namespace
@@ -51,7 +46,8 @@ void annotateInNccl(Report& report, std::span<const trace::TraceFile> files) {
     // The newest process of each rank in this job: the one the verdicts speak of.
     std::vector<const trace::TraceFile*> mine;
     for (const trace::TraceFile& file : files) {
-      if (file.usable && jobOf(file) == job.jobId && !file.waits.empty()) mine.push_back(&file);
+      if (file.usable && trace::jobIdOf(file.header) == job.jobId && !file.waits.empty())
+        mine.push_back(&file);
     }
     if (mine.empty()) continue;
     std::stable_sort(mine.begin(), mine.end(), [](auto* a, auto* b) {

@@ -1,20 +1,14 @@
 #include "analysis/issued_at.h"
 
-#include <cstring>
-
 namespace ncclwatch::analysis {
 namespace {
-
-std::string jobOf(const trace::TraceFile& file) {
-  return std::string(file.header.jobId, strnlen(file.header.jobId, sizeof file.header.jobId));
-}
 
 // The site `number` in the newest trace of `rank` within the job, or null.
 const trace::PythonSite* siteOf(std::span<const trace::TraceFile> files, const std::string& job,
                                 int rank, uint32_t number) {
   const trace::TraceFile* newest = nullptr;
   for (const trace::TraceFile& file : files) {
-    if (!file.usable || file.header.rank != rank || jobOf(file) != job) continue;
+    if (!file.usable || file.header.rank != rank || trace::jobIdOf(file.header) != job) continue;
     if (newest == nullptr || file.header.anchorRealtimeNs > newest->header.anchorRealtimeNs) {
       newest = &file;
     }

@@ -21,7 +21,6 @@ namespace ncclwatch::collect {
 namespace wire = trace::wire;
 
 namespace {
-constexpr int64_t kMs = 1'000'000;
 // A round that found fewer connections ready than this is followed by a linger of kLingerMs:
 // agents send a frame each per poll interval (thousands of frames a second from a large job),
 // and a round per frame or two costs an epoll_wait, a wake-up and their kernel work each. A

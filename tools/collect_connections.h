@@ -138,5 +138,6 @@ class Connections {
 
 // Monotonic time of the collector (std::chrono::steady_clock), in ns.
 int64_t steadyNs();
+inline constexpr int64_t kMs = 1'000'000;  // in steadyNs's unit
 
 }  // namespace ncclwatch::collect

@@ -28,7 +28,6 @@ namespace wire = trace::wire;
 
 namespace {
 
-constexpr int64_t kMs = 1'000'000;
 constexpr int64_t kReconnectGraceNs = 1000 * kMs;
 // Agents poll every 100 ms by default and a dump takes tens of ms: the aborts wait for them.
 constexpr int64_t kAbortAfterDumpNs = 400 * kMs;
@@ -87,7 +86,7 @@ void Triage::addFile(trace::TraceFile file, int world) {
   // Room for the whole job at once: every move to a larger array would bring the pages back.
   size_t wanted = std::min<size_t>(static_cast<size_t>(std::max(world, 1)), 4 * options_.maxAgents);
   if (files_.capacity() < wanted) files_.reserve(wanted);
-  std::string_view jobId(file.header.jobId, strnlen(file.header.jobId, sizeof file.header.jobId));
+  std::string_view jobId = trace::jobIdOf(file.header);
   auto job = jobRanks_.find(jobId);
   if (job == jobRanks_.end()) job = jobRanks_.emplace(std::string(jobId), JobRanks{}).first;
   job->second.world = std::max(job->second.world, file.header.world);
@@ -434,7 +433,7 @@ void Triage::report(const analysis::Verdict& verdict, const analysis::JobReport&
       // included (frame(), kComms). Else the dead rank's partners in a communicator the
       // collector never heard of wait in it for ever.
       for (size_t i = 0; i < files_.size(); ++i) {
-        if (std::string(files_[i].header.jobId) != job.jobId) continue;
+        if (trace::jobIdOf(files_[i].header) != job.jobId) continue;
         // The processes of the job now, not of a later attempt under the same job id (an
         // elastic restart): those start over.
         abortingProcesses_.insert(i);
@@ -448,7 +447,7 @@ void Triage::report(const analysis::Verdict& verdict, const analysis::JobReport&
   for (size_t i = 0; i < processes_.size(); ++i) {
     const Process& process = processes_[i];
     if (!process.connected || process.connection < 0) continue;
-    if (std::string(files_[i].header.jobId) != job.jobId) continue;
+    if (trace::jobIdOf(files_[i].header) != job.jobId) continue;
     if (involved.count(files_[i].header.rank)) {
       std::vector<std::byte> frame;
       wire::encodeDump(reason, frame);
@@ -490,7 +489,7 @@ bool Triage::culpritsEnded(const analysis::Verdict& verdict, const analysis::Job
   for (int culprit : verdict.culprits) {
     bool ended = false;
     for (size_t i = 0; i < processes_.size(); ++i) {
-      if (files_[i].header.rank == culprit && std::string(files_[i].header.jobId) == job.jobId) {
+      if (files_[i].header.rank == culprit && trace::jobIdOf(files_[i].header) == job.jobId) {
         ended |= processes_[i].ended();
       }
     }
@@ -723,12 +722,13 @@ void Triage::adoptTraceFiles(int64_t now) {
     std::string path = entry.path().string();
     trace::TraceFile file = trace::readTraceFile(path);
     if (!file.usable) continue;  // not (yet) a trace: look again next time
-    std::string_view jobId(file.header.jobId, strnlen(file.header.jobId, sizeof file.header.jobId));
-    if (!jobRanks_.count(jobId) || !analysis::onThisHost(file) || !sameAttempt(file.header)) {
+    if (!jobRanks_.count(trace::jobIdOf(file.header)) || !analysis::onThisHost(file) ||
+        !sameAttempt(file.header)) {
       foreignFiles_.insert(name);  // another job's, or an earlier attempt's: never read again
       continue;
     }
-    auto key = std::make_tuple(std::string(file.header.jobId), file.header.rank, file.header.pid);
+    auto key = std::make_tuple(std::string(trace::jobIdOf(file.header)), file.header.rank,
+                               file.header.pid);
     auto found = processIndex_.find(key);
     size_t index = 0;
     if (found == processIndex_.end()) {

@@ -67,7 +67,7 @@ class Writer {
     clocks_ = analysis::alignClocks(files_);
     findTimeRange();
     std::set<std::string> jobs;
-    for (size_t f : order) jobs.insert(files_[f].header.jobId);
+    for (size_t f : order) jobs.emplace(trace::jobIdOf(files_[f].header));
 
     out_ << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"generator\":\"ncclwatch timeline\","
             "\"clock\":\"CLOCK_MONOTONIC per host, hosts aligned on collective completion\"},"
@@ -193,7 +193,7 @@ class Writer {
     std::string name = (file.header.rank >= 0 ? "rank " + std::to_string(file.header.rank)
                                               : std::string("rank ?")) +
                        " (" + host + ":" + std::to_string(file.header.pid) + ")";
-    if (showJob) name += " " + std::string(file.header.jobId, strnlen(file.header.jobId, 64));
+    if (showJob) name += " " + std::string(trace::jobIdOf(file.header));
     metadata("process_name", pid, 0, "name", quoted(name));
     metadata("process_sort_index", pid, 0, "sort_index", std::to_string(pid));
     markerTid_[pid] = newThread(pid, "ncclwatch: dumps and verdicts", 0);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "trace/record.h"
@@ -158,6 +159,11 @@ static_assert(offsetof(RingHeader, unwrittenBlocks) ==
               512 + kCommTableCapacity * sizeof(CommInfo) + kWaitNoteCapacity * sizeof(WaitNote));
 static_assert(sizeof(RingHeader) <= kRingHeaderBytes);
 static_assert(std::is_trivially_copyable_v<RingHeader>);
+
+// The job id's text: NUL-padded in its 64 bytes, with no NUL when it fills them.
+inline std::string_view jobIdOf(const RingHeader& header) {
+  return {header.jobId, strnlen(header.jobId, sizeof header.jobId)};
+}
 
 // Continuous mode: segments follow the ring slots back to back, from file offset
 // kRingHeaderBytes + capacity * sizeof(CallRecord). Each is a SegmentHeader and then
