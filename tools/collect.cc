@@ -20,18 +20,9 @@
 namespace ncclwatch::collect {
 namespace wire = trace::wire;
 
-namespace {
-// A round that found fewer connections ready than this is followed by a linger of kLingerMs:
-// agents send a frame each per poll interval (thousands of frames a second from a large job),
-// and a round per frame or two costs an epoll_wait, a wake-up and their kernel work each. A
-// linger lets a few ms of frames gather, which one round then reads. No frame, verdict, DUMP or
-// abort waits longer than kLingerMs for it, and stop() interrupts it (Connections::wake).
-constexpr int kFewReady = 64;
-constexpr int kLingerMs = 4;
-}  // namespace
-
-// The collector's thread: the connections (collect_connections.h) hand the agents' frames to
-// the triage (collect_triage.h), which decides what to analyse and say.
+// The collector's thread: the connections' readers (collect_connections.h) decode the agents'
+// frames, which this thread hands to the triage (collect_triage.h), which decides what to
+// analyse and say.
 struct Collector::State {
   Options options;
   Counters counters;
@@ -39,7 +30,6 @@ struct Collector::State {
   std::unique_ptr<Connections> connections;
   std::thread thread;
   std::atomic<bool> stopping{false};
-  int64_t nextSweepNs = 0;
 
   void run();
   void drainAndFinish();
@@ -47,13 +37,10 @@ struct Collector::State {
 
 void Collector::State::run() {
   while (!stopping.load()) {
-    int ready = connections->poll(options.analyzeEveryMs, true);
-    int64_t now = steadyNs();
-    if (now >= nextSweepNs) {
-      nextSweepNs = now + 100 * kMs;
-      connections->dropSilent(now);
-    }
-    triage->tick(now);
+    int ready = connections->poll(options.analyzeEveryMs);
+    triage->housekeeping(steadyNs());
+    ready += connections->poll(0);
+    triage->analyzeIfDue(steadyNs());
     if (ready > 0 && ready < kFewReady && !stopping.load()) connections->linger(kLingerMs);
   }
   drainAndFinish();
@@ -67,12 +54,20 @@ void Collector::State::drainAndFinish() {
   for (;;) {
     // Connections still in the listen queue, agents still sending, or closed ones whose last
     // frames are unread: until none is left, or agents still connected stay silent for 200 ms
-    // (a collector stopped while its job runs), or the bound.
+    // (a collector stopped while its job runs), or the bound. Each look waits for every reader
+    // to find nothing more to read, handing over what they decode meanwhile.
+    uint64_t asked = connections->askToCatchUp();
+    bool news = false;
+    while (!connections->caughtUp(asked) && steadyNs() < deadline) {
+      news |= connections->poll(0) > 0;
+      std::this_thread::yield();
+    }
+    news |= connections->poll(0) > 0;
     bool open = connections->anyOpen();
-    bool news = connections->poll(20, false) > 0;
     int64_t now = steadyNs();
     if (news) lastNews = now;
     if ((!news && !open) || now - lastNews >= 200 * kMs || now >= deadline) break;
+    if (!news) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   triage->finish();
 }
@@ -97,7 +92,8 @@ bool Collector::start(const Options& options, std::ostream& out, std::string* er
   state.triage = std::make_unique<Triage>(state.options, state.counters, out, startedRealtimeNs);
   state.connections = std::make_unique<Connections>(state.counters, *state.triage, out);
   state.triage->setConnections(state.connections.get());
-  if (!state.connections->listen(options.listen, options.listenWaitMs, options.maxAgents, error)) {
+  if (!state.connections->listen(options.listen, options.listenWaitMs, options.maxAgents,
+                                 options.readerThreads, error)) {
     return false;
   }
   if (!options.directory.empty()) {

@@ -36,6 +36,9 @@ struct Options {
   // reads nothing while it runs, so its wall time is the verdict's latency. 0: the default
   // (analysis::defaultAnalysisThreads).
   int analysisThreads = 0;
+  // Threads that read and decode the agents' frames beside the one that stores and analyses them
+  // (collect_connections.h). 0: the default (a quarter of the cores, 1 to 4).
+  int readerThreads = 0;
   // `collect --until-idle`: end once agents came and none has been connected for 1 s, or
   // when none came within 60 s (the sidecar a rank starts must not outlive its job), or at
   // once when none is connected and agents of a newer job knock (an elastic restart's).

@@ -139,7 +139,7 @@ int Triage::hello(size_t connection, const wire::Hello& hello) {
   Process& process = processes_[static_cast<size_t>(found->second)];
   if (process.connected) return -1;  // one connection per process
   process.connected = true;
-  process.connection = static_cast<int>(connection);
+  process.connection = static_cast<int64_t>(connection);
   counters_.agents++;
   counters_.connected++;
   wanted_ = true;
@@ -374,13 +374,12 @@ void Triage::closed(int index) {
   wanted_ = true;  // a rank gone without BYE may be a dead rank
 }
 
-void Triage::tick(int64_t now) {
+void Triage::housekeeping(int64_t now) {
   if (!pendingAborts_.empty()) sendDueAborts(now);
   if (now >= nextAdoptNs_) {
     nextAdoptNs_ = now + 500 * kMs;
     adoptTraceFiles(now);
   }
-  maybeAnalyze(now);
 }
 
 // A job whose ranks were killed gets no last pass: killed ranks never sent their last calls,

@@ -90,7 +90,7 @@ struct Process {
   size_t heldCapacity = 0;
   bool connected = false;
   bool saidBye = false;
-  int connection = -1;
+  int64_t connection = -1;  // Connections::send's, while connected
   // A connection that ended without BYE: when, and whether the process is certainly gone (it ran
   // on this host and no longer maps its trace). Otherwise it counts as alive for a grace period,
   // long enough for an agent to reconnect after a network hiccup.
@@ -116,9 +116,12 @@ class Triage : public FrameSink {
   bool frame(int process, trace::wire::Frame& frame) override;
   void closed(int process) override;
 
-  // Housekeeping of one loop round: due aborts, the folder's trace files, an analysis pass
-  // when one is due.
-  void tick(int64_t now);
+  // Housekeeping of one loop round: due aborts, the folder's trace files.
+  void housekeeping(int64_t now);
+  // An analysis pass when one is due. The loop hands over what the readers decoded during the
+  // housekeeping first: reading a folder's trace files can take tens of ms, and a pass that
+  // judged a rank by its file while its HELLO waited in a queue would see it as never connected.
+  void analyzeIfDue(int64_t now) { maybeAnalyze(now); }
   // At the end, once the in-flight frames are read: when every rank ended normally, one last
   // pass that says whatever it finds.
   void finish();

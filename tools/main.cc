@@ -310,6 +310,11 @@ void addCollect(CLI::App& app, int& exitCode) {
                    "threads an analysis pass may use for jobs of 512 ranks or more (default: half "
                    "the cores, 8 at most)")
       ->check(CLI::Range(1, 64));
+  collect
+      ->add_option("--reader-threads", options.readerThreads,
+                   "threads that read and decode the agents' frames beside the one that stores and "
+                   "analyses them (default: a quarter of the cores, 1 to 4)")
+      ->check(CLI::Range(1, 64));
   collect->add_flag("--until-idle", options.untilIdle,
                     "exit once every agent has gone for 1 s (or none came within 60 s, or a newer "
                     "job's agents knock while none of its own is connected)");

@@ -80,7 +80,7 @@ TEST_P(LiveBug, FirstVerdictNamesKindCommCallAndCulprit) {
   for (const auto& file : testsupport::readTraceFiles(logs)) {
     for (const auto& dump : file.dumps) collectorDumps += dump.trigger == "collector";
   }
-  EXPECT_GE(collectorDumps, 1);
+  EXPECT_GE(collectorDumps, 1) << out.text;
   std::filesystem::remove_all(logs);
 }
 

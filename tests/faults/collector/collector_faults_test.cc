@@ -320,8 +320,11 @@ TEST(CollectorFaults, PortHeldByALingeringSidecar) {
 // counted and said once at exit; the trace file has the calls.
 TEST(CollectorFaults, StalledCollectorNeverBlocksTheJob) {
   // Enough calls to fill the agent's queue past its 4 MiB mark and the kernel's socket buffers:
-  // records take about 15 bytes each on the wire (protocol version 2), 200,000 no longer do.
-  constexpr int kCalls = 1000000;
+  // records take about 15 bytes each on the wire (protocol version 2), 200,000 no longer do, and
+  // 1,000,000 (15 MB) left the queue just short of the mark once the collector's reader threads
+  // read faster than its one thread had (the receive buffer, autotuned by the reading rate,
+  // grows larger before the stop).
+  constexpr int kCalls = 1500000;
   std::string logs = testsupport::freshDirectory("stalled");
   JobSpec alone;
   alone.program = PROBE_BINARY;
