@@ -175,7 +175,8 @@ struct Connections::Reader {
   void read(Connection& connection);
   bool handleChannel(Connection& connection, uint32_t channel, uint16_t type,
                      std::span<std::byte> bytes);
-  void closeChannel(Connection& connection, uint32_t channel, bool rejected);
+  // `counted`: whether a rejection counts now (a refused version counts where it is said).
+  void closeChannel(Connection& connection, uint32_t channel, bool rejected, bool counted = true);
   void drop(Connection& connection, bool rejected);
   void refuse(Connection& connection, QueuedFrame* slot);
   void queueOut(Connection& connection, uint32_t channel, std::span<const std::byte> frames);
@@ -600,7 +601,7 @@ bool Connections::Reader::handleChannel(Connection& connection, uint32_t channel
     std::vector<std::byte> refused;
     wire::encodeRefused(refused);
     queueOut(connection, channel, refused);
-    closeChannel(connection, channel, true);
+    closeChannel(connection, channel, true, false);  // counted where the line is said
     return true;
   }
   if (status != wire::DecodeStatus::kFrame || slot->frame.type == wire::FrameType::kClosed ||
@@ -636,7 +637,8 @@ void Connections::Reader::Connection::eraseChannel(const Channel& agent) {
 
 // The channel's agent is gone from this link: told to the sink, and, when the collector ends
 // it, to the relay (which then drops the agent's connection).
-void Connections::Reader::closeChannel(Connection& connection, uint32_t channel, bool rejected) {
+void Connections::Reader::closeChannel(Connection& connection, uint32_t channel, bool rejected,
+                                       bool counted) {
   Channel* found = connection.findChannel(channel);
   if (found == nullptr) return;
   if (found->helloSeen) publishClosed(found->endpoint);
@@ -647,7 +649,7 @@ void Connections::Reader::closeChannel(Connection& connection, uint32_t channel,
   }
   *found = Channel{};
   found->rejected = true;
-  owner_.counters_.rejected++;
+  if (counted) owner_.counters_.rejected++;
   std::vector<std::byte> closed;
   wire::encodeClosed(channel, closed);
   queueOut(connection, 0, closed);
@@ -655,7 +657,8 @@ void Connections::Reader::closeChannel(Connection& connection, uint32_t channel,
 
 // An agent of another ncclwatch release: nothing it sends can be read. It is told so (REFUSED,
 // which every version decodes; an agent that knows it goes on with local detection only) and
-// dropped; the sink's side says it once per version (`slot` holds the version).
+// dropped; the sink's side says it once per version (`slot` holds the version) and counts the
+// rejection after the line, so that whoever sees the count sees the line.
 void Connections::Reader::refuse(Connection& connection, QueuedFrame* slot) {
   slot->kind = QueuedFrame::Kind::kRefused;
   publish(slot);
@@ -663,7 +666,7 @@ void Connections::Reader::refuse(Connection& connection, QueuedFrame* slot) {
   wire::encodeRefused(frame);
   ssize_t ignored = ::send(connection.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   (void)ignored;
-  drop(connection, true);
+  drop(connection, false);  // counted where the line is said
 }
 
 void Connections::Reader::sweep(int64_t nowNs) {
@@ -759,10 +762,10 @@ bool Connections::listen(const std::string& address, int listenWaitMs, size_t ma
 int Connections::poll(int timeoutMs) {
   int handed = handOver(kHandOverPerPoll);
   if (handed > 0 || timeoutMs <= 0) return handed;
-  // Asleep only after a last look at the queues, and the readers look at sleeping_ after they
-  // publish (both behind a full fence): one of the two sees the other.
-  sleeping_.store(true, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // Asleep only after a last look at the queues, and the readers swap sleeping_ after they
+  // publish: the two exchanges are ordered, so either the reader's sees this one (and wakes this
+  // side) or this side's comes after the reader's, whose publish it then sees.
+  sleeping_.exchange(true, std::memory_order_acq_rel);
   handed = handOver(kHandOverPerPoll);
   if (handed == 0) {
     pollfd fds[2] = {{readyFd_, POLLIN, 0}, {stopPipe_[0], POLLIN, 0}};
@@ -777,8 +780,7 @@ int Connections::poll(int timeoutMs) {
 }
 
 void Connections::notify() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (sleeping_.load(std::memory_order_relaxed) && sleeping_.exchange(false)) {
+  if (sleeping_.exchange(false, std::memory_order_acq_rel)) {
     uint64_t one = 1;
     ssize_t ignored = ::write(readyFd_, &one, sizeof one);
     (void)ignored;
@@ -810,6 +812,7 @@ void Connections::handOver(QueuedFrame& queued) {
   switch (queued.kind) {
     case QueuedFrame::Kind::kRefused:
       sayVersion(queued.frame.version);
+      counters_.rejected++;
       return;
     case QueuedFrame::Kind::kClosed: {
       rejected_.erase(endpoint);
