@@ -39,7 +39,8 @@ const char* const kUsage =
     "usage: collector_load --cli PATH_TO_ncclwatch [--agents 4096] [--rate 100] [--seconds 20]\n"
     "                      [--tick-ms 100] [--comm-size 8] [--warmup 3] [--verdict-wait 30]\n"
     "                      [--hosts N (agents multiplexed per host, as through relays)]\n"
-    "                      [--analysis-threads N (the collector's; default its own)]\n";
+    "                      [--analysis-threads N (the collector's; default its own)]\n"
+    "                      [--reader-threads N (the collector's; default its own)]\n";
 
 bool parseNumber(const char* text, double low, double high, double* value) {
   char* end = nullptr;
@@ -100,6 +101,9 @@ bool parseArgs(int argc, char** argv, Args* args, std::string* error) {
     } else if (name == "--analysis-threads") {
       if (!number(1, 64, true)) return false;
       args->analysisThreads = static_cast<long>(value);
+    } else if (name == "--reader-threads") {
+      if (!number(1, 64, true)) return false;
+      args->readerThreads = static_cast<long>(value);
     } else if (name == "--comm-size") {
       if (!number(1, 100000, true)) return false;
       args->commSize = static_cast<long>(value);

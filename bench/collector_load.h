@@ -59,6 +59,8 @@ struct Args {
   long hosts = 0;
   // The collector's --analysis-threads; 0: its default (half the cores, 8 at most).
   long analysisThreads = 0;
+  // The collector's --reader-threads; 0: its default.
+  long readerThreads = 0;
 };
 
 // What /proc says about the collector process.

@@ -191,6 +191,10 @@ bool LoadGenerator::startCollector(std::string* error) {
     words.push_back("--analysis-threads");
     words.push_back(std::to_string(args_.analysisThreads));
   }
+  if (args_.readerThreads > 0) {
+    words.push_back("--reader-threads");
+    words.push_back(std::to_string(args_.readerThreads));
+  }
   std::vector<char*> argv;
   for (std::string& word : words) argv.push_back(word.data());
   argv.push_back(nullptr);

@@ -207,7 +207,8 @@ tar -C "$out" -czf "$out/../gpu_check_traces.tgz" . 2>/dev/null && mv "$out/../g
 # (on the 2-core development machine it starves the collector). GPU_CHECK_SCALE_MODES: modes;
 # a mode ending in "/1" runs with the collector's analysis on one thread (--analysis-threads 1),
 # to compare with the default (half the cores, 8 at most), e.g. "relays relays/1"; one starting
-# "base:" runs the older ncclwatch packed from GPU_CHECK_BASE_CLI, e.g. "base:4096 4096".
+# "base:" runs the older ncclwatch packed from GPU_CHECK_BASE_CLI, e.g. "base:4096 4096"; one
+# ending in "/rN" runs the collector with N reader threads (--reader-threads N), e.g. "relays/r1".
 if want 6; then
   ulimit -n 1048576 2>/dev/null || ulimit -n 65536 2>/dev/null || true
   for mode in ${GPU_CHECK_SCALE_MODES:-4096 relays}; do
@@ -217,9 +218,13 @@ if want 6; then
       mode=${mode#base:}
       dir=$prefix/base
     fi
+    if [[ $mode == */r[0-9]* ]]; then  # e.g. relays/r1: the collector with one reader thread
+      threads+=(--reader-threads "${mode##*/r}")
+      mode=${mode%/r*}
+    fi
     if [[ $mode == */1 ]]; then
       mode=${mode%/1}
-      threads=(--analysis-threads 1)
+      threads+=(--analysis-threads 1)
     fi
     say "step 6: bench/collector_scale.sh $mode ${threads[*]} ($(nproc) cores, $dir)"
     # shellcheck disable=SC2086  # GPU_CHECK_SCALE_ARGS: collector_load options, word-split

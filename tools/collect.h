@@ -37,7 +37,7 @@ struct Options {
   // (analysis::defaultAnalysisThreads).
   int analysisThreads = 0;
   // Threads that read and decode the agents' frames beside the one that stores and analyses them
-  // (collect_connections.h). 0: the default (a quarter of the cores, 1 to 4).
+  // (collect_connections.h). 0: the default (an eighth of the cores, 1 or 2).
   int readerThreads = 0;
   // `collect --until-idle`: end once agents came and none has been connected for 1 s, or
   // when none came within 60 s (the sidecar a rank starts must not outlive its job), or at

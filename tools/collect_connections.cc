@@ -34,10 +34,12 @@ constexpr int64_t kSweepEveryNs = 100'000'000;
 // epoll tags of the two descriptors that are not connections (connections use their slot).
 constexpr uint64_t kListenTag = ~0ull;
 constexpr uint64_t kWakeTag = ~0ull - 1;
-// Frames a reader may have decoded and not yet handed over: at ~10 records a frame, a few ms of
-// a 32,768-rank job's records. A full queue stops the reader reading: the kernel's buffers and
-// then the agents' own bounded queues hold the rest, as when the collector falls behind.
-constexpr size_t kQueueSlots = 1024;
+// Frames a reader may have decoded and not yet handed over: at ~10 records a frame, about a
+// millisecond of a 32,768-rank job's records (a thousand slots cost a 4096-rank collector 16 MiB
+// more peak RSS on the host, past its 150 MiB budget). A full queue stops the reader reading: the
+// kernel's buffers and then the agents' own bounded queues hold the rest, as when the collector
+// falls behind.
+constexpr size_t kQueueSlots = 256;
 // A queue slot's records vector is let go past this room (a frame of tens of thousands of
 // records, after a reconnect's resend), so that a thousand slots never each keep megabytes.
 constexpr size_t kSlotRecordsKept = 8192;
@@ -162,6 +164,8 @@ struct Connections::Reader {
   // Waits (at most a second) until the reader has swept its connections as of `nowNs`.
   void sweepNow(int64_t nowNs);
   bool idle() const { return queue_.empty(); }
+  // The sink's side, after taking from the queue: wakes the reader if it waits for room.
+  void roomMade();
   uint64_t caughtUp() const { return caughtUp_.load(); }
   FrameQueue& queue() { return queue_; }
 
@@ -200,6 +204,12 @@ struct Connections::Reader {
   const uint8_t index_;
   int epollFd_ = -1;
   int wakeFd_ = -1;  // eventfd: commands, stop
+  // A reader whose queue is full waits on roomFd_ (an eventfd) with waitingForRoom_ set; the
+  // sink, having taken from the queue, swaps the flag and writes the eventfd if it was set. The
+  // two exchanges are ordered: either the sink sees the flag, or the reader's look at the queue
+  // after its own exchange sees what the sink took.
+  int roomFd_ = -1;
+  std::atomic<bool> waitingForRoom_{false};
   std::thread thread_;
   std::atomic<bool> stopping_{false};
   std::vector<Connection> connections_;  // slots; fd < 0: free
@@ -223,8 +233,9 @@ struct Connections::Reader {
 
 bool Connections::Reader::open(std::string* error) {
   wakeFd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  roomFd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   epollFd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (wakeFd_ < 0 || epollFd_ < 0) {
+  if (wakeFd_ < 0 || roomFd_ < 0 || epollFd_ < 0) {
     *error = std::string("epoll: ") + std::strerror(errno);
     return false;
   }
@@ -268,7 +279,7 @@ void Connections::Reader::stop() {
     if (command.kind == Command::Kind::kAdopt) close(command.fd);
   }
   commands_.clear();
-  for (int* fd : {&epollFd_, &wakeFd_}) {
+  for (int* fd : {&epollFd_, &wakeFd_, &roomFd_}) {
     if (*fd >= 0) close(*fd);
     *fd = -1;
   }
@@ -448,7 +459,26 @@ QueuedFrame* Connections::Reader::claim() {
     }
     if (stopping_.load(std::memory_order_relaxed)) return &discard_;
     flush();  // the sink may be asleep with all of it queued
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    waitingForRoom_.exchange(true, std::memory_order_acq_rel);
+    if (QueuedFrame* slot = queue_.claim()) {
+      waitingForRoom_.store(false, std::memory_order_relaxed);
+      return slot;
+    }
+    // Bounded, so that a stop (which writes wakeFd_ alone) is seen within 10 ms.
+    pollfd room{roomFd_, POLLIN, 0};
+    if (::poll(&room, 1, 10) > 0) {
+      uint64_t count = 0;
+      ssize_t ignored = ::read(roomFd_, &count, sizeof count);
+      (void)ignored;
+    }
+  }
+}
+
+void Connections::Reader::roomMade() {
+  if (waitingForRoom_.exchange(false, std::memory_order_acq_rel)) {
+    uint64_t one = 1;
+    ssize_t ignored = ::write(roomFd_, &one, sizeof one);
+    (void)ignored;
   }
 }
 
@@ -725,7 +755,7 @@ Connections::~Connections() {
 
 int Connections::defaultReaders() {
   unsigned cores = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp(cores / 4, 1u, 4u));
+  return static_cast<int>(std::clamp(cores / 8, 1u, 2u));
 }
 
 bool Connections::listen(const std::string& address, int listenWaitMs, size_t maxAgents,
@@ -794,14 +824,16 @@ int Connections::handOver(size_t limit) {
     // A batch from each reader in turn: no reader's connections wait behind another's.
     for (auto& reader : readers_) {
       FrameQueue& queue = reader->queue();
-      for (int batch = 0; batch < 64; ++batch) {
+      int taken = 0;
+      for (; taken < 64; ++taken) {
         QueuedFrame* queued = queue.front();
         if (queued == nullptr) break;
         handOver(*queued);
         queue.pop();
-        ++handed;
-        more = true;
       }
+      if (taken > 0) reader->roomMade();
+      handed += static_cast<size_t>(taken);
+      more |= taken > 0;
     }
   }
   return static_cast<int>(handed);

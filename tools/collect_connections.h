@@ -81,7 +81,9 @@ class Connections {
   size_t relayLinks() const { return relayLinks_.load(std::memory_order_relaxed); }
   // Stops the readers and closes every descriptor.
   void closeAll();
-  // Reader threads by default: a quarter of the cores, 1 to 4.
+  // Reader threads by default: an eighth of the cores, 1 or 2. One reader decodes a 32,768-rank
+  // job's 3.3 M records a second in about half a core (docs/scale.md, "Session 15"); each more
+  // costs its own wake-ups and arena.
   static int defaultReaders();
 
  private:
