@@ -37,8 +37,9 @@ struct Options {
   // (analysis::defaultAnalysisThreads).
   int analysisThreads = 0;
   // Threads that read and decode the agents' frames beside the one that stores and analyses them
-  // (collect_connections.h). 0: the default (an eighth of the cores, 1 or 2).
-  int readerThreads = 0;
+  // (collect_connections.h). One decodes a 32,768-rank job's 3.3 M records a second in about
+  // half a core; a second one cost the host more CPU, not less (docs/scale.md, "Session 15").
+  int readerThreads = 1;
   // `collect --until-idle`: end once agents came and none has been connected for 1 s, or
   // when none came within 60 s (the sidecar a rank starts must not outlive its job), or at
   // once when none is connected and agents of a newer job knock (an elastic restart's).

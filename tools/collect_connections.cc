@@ -753,11 +753,6 @@ Connections::~Connections() {
   closeAll();
 }
 
-int Connections::defaultReaders() {
-  unsigned cores = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp(cores / 8, 1u, 2u));
-}
-
 bool Connections::listen(const std::string& address, int listenWaitMs, size_t maxAgents,
                          int readers, std::string* error) {
   maxAgents_ = maxAgents;
@@ -779,7 +774,7 @@ bool Connections::listen(const std::string& address, int listenWaitMs, size_t ma
     return false;
   }
   raiseDescriptorLimit(maxAgents + 64);
-  int count = std::clamp(readers > 0 ? readers : defaultReaders(), 1, 64);
+  int count = std::clamp(readers, 1, 64);
   for (int i = 0; i < count; ++i) {
     readers_.push_back(std::make_unique<Reader>(*this, static_cast<uint8_t>(i)));
     if (!readers_.back()->open(error)) return false;

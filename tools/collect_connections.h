@@ -50,7 +50,7 @@ class Connections {
   Connections& operator=(const Connections&) = delete;
 
   // Binds `address` (host:port), retrying a port in use for `listenWaitMs`, and starts `readers`
-  // reader threads (0: defaultReaders()); false with a one-line `error`.
+  // reader threads (1 to 64); false with a one-line `error`.
   bool listen(const std::string& address, int listenWaitMs, size_t maxAgents, int readers,
               std::string* error);
   int port() const { return port_; }
@@ -81,10 +81,6 @@ class Connections {
   size_t relayLinks() const { return relayLinks_.load(std::memory_order_relaxed); }
   // Stops the readers and closes every descriptor.
   void closeAll();
-  // Reader threads by default: an eighth of the cores, 1 or 2. One reader decodes a 32,768-rank
-  // job's 3.3 M records a second in about half a core (docs/scale.md, "Session 15"); each more
-  // costs its own wake-ups and arena.
-  static int defaultReaders();
 
  private:
   struct Reader;  // collect_connections.cc

@@ -313,7 +313,7 @@ void addCollect(CLI::App& app, int& exitCode) {
   collect
       ->add_option("--reader-threads", options.readerThreads,
                    "threads that read and decode the agents' frames beside the one that stores and "
-                   "analyses them (default: an eighth of the cores, 1 or 2)")
+                   "analyses them (default 1)")
       ->check(CLI::Range(1, 64));
   collect->add_flag("--until-idle", options.untilIdle,
                     "exit once every agent has gone for 1 s (or none came within 60 s, or a newer "
