@@ -2,6 +2,8 @@
 
 #include "analysis/analyze.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <exception>
 #include <system_error>
@@ -43,6 +45,9 @@ void parallelChunks(size_t count, int threads,
   for (size_t chunk = 1; chunk < chunks; ++chunk) {
     try {
       helpers.emplace_back(run, chunk);
+      // Named apart from the thread that asked (a collector's triage thread), whose name they
+      // would inherit: per-thread CPU figures (bench/collector_load) then tell them apart.
+      pthread_setname_np(helpers.back().native_handle(), "nw-analysis");
     } catch (const std::system_error&) {
       leftOver.push_back(chunk);  // out of threads: the result is the same, only later
     }

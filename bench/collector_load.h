@@ -69,6 +69,11 @@ struct ProcSample {
   double cpuSeconds = 0;  // utime + stime
   long rssKiB = 0;
   long hwmKiB = 0;
+  // CPU seconds of the collector's threads by role, from their names (/proc/PID/task): the
+  // triage thread ("nw-triage") and the readers ("nw-reader-N"); 0 for a collector that does
+  // not name them. The rest of cpuSeconds is the analysis helpers' (short-lived) and main's.
+  double triageSeconds = 0;
+  double readerSeconds = 0;
 };
 
 ProcSample sampleProcess(pid_t pid);

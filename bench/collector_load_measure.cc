@@ -54,19 +54,35 @@ double mib(double bytes) {
   return bytes / (1024.0 * 1024.0);
 }
 
-ProcSample sampleProcess(pid_t pid) {
-  ProcSample sample;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+// A /proc stat file's command name and CPU seconds (utime + stime); false when unreadable.
+bool readStat(const std::string& path, std::string* name, double* cpuSeconds) {
+  std::ifstream stat(path);
   std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
   // The command name may hold spaces and parentheses: fields are counted after the last ')'.
-  size_t close = text.rfind(')');
-  if (close == std::string::npos) return sample;
+  size_t open = text.find('('), close = text.rfind(')');
+  if (open == std::string::npos || close == std::string::npos || close < open) return false;
+  *name = text.substr(open + 1, close - open - 1);
   std::istringstream fields(text.substr(close + 1));
   std::vector<std::string> words;
   for (std::string word; fields >> word;) words.push_back(word);
-  if (words.size() < 13) return sample;  // words[0] is field 3 (state); utime is field 14
+  if (words.size() < 13) return false;  // words[0] is field 3 (state); utime is field 14
   double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
-  sample.cpuSeconds = (std::stod(words[11]) + std::stod(words[12])) / ticks;
+  *cpuSeconds = (std::stod(words[11]) + std::stod(words[12])) / ticks;
+  return true;
+}
+
+ProcSample sampleProcess(pid_t pid) {
+  ProcSample sample;
+  std::string name;
+  std::string base = "/proc/" + std::to_string(pid);
+  if (!readStat(base + "/stat", &name, &sample.cpuSeconds)) return sample;
+  std::error_code error;
+  for (const auto& task : std::filesystem::directory_iterator(base + "/task", error)) {
+    double seconds = 0;
+    if (!readStat(task.path().string() + "/stat", &name, &seconds)) continue;
+    if (name == "nw-triage") sample.triageSeconds += seconds;
+    if (name.rfind("nw-reader", 0) == 0) sample.readerSeconds += seconds;
+  }
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
   for (std::string line; std::getline(status, line);) {
     if (line.rfind("VmRSS:", 0) == 0) sample.rssKiB = std::atol(line.c_str() + 6);
@@ -371,6 +387,13 @@ void LoadGenerator::printReport(const std::vector<Sample>& samples, int64_t stea
               records > 0 ? rate(&Counters::bytesSent) / records : 0.0, sizeof(CallRecord));
   std::printf("%-28s %.2f (%.1f s CPU over %.1f s)\n", "collector CPU, cores", collectorCpu / wall,
               collectorCpu, wall);
+  double triage = last.collector.triageSeconds - first.collector.triageSeconds;
+  double readers = last.collector.readerSeconds - first.collector.readerSeconds;
+  if (triage > 0 || readers > 0) {
+    std::printf("%-28s triage thread %.2f, readers %.2f, the rest (analysis helpers, main) %.2f\n",
+                "collector threads, cores", triage / wall, readers / wall,
+                (collectorCpu - triage - readers) / wall);
+  }
   std::string rssText;
   for (const Sample& s : samples) {
     char text[48];

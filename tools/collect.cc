@@ -1,5 +1,6 @@
 #include "collect.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/wait.h>
@@ -36,6 +37,7 @@ struct Collector::State {
 };
 
 void Collector::State::run() {
+  pthread_setname_np(pthread_self(), "nw-triage");
   while (!stopping.load()) {
     int ready = connections->poll(options.analyzeEveryMs);
     triage->housekeeping(steadyNs());

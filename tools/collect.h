@@ -33,7 +33,7 @@ struct Options {
   // calls or more a rank.
   size_t maxRecords = 1u << 19;
   // Threads an analysis pass may use (analysis::Options::threads): a pass over a 32k-rank job
-  // reads nothing while it runs, so its wall time is the verdict's latency. 0: the default
+  // stores nothing while it runs, so its wall time is the verdict's latency. 0: the default
   // (analysis::defaultAnalysisThreads).
   int analysisThreads = 0;
   // Threads that read and decode the agents' frames beside the one that stores and analyses them
