@@ -131,6 +131,28 @@ TEST_F(ConnectionsTest, EachConnectionsFramesComeInOrderAndItsEndAfterThem) {
   EXPECT_FALSE(connections_.anyOpen());
 }
 
+// A reader whose queue is full (256 frames) stops reading and waits for room: nothing is lost,
+// and the frames still come in order once the sink takes them.
+TEST_F(ConnectionsTest, AFullQueueHoldsTheReaderBackAndLosesNothing) {
+  listen(1);
+  constexpr int kFrames = 2000;
+  int agent = connectTo(connections_.port());
+  sendAll(agent, helloFrame(0));
+  std::vector<std::byte> all;
+  for (int n = 0; n < kFrames; ++n) {
+    std::vector<std::byte> frame = sites(std::to_string(n));
+    all.insert(all.end(), frame.begin(), frame.end());
+  }
+  sendAll(agent, all);
+  std::this_thread::sleep_for(200ms);  // the reader fills its queue and waits
+  EXPECT_TRUE(connections_.anyOpen());
+  ASSERT_TRUE(pollUntil([&] { return sink_.texts[0].size() == size_t{kFrames}; }))
+      << sink_.texts[0].size() << " of " << kFrames;
+  for (int n = 0; n < kFrames; ++n) ASSERT_EQ(sink_.texts[0][n], std::to_string(n));
+  close(agent);
+  ASSERT_TRUE(pollUntil([&] { return sink_.ended.size() == 1; }));
+}
+
 // The reader lets no frame but a HELLO be first: such a connection is dropped before the sink
 // hears of it.
 TEST_F(ConnectionsTest, AFrameBeforeHelloDropsTheConnection) {
