@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/epoll.h>
@@ -543,6 +544,13 @@ void Connections::Reader::read(Connection& connection) {
     }
     if (static_cast<size_t>(got) < sizeof buffer) break;  // drained: spare the EAGAIN call
   }
+  // An agent's frame is one small segment every poll interval, with nothing to answer: left in
+  // quick-ack mode, the kernel acknowledges each one inside this receive (on loopback the
+  // agent's side of the ACK runs here too). Delayed, the ACK goes with the delayed-ACK timer
+  // (agents set TCP_NODELAY, so nothing waits for it). The kernel leaves the mode when the
+  // timer fires, so it is asked again after each read.
+  int quickAck = 0;
+  setsockopt(connection.fd, IPPROTO_TCP, TCP_QUICKACK, &quickAck, sizeof quickAck);
   size_t offset = 0;
   for (;;) {
     std::span<std::byte> rest = std::span(connection.incoming).subspan(offset);
