@@ -147,7 +147,7 @@ struct Connections::Reader {
     int fd = -1;                   // kAdopt: an accepted connection
     uint32_t endpoint = 0;         // kSend, kReject
     int64_t nowNs = 0;             // kAdopt: when accepted; kSweep: the time to judge silence by
-    uint64_t ask = 0;              // kCatchUp: its number
+    uint64_t ask = 0;              // kSweep, kCatchUp: its number
     std::vector<std::byte> bytes;  // kSend: whole frames
   };
   struct Where {
@@ -225,7 +225,9 @@ struct Connections::Reader {
   std::vector<Command> commands_;  // guarded by commandsMutex_
   std::atomic<bool> hasCommands_{false};
   std::vector<Command> running_;
-  std::atomic<int64_t> sweptAsOf_{0};  // the latest kSweep's time, once done
+  // kSweep asks (sweepNow, from the sink's thread) and the last one done.
+  uint64_t sweepsAsked_ = 0;
+  std::atomic<uint64_t> sweepsDone_{0};
   // kCatchUp: the latest ask run and not yet answered, and the last ask answered by a round that
   // found nothing to read.
   uint64_t catchUpAsked_ = 0;
@@ -303,8 +305,9 @@ void Connections::Reader::sweepNow(int64_t nowNs) {
   Command command;
   command.kind = Command::Kind::kSweep;
   command.nowNs = nowNs;
+  command.ask = ++sweepsAsked_;
   post(std::move(command));
-  for (int waited = 0; waited < 1000 && sweptAsOf_.load() < nowNs; ++waited) {
+  for (int waited = 0; waited < 1000 && sweepsDone_.load() < sweepsAsked_; ++waited) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
@@ -378,7 +381,7 @@ void Connections::Reader::runCommand(Command& command) {
       return;
     case Command::Kind::kSweep:
       sweep(command.nowNs);
-      sweptAsOf_.store(command.nowNs);
+      sweepsDone_.store(command.ask);
       return;
     case Command::Kind::kCatchUp:
       catchUpAsked_ = command.ask;

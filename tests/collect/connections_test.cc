@@ -101,6 +101,23 @@ TEST_F(ConnectionsTest, ASilentConnectionIsDroppedAfterTheTimeout) {
   close(agent);
 }
 
+// dropSilent returns once its own sweep ran, whatever time earlier sweeps were asked to judge
+// by (a later one may judge by an earlier time).
+TEST_F(ConnectionsTest, EachSweepIsWaitedFor) {
+  listen(2);
+  int first = connectTo(connections_.port());
+  ASSERT_TRUE(eventually([&] { return connections_.anyOpen(); }));
+  connections_.dropSilent(steadyNs() + 10 * kPastTheHelloTimeoutNs);
+  EXPECT_EQ(counters_.rejected.load(), 1u);
+  int second = connectTo(connections_.port());
+  ASSERT_TRUE(eventually([&] { return connections_.anyOpen(); }));
+  connections_.dropSilent(steadyNs() + kPastTheHelloTimeoutNs);
+  EXPECT_EQ(counters_.rejected.load(), 2u);
+  EXPECT_FALSE(connections_.anyOpen());
+  close(first);
+  close(second);
+}
+
 // Agents spread over four readers: each one's frames reach the sink whole and in the order it
 // sent them, and its end after its last frame.
 TEST_F(ConnectionsTest, EachConnectionsFramesComeInOrderAndItsEndAfterThem) {
