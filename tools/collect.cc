@@ -42,7 +42,7 @@ void Collector::State::run() {
     int ready = connections->poll(options.analyzeEveryMs);
     triage->housekeeping(steadyNs());
     ready += connections->poll(0);
-    triage->analyzeIfDue(steadyNs());
+    triage->maybeAnalyze(steadyNs());
     if (ready > 0 && ready < kFewReady && !stopping.load()) connections->linger(kLingerMs);
   }
   drainAndFinish();

@@ -48,6 +48,29 @@ constexpr size_t kSlotRecordsKept = 8192;
 // passes, aborts) still runs while the readers keep it busy.
 constexpr size_t kHandOverPerPoll = 16384;
 
+// An eventfd's wake-up (one more count), and taking all of its counts (it is non-blocking).
+void signalEventFd(int fd) {
+  uint64_t one = 1;
+  ssize_t ignored = ::write(fd, &one, sizeof one);
+  (void)ignored;
+}
+void drainEventFd(int fd) {
+  uint64_t count = 0;
+  ssize_t ignored = ::read(fd, &count, sizeof count);
+  (void)ignored;
+}
+
+// The sink's name for an endpoint: the reader's own number for it, and the reader's index.
+uint64_t sinkEndpoint(uint32_t number, uint8_t reader) {
+  return uint64_t{number} << 8 | reader;
+}
+uint32_t numberOf(uint64_t endpoint) {
+  return static_cast<uint32_t>(endpoint >> 8);
+}
+size_t readerOf(uint64_t endpoint) {
+  return endpoint & 0xff;
+}
+
 // Whether the socket holds bytes not read yet.
 bool bytesWaiting(int fd) {
   int waiting = 0;
@@ -189,7 +212,6 @@ struct Connections::Reader {
   void watchWrites(Connection& connection, bool on);
   void sweep(int64_t nowNs);
   uint32_t newEndpoint(Connection& connection, uint32_t channel);
-  uint64_t sinkEndpoint(uint32_t endpoint) const { return uint64_t{endpoint} << 8 | index_; }
   size_t slotOf(const Connection& connection) const {
     return static_cast<size_t>(&connection - connections_.data());
   }
@@ -265,23 +287,17 @@ void Connections::Reader::start() {
 void Connections::Reader::stop() {
   if (thread_.joinable()) {
     stopping_.store(true);
-    uint64_t one = 1;
-    ssize_t ignored = ::write(wakeFd_, &one, sizeof one);
-    (void)ignored;
+    signalEventFd(wakeFd_);
     thread_.join();
   }
   // What the sink asked for last (a final verdict's DUMP and ABORT requests) still goes out,
-  // as far as the sockets take it at once.
+  // as far as the sockets take it at once; connections handed over by reader 0 (stopped first)
+  // are adopted and closed with the rest. Nothing posts any more.
   runCommands();
   for (Connection& connection : connections_) {
     if (connection.fd >= 0) close(connection.fd);
   }
   connections_.clear();
-  std::lock_guard lock(commandsMutex_);
-  for (const Command& command : commands_) {
-    if (command.kind == Command::Kind::kAdopt) close(command.fd);
-  }
-  commands_.clear();
   for (int* fd : {&epollFd_, &wakeFd_, &roomFd_}) {
     if (*fd >= 0) close(*fd);
     *fd = -1;
@@ -294,11 +310,7 @@ void Connections::Reader::post(Command command) {
     commands_.push_back(std::move(command));
   }
   // One wake-up for a burst of commands (a verdict's DUMP to thousands of ranks).
-  if (!hasCommands_.exchange(true)) {
-    uint64_t one = 1;
-    ssize_t ignored = ::write(wakeFd_, &one, sizeof one);
-    (void)ignored;
-  }
+  if (!hasCommands_.exchange(true)) signalEventFd(wakeFd_);
 }
 
 void Connections::Reader::sweepNow(int64_t nowNs) {
@@ -362,9 +374,7 @@ void Connections::Reader::linger(int ms) {
 
 void Connections::Reader::runCommands() {
   if (!hasCommands_.load()) return;
-  uint64_t count = 0;
-  ssize_t ignored = ::read(wakeFd_, &count, sizeof count);  // level-triggered: drain it
-  (void)ignored;
+  drainEventFd(wakeFd_);  // level-triggered: epoll would report it again
   hasCommands_.store(false);
   {
     std::lock_guard lock(commandsMutex_);
@@ -470,20 +480,12 @@ QueuedFrame* Connections::Reader::claim() {
     }
     // Bounded, so that a stop (which writes wakeFd_ alone) is seen within 10 ms.
     pollfd room{roomFd_, POLLIN, 0};
-    if (::poll(&room, 1, 10) > 0) {
-      uint64_t count = 0;
-      ssize_t ignored = ::read(roomFd_, &count, sizeof count);
-      (void)ignored;
-    }
+    if (::poll(&room, 1, 10) > 0) drainEventFd(roomFd_);
   }
 }
 
 void Connections::Reader::roomMade() {
-  if (waitingForRoom_.exchange(false, std::memory_order_acq_rel)) {
-    uint64_t one = 1;
-    ssize_t ignored = ::write(roomFd_, &one, sizeof one);
-    (void)ignored;
-  }
+  if (waitingForRoom_.exchange(false, std::memory_order_acq_rel)) signalEventFd(roomFd_);
 }
 
 void Connections::Reader::publish(QueuedFrame* slot) {
@@ -495,7 +497,7 @@ void Connections::Reader::publish(QueuedFrame* slot) {
 void Connections::Reader::publishClosed(uint32_t endpoint) {
   QueuedFrame* slot = claim();
   slot->kind = QueuedFrame::Kind::kClosed;
-  slot->endpoint = sinkEndpoint(endpoint);
+  slot->endpoint = sinkEndpoint(endpoint, index_);
   publish(slot);
 }
 
@@ -598,7 +600,7 @@ void Connections::Reader::read(Connection& connection) {
     }
     connection.helloSeen = true;
     slot->kind = QueuedFrame::Kind::kFrame;
-    slot->endpoint = sinkEndpoint(connection.endpoint);
+    slot->endpoint = sinkEndpoint(connection.endpoint, index_);
     publish(slot);
     offset += consumed;
   }
@@ -652,7 +654,7 @@ bool Connections::Reader::handleChannel(Connection& connection, uint32_t channel
   }
   agent.helloSeen = connection.helloSeen = true;
   slot->kind = QueuedFrame::Kind::kFrame;
-  slot->endpoint = sinkEndpoint(agent.endpoint);
+  slot->endpoint = sinkEndpoint(agent.endpoint, index_);
   publish(slot);
   return true;
 }
@@ -805,22 +807,14 @@ int Connections::poll(int timeoutMs) {
   handed = handOver(kHandOverPerPoll);
   if (handed == 0) {
     pollfd fds[2] = {{readyFd_, POLLIN, 0}, {stopPipe_[0], POLLIN, 0}};
-    if (::poll(fds, 2, timeoutMs) > 0 && (fds[0].revents & POLLIN)) {
-      uint64_t count = 0;
-      ssize_t ignored = ::read(readyFd_, &count, sizeof count);
-      (void)ignored;
-    }
+    if (::poll(fds, 2, timeoutMs) > 0 && (fds[0].revents & POLLIN)) drainEventFd(readyFd_);
   }
   sleeping_.store(false, std::memory_order_relaxed);
   return handed > 0 ? handed : handOver(kHandOverPerPoll);
 }
 
 void Connections::notify() {
-  if (sleeping_.exchange(false, std::memory_order_acq_rel)) {
-    uint64_t one = 1;
-    ssize_t ignored = ::write(readyFd_, &one, sizeof one);
-    (void)ignored;
-  }
+  if (sleeping_.exchange(false, std::memory_order_acq_rel)) signalEventFd(readyFd_);
 }
 
 int Connections::handOver(size_t limit) {
@@ -893,18 +887,18 @@ void Connections::reject(uint64_t endpoint) {
   rejected_.insert(endpoint);
   Reader::Command command;
   command.kind = Reader::Command::Kind::kReject;
-  command.endpoint = static_cast<uint32_t>(endpoint >> 8);
-  readers_[endpoint & 0xff]->post(std::move(command));
+  command.endpoint = numberOf(endpoint);
+  readers_[readerOf(endpoint)]->post(std::move(command));
 }
 
 void Connections::send(size_t connection, std::span<const std::byte> frame) {
   uint64_t endpoint = connection;
-  if (processOf_.count(endpoint) == 0 || (endpoint & 0xff) >= readers_.size()) return;
+  if (processOf_.count(endpoint) == 0 || readerOf(endpoint) >= readers_.size()) return;
   Reader::Command command;
   command.kind = Reader::Command::Kind::kSend;
-  command.endpoint = static_cast<uint32_t>(endpoint >> 8);
+  command.endpoint = numberOf(endpoint);
   command.bytes.assign(frame.begin(), frame.end());
-  readers_[endpoint & 0xff]->post(std::move(command));
+  readers_[readerOf(endpoint)]->post(std::move(command));
 }
 
 void Connections::sayVersion(uint16_t version) {

@@ -121,7 +121,7 @@ class Triage : public FrameSink {
   // An analysis pass when one is due. The loop hands over what the readers decoded during the
   // housekeeping first: reading a folder's trace files can take tens of ms, and a pass that
   // judged a rank by its file while its HELLO waited in a queue would see it as never connected.
-  void analyzeIfDue(int64_t now) { maybeAnalyze(now); }
+  void maybeAnalyze(int64_t now);
   // At the end, once the in-flight frames are read: when every rank ended normally, one last
   // pass that says whatever it finds.
   void finish();
@@ -132,7 +132,6 @@ class Triage : public FrameSink {
   void addFile(trace::TraceFile file, int world);
   void store(size_t process, const trace::CallRecord& record);
   void reloadFromFile(size_t process);
-  void maybeAnalyze(int64_t now);
   // `final`: the job is over (every rank said BYE): every verdict is said, none waits to settle.
   // `first`: communicators where the triage saw a divergence, redone before the others.
   void analyze(int64_t now, bool final = false, const std::set<uint64_t>* first = nullptr);
