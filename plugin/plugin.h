@@ -11,6 +11,10 @@ namespace ncclwatch::plugin {
 struct PluginCounters {
   std::atomic<uint64_t> unrecorded{0};       // operations with no communicator or no op name
   std::atomic<uint64_t> foreignProxyOps{0};  // PXN proxy ops of other processes (not linked)
+  // Combined mode: operations NCCL launched that no wrapper's record could be found for (their
+  // API event got no call slot, or a group launched them after the slot was swept). The
+  // interposer's record of the call stands, without NCCL's kernel progress.
+  std::atomic<uint64_t> unjoined{0};
 };
 PluginCounters& counters();
 

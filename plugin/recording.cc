@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -139,6 +140,23 @@ bool identify(Context& ctx, const EventStart& event) {
   return true;
 }
 
+// Inside an interposer wrapper on this thread: the wrapper's record is this call. Its CUDA
+// events complete it; without them (NCCLWATCH_EVENTS=0, no driver, a full pool) the kernel's
+// channels do, and the record says so.
+void joinWrapperCall(CallSlot& slot, const interpose::IssuedCall& call) {
+  slot.joined = true;
+  slot.ringIndex = call.index;
+  slot.commHash = call.commHash;
+  slot.seq = call.seq;
+  slot.completesRecord = !call.tracked;
+  if (slot.completesRecord) {
+    if (interpose::Recorder* recorder = interpose::Recorder::existing()) {
+      recorder->writer().updateFlags(call.index, trace::kRecordKernelTracked,
+                                     trace::kRecordNoEvents);
+    }
+  }
+}
+
 void fillApi(CallSlot& slot, Context& ctx, const EventStart& event) {
   slot.kind = event.kind;
   slot.context = &ctx;
@@ -160,22 +178,7 @@ void fillApi(CallSlot& slot, Context& ctx, const EventStart& event) {
   slot.apiStopped.store(false, std::memory_order_relaxed);
   slot.stoppedApiSeenNs = 0;
   slot.completesRecord = true;
-  // Inside an interposer wrapper on this thread: the wrapper's record is this call. Its CUDA
-  // events complete it; without them (NCCLWATCH_EVENTS=0, no driver, a full pool) the kernel's
-  // channels do, and the record says so.
-  if (const interpose::IssuedCall* call = interpose::callInProgress()) {
-    slot.joined = true;
-    slot.ringIndex = call->index;
-    slot.commHash = call->commHash;
-    slot.seq = call->seq;
-    slot.completesRecord = !call->tracked;
-    if (slot.completesRecord) {
-      if (interpose::Recorder* recorder = interpose::Recorder::existing()) {
-        recorder->writer().updateFlags(call->index, trace::kRecordKernelTracked,
-                                       trace::kRecordNoEvents);
-      }
-    }
-  }
+  if (const interpose::IssuedCall* call = interpose::callInProgress()) joinWrapperCall(slot, *call);
 }
 
 // Takes over what the API event knew, if `parent` still is that API event; true if it was.
@@ -280,8 +283,20 @@ ncclResult_t startOperation(Context& ctx, void** handle, const EventStart& event
     // which every rank shares, rather than guess the user's type.
     call.dtype = 0;
   }
+  // No API event to inherit from (none had a free slot, or the sweeper took it back before a
+  // group launched the operation): a single call still runs inside its wrapper on this thread.
+  if (!call.joined) {
+    if (const interpose::IssuedCall* inProgress = interpose::callInProgress()) {
+      joinWrapperCall(call, *inProgress);
+    }
+  }
   if (call.joined) {
     call.hasRecord = true;
+  } else if (ctx.interposerRecords) {
+    // The wrapper recorded this call already. A record of the plugin's own here would be a
+    // second one, with no reduction op, that takes the next sequence number: every later call
+    // of the communicator would be one behind on this rank, a mismatch that never happened.
+    g_counters.unjoined.fetch_add(1, std::memory_order_relaxed);
   } else {
     recordOperation(call, ctx);
   }
@@ -373,7 +388,10 @@ void recordInit(Context& ctx) {
   recorder->communicatorCreated();
   // The interposer records it: NCCL was called through our wrapper on this thread, or inits
   // went through our wrappers and NCCL runs this one on its own thread (ncclCommInitAll).
-  if (interpose::insideWrapper() || interpose::lifecycleThroughWrappers()) return;
+  if (interpose::insideWrapper() || interpose::lifecycleThroughWrappers()) {
+    ctx.interposerRecords = true;
+    return;
+  }
   noteBypassedInterposer();
   interpose::CallDescription call;
   call.op = OpKind::kInit;
@@ -526,6 +544,23 @@ ncclResult_t recordState(void* handle, int state, uint64_t) {
   return ncclSuccess;
 }
 
+namespace {
+
+// Said at the first communicator's end after it happened (finalize may print; events may not).
+void sayUnjoinedOnce() {
+  static std::atomic<bool> said{false};
+  uint64_t unjoined = g_counters.unjoined.load(std::memory_order_relaxed);
+  if (unjoined == 0 || said.exchange(true)) return;
+  std::fprintf(stderr,
+               "[ncclwatch] %" PRIu64
+               " operations NCCL launched could not be joined to the wrappers' records of their "
+               "calls (more than %zu in flight, or grouped calls launched late): those records "
+               "stand, without NCCL's kernel progress\n",
+               unjoined, kCallSlots);
+}
+
+}  // namespace
+
 ncclResult_t finalizeContext(void* context) {
   Context* ctx = liveContext(context);
   if (ctx == nullptr) return ncclSuccess;
@@ -539,6 +574,7 @@ ncclResult_t finalizeContext(void* context) {
     recorder->finish(recorder->issue(entry, call), nullptr, ncclSuccess);
     recorder->forget(reinterpret_cast<ncclComm_t>(ctx));
   }
+  sayUnjoinedOnce();
   // Operations still pending on it end as aborted in the next sweep (generation changed).
   ctx->generation.fetch_add(1, std::memory_order_release);
   pools().contexts.release(ctx);

@@ -32,6 +32,10 @@ struct Context {
   // The recorder's entry: the interposer's own (combined mode) or one this plugin added.
   std::atomic<interpose::CommEntry*> entry{nullptr};
   bool ownEntry = false;
+  // The interposer records this communicator's calls (combined mode: its init went through our
+  // wrappers): an operation event the plugin cannot join to a wrapper's record is still that
+  // record's call, and must not get a second record of its own.
+  bool interposerRecords = false;
   char name[64] = {};
 };
 

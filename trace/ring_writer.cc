@@ -398,12 +398,16 @@ uint64_t RingWriter::nextIndex() const {
   return next;
 }
 
+uint32_t RingWriter::commCount() const {
+  if (header_ == nullptr) return 0;
+  return std::min(atomicField(header_->commCount).load(std::memory_order_acquire),
+                  kCommTableCapacity);
+}
+
 std::vector<CommInfo> RingWriter::comms() const {
   std::vector<CommInfo> table;
   if (header_ == nullptr) return table;
-  uint32_t count =
-      std::min(atomicField(header_->commCount).load(std::memory_order_acquire), kCommTableCapacity);
-  table.assign(header_->comms, header_->comms + count);
+  table.assign(header_->comms, header_->comms + commCount());
   return table;
 }
 

@@ -171,6 +171,8 @@ class RingWriter {
   uint64_t nextIndex() const;
   // The communicator table as it stands, and the header (for its identity fields).
   std::vector<CommInfo> comms() const;
+  // How many communicators the table holds, without copying it (the watchdog asks every poll).
+  uint32_t commCount() const;
   const RingHeader* header() const { return header_; }
   // The record at ring `index` as it stands, if the slot still holds it (a stable copy).
   bool read(uint64_t index, CallRecord* record) const;

@@ -239,7 +239,7 @@ void Agent::exchange(bool last) {
   // Aborts of the communicators this process has calls pending on go first: an abort can wait
   // for work queued on the device (the sim's does, and a real NCCL's may), and the call this
   // rank is blocked in must fail before that, or the aborts after it never run.
-  const std::vector<CommProgress> progress = allProgress();  // events and the plugin's
+  const std::vector<CommProgress>& progress = allProgress();  // events and the plugin's
   auto pendingHere = [&progress](uint64_t commHash) {
     for (const CommProgress& comm : progress) {
       if (comm.commHash == commHash && comm.pending > 0) return true;
@@ -283,14 +283,17 @@ void Agent::publishPythonSites() {
 }
 
 // Every communicator's progress: the CUDA-event tracker's and the plugin's.
-std::vector<CommProgress> Agent::allProgress() const {
-  std::vector<CommProgress> all;
-  if (completion_) all = completion_->progress();
+const std::vector<CommProgress>& Agent::allProgress() {
+  progress_.clear();  // keeps its capacity: no allocation once it held every communicator
+  if (completion_) {
+    const std::vector<CommProgress>& tracked = completion_->progress();
+    progress_.insert(progress_.end(), tracked.begin(), tracked.end());
+  }
   if (ProgressSource* source = progressSource()) {
     const std::vector<CommProgress>& more = source->progress();
-    all.insert(all.end(), more.begin(), more.end());
+    progress_.insert(progress_.end(), more.begin(), more.end());
   }
-  return all;
+  return progress_;
 }
 
 // " In NCCL: kernel running ..." for the call, when the plugin saw where it waits.
@@ -306,7 +309,7 @@ void Agent::checkHangs(int64_t now) {
   std::vector<trace::DumpFinding> hung;
   std::vector<uint64_t> hungComms;
   const HangThresholds& limits = options_.thresholds;
-  const std::vector<CommProgress> progress = allProgress();
+  const std::vector<CommProgress>& progress = allProgress();
   for (const CommProgress& comm : progress) {
     if (comm.pending == 0 || comm.oldest.issueNs == 0) continue;
     const trace::CallRecord& call = comm.oldest;

@@ -91,7 +91,10 @@ class Agent {
   void checkHangs(int64_t now);
   void publishWaits(ProgressSource& source);
   void publishPythonSites();
-  std::vector<CommProgress> allProgress() const;
+  // Every communicator's progress (the events' and the plugin's), in progress_: the watchdog
+  // thread polls it every interval and must not allocate each time (a fork that catches a thread
+  // inside an allocator without fork handlers leaves the child a lock no thread will release).
+  const std::vector<CommProgress>& allProgress();
   std::string waitText(uint64_t commHash, uint64_t seq, int64_t now) const;
   void exchange(bool last);
   const char* jobSecret();
@@ -114,6 +117,7 @@ class Agent {
   std::string secret_;                    // the job's secret once known (watchdog thread only)
   std::map<uint64_t, Alarm> alarms_;      // watchdog thread only
   std::vector<trace::WaitNote> publishedWaits_;  // watchdog thread only
+  std::vector<CommProgress> progress_;           // watchdog thread only (allProgress)
   std::atomic<bool> stopping_{false};
   std::atomic<bool> finished_{false};
   std::thread thread_;

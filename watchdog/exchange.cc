@@ -317,8 +317,10 @@ void CollectorLink::collectRecords(int64_t nowNs) {
     saidStalled_ = true;
     return;
   }
-  std::vector<trace::CommInfo> comms = writer_.comms();
-  if (comms.size() != commsSent_) {
+  // The table is copied only when it grew: the watchdog must not allocate every poll (a fork
+  // child of a process whose allocator has no fork handlers would inherit a held lock).
+  if (writer_.commCount() != commsSent_) {
+    std::vector<trace::CommInfo> comms = writer_.comms();
     std::vector<std::byte> frame;
     trace::wire::encodeComms(comms, frame);
     queue(std::move(frame));

@@ -111,6 +111,13 @@ int main(int argc, char** argv) {
   float* buffer = nullptr;
   if (!openComm(&comm, &buffer) || !allReduces(comm, buffer, 3)) return 1;
 
+  // Fork once the device's own threads are idle. A fork child may allocate only when no thread
+  // held an allocator lock at the fork: glibc's malloc takes its locks around fork(), but GCC
+  // 12's ASan runtime (and allocators such as mimalloc) do not, and the sim's stream workers free
+  // the last calls' operations just after the synchronize returns (under ASan the child then
+  // waited forever on a size class's lock: docs/ci.md, session 16). The preloaded watchdog thread
+  // does not allocate while it polls.
+  usleep(50'000);
   pid_t child = fork();
   if (child < 0) {
     failed("fork");

@@ -664,6 +664,45 @@ TEST(Completion, EventsOffThePluginStillTracksCompletion) {
   }
 }
 
+// Back-to-back calls on two ranks that drift apart: the rank ahead has thousands of operations
+// in flight, more than the plugin's call slots (the sim queues work without bound). Each call
+// keeps exactly one record, its wrapper's, and its own sequence number. When the plugin found
+// no API event to join, it made a second record of the call (no reduction op) that took the
+// next sequence number: a healthy job's collector said MISMATCH every few thousand calls.
+TEST(Recording, BackToBackCallsKeepOneRecordEachWhateverIsInFlight) {
+  constexpr int kIters = 30000;
+  std::string logs = testsupport::freshDirectory("back-to-back");
+  testsupport::JobSpec spec =
+      preloaded(std::string(NCCLWATCH_BUILD_DIR) + "/examples/allreduce_loop", 2, logs,
+                {"--iters", std::to_string(kIters)});
+  spec.env.push_back({"NCCLWATCH_TRACE", "full"});  // every record, not the ring's last
+  CheckedJob job(spec);
+  ASSERT_TRUE(job.waitExit(120s));
+  for (int rank = 0; rank < 2; ++rank) ASSERT_EQ(job.exitStatus(rank), 0) << job.output(rank);
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
+  ASSERT_EQ(files.size(), 2u);
+  for (const TraceFile& file : files) {
+    SCOPED_TRACE("rank " + std::to_string(file.header.rank));
+    EXPECT_EQ(file.header.recordingSources,
+              ncclwatch::trace::kSourceInterposer | ncclwatch::trace::kSourcePlugin);
+    int allReduces = 0, fromPlugin = 0, unknownRedop = 0, seqGaps = 0;
+    uint64_t lastSeq = 0;
+    for (const CallRecord& record : file.records) {
+      if (record.op != OpKind::kAllReduce) continue;
+      ++allReduces;
+      if (record.flags & ncclwatch::trace::kRecordFromPlugin) ++fromPlugin;
+      if (record.redop == ncclwatch::trace::kRedopUnknown) ++unknownRedop;
+      if (record.seq != lastSeq + 1) ++seqGaps;
+      lastSeq = record.seq;
+    }
+    EXPECT_EQ(allReduces, kIters);
+    EXPECT_EQ(fromPlugin, 0);
+    EXPECT_EQ(unknownRedop, 0);
+    EXPECT_EQ(seqGaps, 0);
+    EXPECT_EQ(lastSeq, static_cast<uint64_t>(kIters));
+  }
+}
+
 // Plain real NCCL, no sim: init fails without a GPU driver; the error passes through unchanged
 // and is recorded under the communicator it was meant to create.
 TEST(RealNccl, InitErrorPassesThroughAndIsRecorded) {
