@@ -56,7 +56,12 @@ class PluginProgress final : public watchdog::ProgressSource {
   std::map<uint64_t, CommState> comms_;
   std::vector<watchdog::CommProgress> progress_;
   std::vector<trace::WaitNote> waits_;
-  std::vector<int> bestStep_;  // per call slot: the child slot index of its longest wait
+  // Kept between polls with their capacity: the watchdog thread must not allocate every poll
+  // (a fork child of a process whose allocator has no fork handlers inherits a held lock).
+  std::vector<Pending> pending_;
+  std::vector<const Pending*> waiting_;
+  std::vector<int> bestStep_;    // per call slot: the child slot index of its longest wait
+  std::vector<bool> isWaiting_;  // per call slot: among the calls a wait note is written for
 };
 
 void PluginProgress::completed(const trace::CallRecord& record, int64_t nowNs) {
@@ -121,9 +126,8 @@ bool PluginProgress::sweep(CallSlot& slot, trace::RingWriter& writer, int64_t no
 
 void PluginProgress::buildProgress(const std::vector<Pending>& pending) {
   progress_.clear();
-  std::map<uint64_t, watchdog::CommProgress> byComm;
   for (const auto& [hash, state] : comms_) {
-    watchdog::CommProgress& comm = byComm[hash];
+    watchdog::CommProgress& comm = progress_.emplace_back();
     comm.commHash = hash;
     comm.completedSeq = state.completedSeq;
     comm.lastCompletionNs = state.lastCompletionNs;
@@ -132,20 +136,32 @@ void PluginProgress::buildProgress(const std::vector<Pending>& pending) {
   for (const Pending& call : pending) {
     // The tracker watches joined records; this source watches the records it built.
     if ((call.record.flags & trace::kRecordFromPlugin) == 0) continue;
-    watchdog::CommProgress& comm = byComm[call.record.commHash];
-    comm.commHash = call.record.commHash;
+    const uint64_t hash = call.record.commHash;
+    // A process has a handful of communicators: a scan, and no map built every poll.
+    auto found =
+        std::find_if(progress_.begin(), progress_.end(),
+                     [hash](const watchdog::CommProgress& comm) { return comm.commHash == hash; });
+    if (found == progress_.end()) {
+      found = progress_.emplace(progress_.end());
+      found->commHash = hash;
+    }
+    watchdog::CommProgress& comm = *found;
     if (comm.pending == 0 || call.record.seq < comm.oldest.seq) {
       comm.oldest = call.record;
       comm.oldestStarted = call.record.state == RecordState::kStarted;
     }
     ++comm.pending;
   }
-  for (auto& [hash, comm] : byComm) progress_.push_back(comm);
+  std::sort(progress_.begin(), progress_.end(),
+            [](const watchdog::CommProgress& a, const watchdog::CommProgress& b) {
+              return a.commHash < b.commHash;
+            });
 }
 
 void PluginProgress::buildWaits(const std::vector<Pending>& pending, int64_t nowNs) {
   waits_.clear();
-  std::vector<const Pending*> waiting;
+  std::vector<const Pending*>& waiting = waiting_;
+  waiting.clear();
   for (const Pending& call : pending) {
     if (nowNs - call.record.issueNs >= kWaitNoteAfterNs) waiting.push_back(&call);
   }
@@ -157,7 +173,8 @@ void PluginProgress::buildWaits(const std::vector<Pending>& pending, int64_t now
   // One pass over the children: for each waiting call, its proxy step that has waited longest.
   Pools& all = pools();
   bestStep_.assign(kCallSlots, -1);
-  std::vector<bool> isWaiting(kCallSlots, false);
+  std::vector<bool>& isWaiting = isWaiting_;
+  isWaiting.assign(kCallSlots, false);
   for (const Pending* call : waiting) isWaiting[all.calls.indexOf(call->slot)] = true;
   ChildSlot* children = all.children.begin();
   for (size_t i = 0; i < kChildSlots; ++i) {
@@ -224,7 +241,8 @@ void PluginProgress::poll(int64_t nowNs) {
   CallSlot* calls = pools().calls.begin();
   if (recorder == nullptr || calls == nullptr) return;
   trace::RingWriter& writer = recorder->writer();
-  std::vector<Pending> pending;
+  std::vector<Pending>& pending = pending_;
+  pending.clear();
   for (size_t i = 0; i < kCallSlots; ++i) {
     CallSlot& slot = calls[i];
     if (!isPublished(slot)) continue;

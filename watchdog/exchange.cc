@@ -157,9 +157,7 @@ void CollectorLink::connectNow(int64_t nowNs) {
 void CollectorLink::startOver() {
   outgoing_.clear();
   outgoingSent_ = 0;
-  std::vector<std::byte> frame;
-  trace::wire::encodeHello(hello_, frame);
-  queue(std::move(frame));
+  queueEncoded([&](std::vector<std::byte>& frame) { trace::wire::encodeHello(hello_, frame); });
   commsSent_ = 0;
   waitsDirty_ = !waits_.empty();
   sitesSent_ = 0;
@@ -263,7 +261,7 @@ void CollectorLink::compact() {
   outgoingSent_ = 0;
 }
 
-void CollectorLink::queue(std::vector<std::byte>&& frame) {
+void CollectorLink::queue(const std::vector<std::byte>& frame) {
   compact();
   if (outgoing_.size() + frame.size() > kMaxOutgoing) {
     counters_.bytesDropped += frame.size();
@@ -290,15 +288,14 @@ void CollectorLink::queueWaits(int64_t nowNs) {
     size_t end = std::min(sites_.size(), sitesSent_ + trace::wire::kMaxPayload);
     if (end < sites_.size()) end = sites_.rfind('\n', end - 1) + 1;
     if (end <= sitesSent_) break;  // a line longer than a frame: never (lines are short)
-    std::vector<std::byte> frame;
-    trace::wire::encodeSites(sites_.substr(sitesSent_, end - sitesSent_), frame);
-    queue(std::move(frame));
+    queueEncoded([&](std::vector<std::byte>& frame) {
+      trace::wire::encodeSites(sites_.substr(sitesSent_, end - sitesSent_), frame);
+    });
     sitesSent_ = end;
   }
   if (!waitsDirty_) return;
-  std::vector<std::byte> frame;
-  trace::wire::encodeWaits(nowNs, waits_, frame);
-  queue(std::move(frame));
+  queueEncoded(
+      [&](std::vector<std::byte>& frame) { trace::wire::encodeWaits(nowNs, waits_, frame); });
   waitsDirty_ = false;
 }
 
@@ -321,9 +318,7 @@ void CollectorLink::collectRecords(int64_t nowNs) {
   // child of a process whose allocator has no fork handlers would inherit a held lock).
   if (writer_.commCount() != commsSent_) {
     std::vector<trace::CommInfo> comms = writer_.comms();
-    std::vector<std::byte> frame;
-    trace::wire::encodeComms(comms, frame);
-    queue(std::move(frame));
+    queueEncoded([&](std::vector<std::byte>& frame) { trace::wire::encodeComms(comms, frame); });
     commsSent_ = comms.size();
   }
   // RECORDS frames are encoded in place at the end of the queue, as many as fit in it: what
@@ -553,9 +548,7 @@ void CollectorLink::finish(int boundMs) {
     return;
   }
   collectRecords(0);
-  std::vector<std::byte> frame;
-  trace::wire::encodeBye(frame);
-  queue(std::move(frame));
+  queueEncoded([&](std::vector<std::byte>& frame) { trace::wire::encodeBye(frame); });
   for (int waited = 0; waited < boundMs && outgoingSent_ < outgoing_.size(); ++waited) {
     if (!flush()) break;
     if (outgoingSent_ < outgoing_.size()) {

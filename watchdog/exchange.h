@@ -85,7 +85,16 @@ class CollectorLink {
   void startOver();
   bool connectBeforeExit(int boundMs);
   void disconnect(int64_t nowNs);
-  void queue(std::vector<std::byte>&& frame);
+  void queue(const std::vector<std::byte>& frame);
+  // Encodes one frame into scratch_ and queues it: the buffer keeps its capacity, so that the
+  // watchdog thread does not allocate every poll (a fork child of a process whose allocator has
+  // no fork handlers would inherit a held lock).
+  template <typename Encode>
+  void queueEncoded(Encode&& encode) {
+    scratch_.clear();
+    encode(scratch_);
+    queue(scratch_);
+  }
   void collectRecords(int64_t nowNs);
   void compact();
   void refuse(uint16_t version);
@@ -100,6 +109,7 @@ class CollectorLink {
   CollectorAddress address_;
   trace::RingWriter& writer_;
   trace::wire::Hello hello_{};
+  std::vector<std::byte> scratch_;  // queueEncoded's frame
   int fd_ = -1;
   bool connecting_ = false;
   int64_t nextAttemptNs_ = 0;

@@ -2,7 +2,10 @@
 // loads with nothing but libc and libstdc++, wraps every host function NCCL exports, and records
 // exactly the calls a program makes, with communicator ids that agree across ranks.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -700,6 +703,61 @@ TEST(Recording, BackToBackCallsKeepOneRecordEachWhateverIsInFlight) {
     EXPECT_EQ(unknownRedop, 0);
     EXPECT_EQ(seqGaps, 0);
     EXPECT_EQ(lastSeq, static_cast<uint64_t>(kIters));
+  }
+}
+
+// A loopback port free a moment ago, for a collector to listen on.
+int freeLoopbackPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// The watchdog thread polls every interval for the job's whole life, and must not allocate as
+// it does: a process that forks while another thread holds its allocator's lock leaves the
+// child a lock no thread releases, unless the allocator takes its locks around fork() (glibc's
+// does; GCC 12's ASan runtime and some preloaded allocators do not: the fork probe's child hung
+// so under ASan). alloc_probe counts the allocations on the thread named "ncclwatch" over 1.2 s
+// of steady calls at a 20 ms poll (about 60 polls): it took one or more a poll (its progress
+// and, with a collector, the communicator table copied each time, a frame buffer per wait
+// notes). A buffer that grows to a new high may still allocate, once.
+TEST(Recording, WatchdogDoesNotAllocateWhilePolling) {
+  if (!std::string(NCCLWATCH_SANITIZER_RUNTIME).empty()) {
+    GTEST_SKIP() << "the probe defines malloc, which a sanitizer's runtime intercepts";
+  }
+  for (bool withCollector : {false, true}) {
+    SCOPED_TRACE(withCollector ? "with rank 0's sidecar collector" : "without a collector");
+    std::string logs = testsupport::freshDirectory(withCollector ? "alloc-collector" : "alloc");
+    testsupport::JobSpec spec = preloaded(NCCLWATCH_ALLOC_PROBE, 1, logs);
+    spec.env.push_back({"NCCLWATCH_POLL_MS", "20"});
+    if (withCollector) {
+      int port = freeLoopbackPort();
+      ASSERT_GT(port, 17);
+      spec.env.push_back({"MASTER_ADDR", "127.0.0.1"});
+      spec.env.push_back({"MASTER_PORT", std::to_string(port - 17)});  // the collector: +17
+    }
+    CheckedJob job(spec);
+    ASSERT_TRUE(job.waitExit(60s)) << job.output(0);
+    const std::string output = job.output(0);
+    ASSERT_EQ(job.exitStatus(0), 0) << output;
+    std::smatch counted;
+    ASSERT_TRUE(
+        std::regex_search(output, counted, std::regex(R"(watchdog allocations=(\d+) calls=(\d+))")))
+        << output;
+    EXPECT_GT(std::stol(counted[2]), 100) << output;
+    EXPECT_LE(std::stol(counted[1]), 2) << output;
+    if (withCollector) {
+      EXPECT_NE(output.find("collector listening on port"), std::string::npos) << output;
+    }
   }
 }
 
