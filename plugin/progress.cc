@@ -246,11 +246,16 @@ void PluginProgress::poll(int64_t nowNs) {
   for (size_t i = 0; i < kCallSlots; ++i) {
     CallSlot& slot = calls[i];
     if (!isPublished(slot)) continue;
-    if (slot.kind == EventKind::kCollApi || slot.kind == EventKind::kP2pApi) {
+    const EventKind kind = slot.kind.load(std::memory_order_relaxed);
+    // Again, to read what its owner filled in: the calling thread may have given the slot back
+    // and claimed it for another event since (an API slot goes back when its operation starts).
+    if (!isPublished(slot)) continue;
+    if (kind == EventKind::kCollApi || kind == EventKind::kP2pApi) {
       // An API event whose operation never came (NCCL ran it without a Coll/P2p event).
       if (!slot.apiStopped.load(std::memory_order_acquire)) continue;
-      if (slot.stoppedApiSeenNs == 0) slot.stoppedApiSeenNs = nowNs;
-      if (nowNs - slot.stoppedApiSeenNs > kOrphanApiNs) pools().calls.release(&slot);
+      int64_t seenNs = slot.stoppedApiSeenNs.load(std::memory_order_relaxed);
+      if (seenNs == 0) slot.stoppedApiSeenNs.store(seenNs = nowNs, std::memory_order_relaxed);
+      if (nowNs - seenNs > kOrphanApiNs) pools().calls.release(&slot);
       continue;
     }
     if (!slot.hasRecord) continue;

@@ -44,7 +44,9 @@ struct Context {
 struct alignas(64) CallSlot {
   std::atomic<uint32_t> live{0};
   std::atomic<uint32_t> generation{0};
-  EventKind kind = EventKind::kOther;
+  // Atomic: the watchdog's sweep reads it of every published slot while the calling thread may
+  // give an API slot back and claim it again for the next call (back-to-back calls reuse it).
+  std::atomic<EventKind> kind{EventKind::kOther};
   Context* context = nullptr;
   uint32_t contextGeneration = 0;
   // What the user called (from the API event when there is one).
@@ -75,8 +77,8 @@ struct alignas(64) CallSlot {
   std::atomic<uint32_t> stoppedChannels{0};
   std::atomic<int64_t> kernelStartNs{0};
   std::atomic<int64_t> kernelStopNs{0};
-  // Watchdog thread only.
-  int64_t stoppedApiSeenNs = 0;
+  // Written by the watchdog thread; reset by the thread that claims the slot for an API event.
+  std::atomic<int64_t> stoppedApiSeenNs{0};
 };
 
 // A KernelCh, ProxyOp or ProxyStep event: a child of an operation (or of a ProxyOp).
