@@ -77,6 +77,30 @@ int readDeviceCount() {
   return static_cast<int>(value);
 }
 
+// How many tasks a stream holds before a launch blocks the host thread until the device works
+// one off. A real stream takes about a thousand pending kernel launches, then the next launch
+// waits for the oldest to finish (NVIDIA's forum, "CUDA stream are blocked when launch lots of
+// kernels (>1000)"). Without a bound one rank of a sim job ran a hundred thousand collectives
+// ahead of its peer, which no GPU lets a job do (docs/sim.md). CUDASIM_PENDING_LAUNCHES sets it;
+// 0 lifts it (a test's way to put more work in flight than one real stream holds).
+size_t readPendingLaunchLimit() {
+  const char* text = std::getenv("CUDASIM_PENDING_LAUNCHES");
+  if (text == nullptr || *text == '\0') return 1024;
+  char* end = nullptr;
+  long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < 0) return 1024;
+  return static_cast<size_t>(value);
+}
+
+size_t pendingLaunchLimit() {
+  static const size_t limit = readPendingLaunchLimit();
+  return limit;
+}
+
+// A stream's worker runs host functions, which may not launch work of their own (CUDA forbids
+// CUDA calls there); if one does, it is never held back by the bound (it would wait on itself).
+thread_local bool t_onStreamWorker = false;
+
 std::atomic<State*> g_state{nullptr};
 std::mutex g_stateCreation;
 
@@ -121,6 +145,7 @@ void workerLoop(std::shared_ptr<Stream> stream) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  t_onStreamWorker = true;
   for (;;) {
     Task task;
     {
@@ -300,6 +325,12 @@ uint64_t enqueue(const std::shared_ptr<Stream>& stream, std::function<void()> wo
       stream->capture->graph->items.push_back(std::move(item));
       return 0;
     }
+  }
+  if (const size_t limit = pendingLaunchLimit(); limit > 0 && !t_onStreamWorker) {
+    // A full stream: the launch waits for room, as the driver's does. Before the device's lock,
+    // so that other streams' launches go on meanwhile.
+    std::unique_lock<std::mutex> lock(stream->mutex);
+    stream->changed.wait(lock, [&] { return stream->queue.size() < limit || stream->stopping; });
   }
   std::vector<Dependency> dependencies = std::move(extraDependencies);
   std::shared_ptr<Stream> legacy;

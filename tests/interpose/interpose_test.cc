@@ -668,7 +668,9 @@ TEST(Completion, EventsOffThePluginStillTracksCompletion) {
 }
 
 // Back-to-back calls on two ranks that drift apart: the rank ahead has thousands of operations
-// in flight, more than the plugin's call slots (the sim queues work without bound). Each call
+// in flight, more than the plugin's call slots find free near their cursor (one real stream
+// holds about a thousand launches, several streams or a deeper queue more: here the sim's bound
+// is lifted). Each call
 // keeps exactly one record, its wrapper's, and its own sequence number. When the plugin found
 // no API event to join, it made a second record of the call (no reduction op) that took the
 // next sequence number: a healthy job's collector said MISMATCH every few thousand calls.
@@ -680,6 +682,7 @@ TEST(Recording, BackToBackCallsKeepOneRecordEachWhateverIsInFlight) {
       preloaded(std::string(NCCLWATCH_BUILD_DIR) + "/examples/allreduce_loop", 2, logs,
                 {"--iters", std::to_string(kIters)});
   spec.env.push_back({"NCCLWATCH_TRACE", "full"});  // every record, not the ring's last
+  spec.env.push_back({"CUDASIM_PENDING_LAUNCHES", "0"});
   // A ring that holds the whole run: a sanitizer build's 1024 records lap under back-to-back
   // calls before the watchdog persists them (losses a full trace counts, not this test's case).
   spec.env.push_back({"NCCLWATCH_RING_RECORDS", std::to_string(2 * kIters)});
@@ -733,7 +736,8 @@ int freeLoopbackPort() {
 // so under ASan). alloc_probe counts the allocations on the thread named "ncclwatch" over 1.2 s
 // of steady calls at a 20 ms poll (about 60 polls): it took one or more a poll (its progress
 // and, with a collector, the communicator table copied each time, a frame buffer per wait
-// notes). A buffer that grows to a new high may still allocate, once.
+// notes). A buffer that grows to a new high still allocates, once: on a loaded machine, with a
+// collector that reads late, up to a few times in the window (3 seen), far from one a poll.
 TEST(Recording, WatchdogDoesNotAllocateWhilePolling) {
   if (!std::string(NCCLWATCH_SANITIZER_RUNTIME).empty()) {
     GTEST_SKIP() << "the probe defines malloc, which a sanitizer's runtime intercepts";
@@ -758,7 +762,7 @@ TEST(Recording, WatchdogDoesNotAllocateWhilePolling) {
         std::regex_search(output, counted, std::regex(R"(watchdog allocations=(\d+) calls=(\d+))")))
         << output;
     EXPECT_GT(std::stol(counted[2]), 100) << output;
-    EXPECT_LE(std::stol(counted[1]), 2) << output;
+    EXPECT_LE(std::stol(counted[1]), 8) << output;
     if (withCollector) {
       EXPECT_NE(output.find("collector listening on port"), std::string::npos) << output;
     }

@@ -245,6 +245,39 @@ TEST(SimCudaStreams, BlockedStreamCostsNoCpu) {
   cudaStreamDestroy(stream);
 }
 
+// A real stream takes about a thousand pending launches, then the next launch blocks the host
+// until the device finishes one (docs/sim.md). The sim holds 1024: behind a gate, 1024 launches
+// return at once (the gate's own task is running, not pending) and the next one waits until the
+// gate opens; then everything runs, in order.
+TEST(SimCudaStreams, AFullStreamBlocksTheNextLaunchUntilWorkIsDone) {
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  Gate gate;
+  OrderLog log;
+  ASSERT_EQ(cudaLaunchHostFunc(stream, waitAtGate, &gate), cudaSuccess);
+  std::this_thread::sleep_for(20ms);  // the worker takes the gate: it runs, no longer pending
+  std::vector<LogStep> steps(1025);
+  for (int i = 0; i < 1024; ++i) {
+    steps[i] = {&log, i, 0};
+    ASSERT_EQ(cudaLaunchHostFunc(stream, logStep, &steps[i]), cudaSuccess);
+  }
+  steps[1024] = {&log, 1024, 0};
+  std::atomic<bool> launched{false};
+  std::thread launcher([&] {
+    EXPECT_EQ(cudaLaunchHostFunc(stream, logStep, &steps[1024]), cudaSuccess);
+    launched = true;
+  });
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(launched.load()) << "the 1025th pending launch returned while the stream was full";
+  gate.release();
+  launcher.join();
+  EXPECT_TRUE(launched.load());
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_EQ(log.entries.size(), 1025u);
+  for (int i = 0; i < 1025; ++i) ASSERT_EQ(log.entries[i], i);
+  cudaStreamDestroy(stream);
+}
+
 TEST(SimCudaCapture, CapturedWorkReplaysAndStatusIsReported) {
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
