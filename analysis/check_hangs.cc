@@ -160,10 +160,19 @@ void JobAnalysis::checkDeadAndMissing() {
                       " ended normally while the others wait for it in #" + std::to_string(v.seq) +
                       ": it left the job early (an early return or exit on a rank-dependent "
                       "path); every rank must make the same collectives before it leaves";
+    } else if (proc.alive) {
+      // Alive: no exit status or core dump to look at. Where it is now says which it is: a
+      // long host step (a checkpoint, a data loader) ends by itself, a wait outside NCCL does
+      // not.
+      v.explanation = "rank " + std::to_string(proc.rank) +
+                      " is alive but stopped issuing NCCL calls while the others wait for it in #" +
+                      std::to_string(v.seq) +
+                      ": its stack (the dump) shows where it is: a long host step (a checkpoint, "
+                      "data loading) ends by itself, a wait outside NCCL (a lock, a queue, "
+                      "another library's barrier) does not";
     } else {
       v.explanation = "rank " + std::to_string(proc.rank) +
-                      (proc.alive ? " stopped issuing NCCL calls" : " is gone") +
-                      " while the others wait for it in #" + std::to_string(v.seq) +
+                      " is gone while the others wait for it in #" + std::to_string(v.seq) +
                       ": look at its exit status, core dump or log";
     }
     restsOnTiming(v);

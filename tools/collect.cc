@@ -247,6 +247,7 @@ int runJob(const RunOptions& options, std::ostream& out, std::ostream& err) {
   collectorOptions.directory = directory;
   collectorOptions.abortOnVerdict = options.abortOnVerdict;
   collectorOptions.quietMs = options.quietMs;
+  collectorOptions.silentRankAbortMs = options.silentRankAbortMs;
   collectorOptions.colour = cli::useColour(-1, STDERR_FILENO);
   Collector collector;
   std::string error;

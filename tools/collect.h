@@ -24,6 +24,10 @@ struct Options {
   int settleMs = 150;      // a verdict must hold this long, culprits unchanged, before it is said
   int64_t quietMs = 3000;  // a job whose ranks wait this long without progress is hung
   bool abortOnVerdict = false;
+  // Under --abort, how much longer a rank that is alive but issues no NCCL call while the others
+  // wait must stay silent before the job is aborted for it: one rank saving a checkpoint or
+  // loading data looks the same for a while (a dead_rank verdict rests on timing alone there).
+  int64_t silentRankAbortMs = 60'000;
   bool colour = false;
   size_t maxAgents = 8192;
   // Call records kept for analysis, shared by the job's ranks: each keeps the newest
@@ -117,8 +121,9 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err);
 struct RunOptions {
   std::string directory;  // NCCLWATCH_DIR for the job; default ./ncclwatch-logs/run-<pid>
   bool abortOnVerdict = false;
-  int64_t quietMs = 3000;  // the collector's quietMs
-  std::string preload;     // libncclwatch.so; default: ../lib/libncclwatch.so beside the CLI
+  int64_t quietMs = 3000;              // the collector's quietMs
+  int64_t silentRankAbortMs = 60'000;  // the collector's silentRankAbortMs
+  std::string preload;  // libncclwatch.so; default: ../lib/libncclwatch.so beside the CLI
   // Load the library only as NCCL's profiler plugin (NCCL_PROFILER_PLUGIN), not LD_PRELOAD: for
   // programs whose NCCL is linked statically.
   bool pluginOnly = false;

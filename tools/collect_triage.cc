@@ -375,6 +375,7 @@ void Triage::closed(int index) {
 }
 
 void Triage::housekeeping(int64_t now) {
+  if (!silentRankAborts_.empty()) checkSilentRankAborts(now);
   if (!pendingAborts_.empty()) sendDueAborts(now);
   if (now >= nextAdoptNs_) {
     nextAdoptNs_ = now + 500 * kMs;
@@ -419,30 +420,6 @@ void Triage::report(const analysis::Verdict& verdict, const analysis::JobReport&
   std::string reason = std::string("collector: ") + analysis::kindName(verdict.kind) + " on comm " +
                        analysis::hashText(verdict.comm.hash) + " at call #" +
                        std::to_string(verdict.seq) + ": " + verdict.explanation;
-  // With --abort, the communicators the verdict involves are aborted on every rank that has
-  // them, so that nobody stays blocked in them: the verdict's own, and for a dead rank every
-  // communicator of the job (the dead rank's among them: its partners wait in those).
-  std::set<uint64_t> toAbort;
-  if (options_.abortOnVerdict && verdict.kind != analysis::VerdictKind::kStraggler) {
-    toAbort.insert(verdict.comm.hash);
-    if (verdict.kind == analysis::VerdictKind::kDeadRank) {
-      // A rank that died soon after creating communicators may never have sent the collector
-      // its newer comm table, nor its partners theirs: the job cannot go on without the dead
-      // rank, so every communicator of the job is aborted, those its processes report later
-      // included (frame(), kComms). Else the dead rank's partners in a communicator the
-      // collector never heard of wait in it for ever.
-      for (size_t i = 0; i < files_.size(); ++i) {
-        if (trace::jobIdOf(files_[i].header) != job.jobId) continue;
-        // The processes of the job now, not of a later attempt under the same job id (an
-        // elastic restart): those start over.
-        abortingProcesses_.insert(i);
-        for (const trace::CommInfo& comm : files_[i].comms) toAbort.insert(comm.commHash);
-      }
-    }
-  }
-  // The aborts go out a little after the dump requests: a rank that aborts fails and exits at
-  // once, its launcher stops the job, and ranks still taking their dump would lose it.
-  int64_t abortAt = steadyNs() + kAbortAfterDumpNs;
   for (size_t i = 0; i < processes_.size(); ++i) {
     const Process& process = processes_[i];
     if (!process.connected || process.connection < 0) continue;
@@ -452,6 +429,82 @@ void Triage::report(const analysis::Verdict& verdict, const analysis::JobReport&
       wire::encodeDump(reason, frame);
       connections_->send(static_cast<size_t>(process.connection), frame);
     }
+  }
+  if (!options_.abortOnVerdict || verdict.kind == analysis::VerdictKind::kStraggler) return;
+  // A rank alive but silent while the others wait (a dead_rank on timing alone) may be a rank
+  // that saves a checkpoint or loads data for longer than the quiet time: the job is aborted
+  // for it only if it stays silent for silentRankAbortMs more (Triage::checkSilentRankAborts).
+  if (verdict.kind == analysis::VerdictKind::kDeadRank && !culpritsEnded(verdict, job)) {
+    SilentRankAbort held{verdict, job.jobId, {}, steadyNs() + options_.silentRankAbortMs * kMs};
+    for (size_t i = 0; i < processes_.size(); ++i) {
+      const trace::RingHeader& header = files_[i].header;
+      if (trace::jobIdOf(header) != job.jobId || processes_[i].ended()) continue;
+      for (int culprit : verdict.culprits) {
+        if (header.rank == culprit) held.culprits.push_back({i, processes_[i].firstNewIndex});
+      }
+    }
+    out_ << "[ncclwatch] --abort: rank" << (verdict.culprits.size() > 1 ? "s " : " ")
+         << analysis::formatRanks(verdict.culprits)
+         << " alive; the job is aborted if no NCCL call comes from "
+         << (verdict.culprits.size() > 1 ? "them" : "it") << " within "
+         << options_.silentRankAbortMs / 1000.0
+         << " s (a checkpoint or data loading on one rank looks the same for a while)\n"
+         << std::flush;
+    silentRankAborts_.push_back(std::move(held));
+    return;
+  }
+  scheduleAborts(verdict, job.jobId);
+}
+
+void Triage::checkSilentRankAborts(int64_t now) {
+  std::vector<SilentRankAbort> waiting;
+  for (SilentRankAbort& held : silentRankAborts_) {
+    bool spoke = false, gone = true;
+    for (const auto& [process, firstNewIndex] : held.culprits) {
+      spoke |= processes_[process].firstNewIndex != firstNewIndex;
+      gone &= processes_[process].ended();
+    }
+    if (spoke) {
+      out_ << "[ncclwatch] rank" << (held.verdict.culprits.size() > 1 ? "s " : " ")
+           << analysis::formatRanks(held.verdict.culprits)
+           << " issued NCCL calls again: no abort for its verdict\n"
+           << std::flush;
+    } else if (gone || held.dueNs <= now) {
+      scheduleAborts(held.verdict, held.jobId);
+    } else {
+      waiting.push_back(std::move(held));
+    }
+  }
+  silentRankAborts_ = std::move(waiting);
+}
+
+// The communicators the verdict involves are aborted on every rank that has them, so that
+// nobody stays blocked in them: the verdict's own, and for a dead rank every communicator of the
+// job (the dead rank's among them: its partners wait in those).
+void Triage::scheduleAborts(const analysis::Verdict& verdict, const std::string& jobId) {
+  std::set<uint64_t> toAbort;
+  toAbort.insert(verdict.comm.hash);
+  if (verdict.kind == analysis::VerdictKind::kDeadRank) {
+    // A rank that died soon after creating communicators may never have sent the collector
+    // its newer comm table, nor its partners theirs: the job cannot go on without the dead
+    // rank, so every communicator of the job is aborted, those its processes report later
+    // included (frame(), kComms). Else the dead rank's partners in a communicator the
+    // collector never heard of wait in it for ever.
+    for (size_t i = 0; i < files_.size(); ++i) {
+      if (trace::jobIdOf(files_[i].header) != jobId) continue;
+      // The processes of the job now, not of a later attempt under the same job id (an
+      // elastic restart): those start over.
+      abortingProcesses_.insert(i);
+      for (const trace::CommInfo& comm : files_[i].comms) toAbort.insert(comm.commHash);
+    }
+  }
+  // The aborts go out a little after the dump requests: a rank that aborts fails and exits at
+  // once, its launcher stops the job, and ranks still taking their dump would lose it.
+  int64_t abortAt = steadyNs() + kAbortAfterDumpNs;
+  for (size_t i = 0; i < processes_.size(); ++i) {
+    const Process& process = processes_[i];
+    if (!process.connected || process.connection < 0) continue;
+    if (trace::jobIdOf(files_[i].header) != jobId) continue;
     for (const trace::CommInfo& comm : files_[i].comms) {
       if (toAbort.count(comm.commHash) && abortsAsked_.insert({i, comm.commHash}).second) {
         pendingAborts_.push_back({i, comm.commHash, abortAt});

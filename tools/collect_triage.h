@@ -144,6 +144,10 @@ class Triage : public FrameSink {
   void report(const analysis::Verdict& verdict, const analysis::JobReport& job);
   bool culpritsEnded(const analysis::Verdict& verdict, const analysis::JobReport& job) const;
   void sendDueAborts(int64_t now);
+  // Under --abort: the aborts a verdict calls for, on every rank of its job that has them.
+  void scheduleAborts(const analysis::Verdict& verdict, const std::string& jobId);
+  // Held aborts of silent ranks: called off when one issues a call, sent when due or gone.
+  void checkSilentRankAborts(int64_t now);
 
   const Options& options_;
   Counters& counters_;
@@ -206,6 +210,16 @@ class Triage : public FrameSink {
     int64_t dueNs;
   };
   std::vector<PendingAbort> pendingAborts_;
+  // A dead_rank verdict on ranks alive but silent, under --abort: its aborts wait until
+  // `dueNs`, and are called off if a culprit issues another call first (its process's
+  // firstNewIndex moves on).
+  struct SilentRankAbort {
+    analysis::Verdict verdict;
+    std::string jobId;
+    std::vector<std::pair<size_t, uint64_t>> culprits;  // (process, firstNewIndex at the verdict)
+    int64_t dueNs = 0;
+  };
+  std::vector<SilentRankAbort> silentRankAborts_;
   std::set<std::pair<size_t, uint64_t>> abortsAsked_;  // (process, comm) aborts already asked
   // Processes of a job aborted whole (a dead rank under --abort): communicators they report
   // later are aborted as they arrive.

@@ -254,6 +254,11 @@ Exit code: 0 nothing found, 1 findings (the injected bug), 2 usage or set-up err
   });
 }
 
+constexpr const char* kSilentRankAbortHelp =
+    "with --abort: how much longer a rank alive but silent while the others wait must stay silent "
+    "before the job is aborted for it, as a checkpoint or data loading on one rank looks the same "
+    "for a while (default 60000)";
+
 void addRun(CLI::App& app, int& exitCode) {
   CLI::App* run = app.add_subcommand(
       "run", "Run a job under ncclwatch: preloaded recorder, live cross-rank verdicts");
@@ -264,6 +269,8 @@ void addRun(CLI::App& app, int& exitCode) {
   run->add_option("--quiet-ms", options.quietMs,
                   "a job whose ranks wait this long without progress is hung (default 3000)")
       ->check(CLI::Range(int64_t{100}, int64_t{86'400'000}));
+  run->add_option("--silent-rank-abort-ms", options.silentRankAbortMs, kSilentRankAbortHelp)
+      ->check(CLI::Range(int64_t{0}, int64_t{86'400'000}));
   run->add_option("--preload", options.preload,
                   "libncclwatch.so to preload (default: beside "
                   "the CLI, ../lib/libncclwatch.so)");
@@ -301,6 +308,8 @@ void addCollect(CLI::App& app, int& exitCode) {
       ->add_option("--quiet-ms", options.quietMs,
                    "a job whose ranks wait this long without progress is hung (default 3000)")
       ->check(CLI::Range(int64_t{100}, int64_t{86'400'000}));
+  collect->add_option("--silent-rank-abort-ms", options.silentRankAbortMs, kSilentRankAbortHelp)
+      ->check(CLI::Range(int64_t{0}, int64_t{86'400'000}));
   collect
       ->add_option("--max-records", options.maxRecords,
                    "call records kept for analysis, shared by the ranks (128 bytes each)")

@@ -64,6 +64,44 @@ TEST(LiveCollector, SkipBugIsNamedWhileTheJobHangsAndAbortEndsIt) {
   EXPECT_GE(collectorDumps, 2);
 }
 
+// Under --abort, one rank that stops issuing NCCL calls while the others wait (a dead_rank on
+// timing alone: it is alive) is given --silent-rank-abort-ms more before the job is aborted for
+// it: a rank saving a checkpoint looks the same for a while. Before, the job was aborted as
+// soon as the quiet time ran out, a healthy job killed at its first long checkpoint.
+TEST(LiveCollector, ASilentRankIsAbortedOnlyIfItStaysSilent) {
+  auto runWithPause = [](const std::string& logs, int pauseMs, int holdMs) {
+    return shell("timeout 120 " + kCli + " run --abort --quiet-ms 500 --silent-rank-abort-ms " +
+                 std::to_string(holdMs) + " --dir " + logs + " -- " + kCli + " launch -n 4 -- " +
+                 build("examples/train_loop") + " --steps 12 --step-ms 20 --quiet --bug " +
+                 "pause:rank=0,step=3,ms=" + std::to_string(pauseMs));
+  };
+  {
+    SCOPED_TRACE("a 2.5 s pause, 20 s allowed");
+    std::string logs = testsupport::freshDirectory("live-silent-resumes");
+    auto [out, status] = runWithPause(logs, 2500, 20'000);
+    EXPECT_EQ(status, 0) << out;
+    EXPECT_NE(out.find("DEAD_RANK"), std::string::npos) << out;  // the others did wait for it
+    EXPECT_NE(
+        out.find("rank 0 alive; the job is aborted if no NCCL call comes from it within 20 s"),
+        std::string::npos)
+        << out;
+    EXPECT_NE(out.find("rank 0 issued NCCL calls again: no abort for its verdict"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(out.find("aborting comm"), std::string::npos) << out;
+  }
+  {
+    SCOPED_TRACE("a 60 s pause, 1 s allowed");
+    std::string logs = testsupport::freshDirectory("live-silent-stays");
+    auto start = std::chrono::steady_clock::now();
+    auto [out, status] = runWithPause(logs, 60'000, 1000);
+    EXPECT_NE(status, 0) << out;
+    EXPECT_NE(status, 124) << "still running when the test's bound ran out\n" << out;
+    EXPECT_NE(out.find("aborting comm"), std::string::npos) << out;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 30s) << out;
+  }
+}
+
 TEST(LiveCollector, CleanJobGetsNoVerdict) {
   std::string logs = testsupport::freshDirectory("live-clean");
   auto [out, status] =
