@@ -2,10 +2,7 @@
 // loads with nothing but libc and libstdc++, wraps every host function NCCL exports, and records
 // exactly the calls a program makes, with communicator ids that agree across ranks.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -713,22 +710,6 @@ TEST(Recording, BackToBackCallsKeepOneRecordEachWhateverIsInFlight) {
   }
 }
 
-// A loopback port free a moment ago, for a collector to listen on.
-int freeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 // The watchdog thread polls every interval for the job's whole life, and must not allocate as
 // it does: a process that forks while another thread holds its allocator's lock leaves the
 // child a lock no thread releases, unless the allocator takes its locks around fork() (glibc's
@@ -748,7 +729,7 @@ TEST(Recording, WatchdogDoesNotAllocateWhilePolling) {
     testsupport::JobSpec spec = preloaded(NCCLWATCH_ALLOC_PROBE, 1, logs);
     spec.env.push_back({"NCCLWATCH_POLL_MS", "20"});
     if (withCollector) {
-      int port = freeLoopbackPort();
+      int port = testsupport::freeLoopbackPort();
       ASSERT_GT(port, 17);
       spec.env.push_back({"MASTER_ADDR", "127.0.0.1"});
       spec.env.push_back({"MASTER_PORT", std::to_string(port - 17)});  // the collector: +17

@@ -12,4 +12,8 @@ struct Output {
 // `line` runs under /bin/sh with `stderrTo` appended ("2>&1" by default: stderr with stdout).
 Output command(const std::string& line, const std::string& stderrTo = "2>&1");
 
+// A loopback TCP port nothing listened on a moment ago (bound, read, closed), for a collector;
+// 0 if none could be bound.
+int freeLoopbackPort();
+
 }  // namespace testsupport

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "child.h"
+#include "command.h"
 #include "job.h"
 #include "traces.h"
 
@@ -43,19 +44,6 @@ int count(const std::string& text, const std::string& needle) {
     ++found;
   }
   return found;
-}
-
-// A TCP port nothing listens on (bound, read, closed).
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  socklen_t length = sizeof address;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
 }
 
 // `ncclwatch collect` as a process of its own, its output in a file.
@@ -161,7 +149,7 @@ TEST(CollectorFaults, NotReachableAtStart) {
   std::vector<std::string> args = {"--steps", "30", "--step-ms", "10"};
   int expected = baselineAllReduces("unreachable-base", 2, args);
   std::string logs = testsupport::freshDirectory("unreachable");
-  int port = freePort();
+  int port = testsupport::freeLoopbackPort();
   Job job(trainLoop(2, args, watched(logs, "127.0.0.1:" + std::to_string(port))));
   ASSERT_TRUE(job.waitExit(60s)) << job.output(0);
   expectCleanAndComplete(job, logs, expected);
@@ -284,7 +272,7 @@ TEST(CollectorFaults, PortHeldByALingeringSidecar) {
   std::string logs = testsupport::freshDirectory("port-taken");
   int masterPort = 0, collectorPort = 0;
   for (int tries = 0; tries < 20 && collectorPort == 0; ++tries) {
-    int port = freePort();
+    int port = testsupport::freeLoopbackPort();
     if (port > 1100 && port < 65000) {
       collectorPort = port;
       masterPort = port - 17;

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "child.h"
+#include "command.h"
 #include "job.h"
 #include "traces.h"
 
@@ -232,21 +233,6 @@ TEST(FullDisk, ContinuousModeCountsWhatItCouldNotWrite) {
   umount2(logs.c_str(), MNT_DETACH);
 }
 
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 // `ncclwatch launch` in the background with rank 0's sidecar collector; every rank's output in
 // one file.
 class Launch : public testsupport::Child {
@@ -270,7 +256,8 @@ class Launch : public testsupport::Child {
       setenv("NCCLWATCH_DIR", logs.c_str(), 1);
       // A port free a moment ago: launch's MASTER_PORT + offset may be one that other jobs on
       // this machine hold (that fault is a collector row, not this one).
-      setenv("NCCLWATCH_COLLECTOR_PORT", std::to_string(freePort()).c_str(), 1);
+      setenv("NCCLWATCH_COLLECTOR_PORT", std::to_string(testsupport::freeLoopbackPort()).c_str(),
+             1);
       setenv("NCCLWATCH_HANG_MS", "1500", 1);
       setenv("NCCLWATCH_POLL_MS", "50", 1);
       setenv("NCCLWATCH_ON_HANG", "dump", 1);
