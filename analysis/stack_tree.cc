@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstdio>
 #include <map>
+#include <span>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -93,6 +94,25 @@ uint32_t nativeId(TreeBuilder& builder, const trace::DumpFrame& frame, FrameKey 
   return builder.intern(std::move(key), std::move(label));
 }
 
+// How many of a thread's innermost frames are our own signal handling: a dump taken while the
+// thread runs ncclwatch's handler (a SIGTERM dump waits there for the watchdog) shows the
+// handler, then the kernel's signal trampoline, then where the signal found the program. Only
+// the last part says where the program is; with the rest, a rank that got SIGTERM a moment
+// before its dump fell into a class of its own.
+size_t ourSignalFrames(const trace::DumpThread& thread) {
+  constexpr size_t kSearched =
+      8;  // the handler is near the top: waits, the handler, the trampoline
+  const size_t searched = std::min(thread.frames.size(), kSearched);
+  for (size_t i = 0; i < searched; ++i) {
+    const trace::DumpFrame& frame = thread.frames[i];
+    if (frame.function.rfind("ncclwatch::", 0) == 0 &&
+        frame.function.find("::onSignal(") != std::string::npos && i + 2 < thread.frames.size()) {
+      return i + 2;  // through the trampoline, the frame after the handler
+    }
+  }
+  return 0;
+}
+
 // A thread's native path, outermost first. A thread that did not answer gets one node naming
 // its kernel wait, so that it still shows where it is.
 void nativePath(TreeBuilder& builder, const trace::DumpThread& thread, FrameKey by,
@@ -106,7 +126,8 @@ void nativePath(TreeBuilder& builder, const trace::DumpThread& thread, FrameKey 
     return;
   }
   path->reserve(thread.frames.size());
-  for (auto it = thread.frames.rbegin(); it != thread.frames.rend(); ++it) {
+  const auto end = thread.frames.rend() - static_cast<ptrdiff_t>(ourSignalFrames(thread));
+  for (auto it = thread.frames.rbegin(); it != end; ++it) {
     path->push_back(nativeId(builder, *it, by));
   }
 }
@@ -247,7 +268,9 @@ std::string nativeTop(const trace::DumpThread& thread, size_t frames) {
   std::string text;
   size_t taken = 0;
   bool folded = false;
-  for (const trace::DumpFrame& frame : thread.frames) {  // innermost first
+  const std::span<const trace::DumpFrame> outsideOurs =
+      std::span(thread.frames).subspan(ourSignalFrames(thread));
+  for (const trace::DumpFrame& frame : outsideOurs) {  // innermost first
     if (taken == frames) break;
     if (isRuntimeModule(frame.module) || frame.function.rfind("ncclwatch::", 0) == 0) continue;
     if (const char* framework = frameworkOf(frame.module)) {
@@ -419,7 +442,8 @@ MixedStack mixedStack(const trace::DumpThread& native, const trace::DumpPythonTh
   MixedStack mixed;
   // Outermost first, both.
   std::vector<const trace::DumpFrame*> frames;
-  for (auto it = native.frames.rbegin(); it != native.frames.rend(); ++it) frames.push_back(&*it);
+  const auto end = native.frames.rend() - static_cast<ptrdiff_t>(ourSignalFrames(native));
+  for (auto it = native.frames.rbegin(); it != end; ++it) frames.push_back(&*it);
   std::vector<const trace::DumpPythonFrame*> pyFrames;
   for (auto it = python.frames.rbegin(); it != python.frames.rend(); ++it) {
     pyFrames.push_back(&*it);

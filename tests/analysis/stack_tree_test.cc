@@ -88,6 +88,42 @@ TEST(StackTree, MergesIntoClassesWithRankSetsOnEveryEdge) {
   EXPECT_EQ(report.notes[5].thread, "train (tid 150)");
 }
 
+// A dump taken while a thread waits in ncclwatch's own SIGTERM handler (torchrun stopping the
+// ranks during a collector's dump) shows the handler and the signal trampoline above where the
+// signal found the program: those frames are cut, and the rank joins the class of the ranks
+// waiting in the same place (it was one of its own, and pytorch_hangs flaked on it).
+TEST(StackTree, OurSignalHandlersFramesAreNotWhereTheProgramIs) {
+  const std::string lib = "/opt/ncclwatch/lib/libncclwatch.so";
+  const std::string libc = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+  std::vector<Dump> dumps(2);
+  for (int r = 0; r < 2; ++r) {
+    std::vector<DumpFrame> frames = {frame("main"), frame("runStep"),
+                                     frame("cudaStreamSynchronize", 0x48, "/usr/lib/libcudart.so"),
+                                     frame("pthread_cond_wait", 0x1e8, libc)};
+    if (r == 1) {
+      frames.push_back(frame("", 0x3c050, libc));  // the kernel's signal trampoline
+      frames.push_back(
+          frame("ncclwatch::watchdog::(anonymous namespace)::onSignal(int, "
+                "siginfo_t*, void*)",
+                0x186, lib));
+      frames.push_back(frame(
+          "ncclwatch::watchdog::(anonymous namespace)::waitFor(unsigned long, int)", 0x39, lib));
+      frames.push_back(frame("__nanosleep", 0x13, libc));
+    }
+    dumps[r].trigger = "collector";
+    dumps[r].threads.push_back(thread(100 + r, "train", frames));
+  }
+  std::vector<RankDump> ranks = {{0, &dumps[0], 100}, {1, &dumps[1], 101}};
+  StackReport report = ncclwatch::analysis::mergeStacks(ranks, {});
+  ASSERT_EQ(report.classes.size(), 1u) << treeText(report.native);
+  EXPECT_EQ(report.classes[0].ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(report.classes[0].path.back(), "pthread_cond_wait");
+  // The merged tree's label of a frame without a name is its module and offset; none is left.
+  EXPECT_EQ(treeText(report.native).find("onSignal"), std::string::npos) << treeText(report.native);
+  EXPECT_EQ(treeText(report.native).find("libc.so.6+0x3c050"), std::string::npos)
+      << treeText(report.native);
+}
+
 TEST(StackTree, TheThreadThatIssuedTheHungCallMatters) {
   Dump d = trainDump(100, false);
   d.threads.push_back(thread(107, "worker", {frame("start_thread"), frame("issueLoop")}));
