@@ -100,8 +100,8 @@ uint32_t nativeId(TreeBuilder& builder, const trace::DumpFrame& frame, FrameKey 
 // the last part says where the program is; with the rest, a rank that got SIGTERM a moment
 // before its dump fell into a class of its own.
 size_t ourSignalFrames(const trace::DumpThread& thread) {
-  constexpr size_t kSearched =
-      8;  // the handler is near the top: waits, the handler, the trampoline
+  // The handler is near the top: a wait or two inside it, the handler, the trampoline.
+  constexpr size_t kSearched = 8;
   const size_t searched = std::min(thread.frames.size(), kSearched);
   for (size_t i = 0; i < searched; ++i) {
     const trace::DumpFrame& frame = thread.frames[i];

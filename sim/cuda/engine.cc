@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 #include <map>
 #include <unordered_map>
@@ -68,13 +69,18 @@ struct State {
   Heap heap;
 };
 
-int readDeviceCount() {
-  const char* text = std::getenv("CUDASIM_DEVICES");
-  if (text == nullptr || *text == '\0') return 8;
+// A whole decimal number from the environment within [least, most], else `fallback`.
+long envNumber(const char* name, long fallback, long least, long most) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
   char* end = nullptr;
   long value = std::strtol(text, &end, 10);
-  if (*end != '\0' || value < 1 || value > 1024) return 8;
-  return static_cast<int>(value);
+  if (*end != '\0' || value < least || value > most) return fallback;
+  return value;
+}
+
+int readDeviceCount() {
+  return static_cast<int>(envNumber("CUDASIM_DEVICES", 8, 1, 1024));
 }
 
 // How many tasks a stream holds before a launch blocks the host thread until the device works
@@ -83,17 +89,9 @@ int readDeviceCount() {
 // kernels (>1000)"). Without a bound one rank of a sim job ran a hundred thousand collectives
 // ahead of its peer, which no GPU lets a job do (docs/sim.md). CUDASIM_PENDING_LAUNCHES sets it;
 // 0 lifts it (a test's way to put more work in flight than one real stream holds).
-size_t readPendingLaunchLimit() {
-  const char* text = std::getenv("CUDASIM_PENDING_LAUNCHES");
-  if (text == nullptr || *text == '\0') return 1024;
-  char* end = nullptr;
-  long value = std::strtol(text, &end, 10);
-  if (*end != '\0' || value < 0) return 1024;
-  return static_cast<size_t>(value);
-}
-
 size_t pendingLaunchLimit() {
-  static const size_t limit = readPendingLaunchLimit();
+  static const size_t limit =
+      static_cast<size_t>(envNumber("CUDASIM_PENDING_LAUNCHES", 1024, 0, LONG_MAX));
   return limit;
 }
 

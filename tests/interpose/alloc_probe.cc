@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -89,7 +90,7 @@ void* aligned_alloc(size_t alignment, size_t size) {
 int posix_memalign(void** out, size_t alignment, size_t size) {
   noteAllocation();
   *out = __libc_memalign(alignment, size);
-  return *out != nullptr ? 0 : 12;  // ENOMEM
+  return *out != nullptr ? 0 : ENOMEM;
 }
 void free(void* pointer) {
   __libc_free(pointer);
