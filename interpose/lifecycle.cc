@@ -1,5 +1,7 @@
 #include "interpose/lifecycle.h"
 
+#include "interpose/aborted_comms.h"
+
 #include "trace/identity.h"
 #include "watchdog/discovery.h"
 
@@ -50,6 +52,7 @@ ncclResult_t finishRootInit(ncclResult_t result, ncclComm_t comm, const ncclUniq
   creation.rank = rank;
   CommEntry* entry = nullptr;
   if (accepted(result) && comm != nullptr) {
+    forgetAbortedByUs(comm);  // NCCL reused the address of one ncclwatch aborted
     describeComm(comm, &creation);
     recorder->writer().addRecordingSource(trace::kSourceInterposer);
     entry = recorder->add(creation);
@@ -72,6 +75,7 @@ void addChild(ncclComm_t child, CommEntry* parent, CommCreation creation) {
   if (recorder == nullptr || child == nullptr) return;
   creation.comm = child;
   creation.parentHash = parent != nullptr ? parent->hash : 0;
+  forgetAbortedByUs(child);  // NCCL reused the address of one ncclwatch aborted
   describeComm(child, &creation);
   recorder->writer().addRecordingSource(trace::kSourceInterposer);
   CommEntry* entry = recorder->add(creation);

@@ -21,7 +21,9 @@
 #include <string>
 #include <utility>
 
+#include "interpose/aborted_comms.h"
 #include "interpose/forward.h"
+#include "interpose/lifecycle.h"
 #include "plugin/plugin.h"
 #include "trace/clock.h"
 #include "trace/fingerprint.h"
@@ -876,8 +878,16 @@ void Recorder::abortByHash(uint64_t commHash) {
   auto* state = static_cast<State*>(this);
   for (CommEntry& entry : state->comms) {
     ncclComm_t comm = entry.key.load(std::memory_order_acquire);
-    // Through our own wrapper: the abort is recorded and the comm's pending calls end aborted.
-    if (comm != nullptr && entry.hash == commHash) ncclCommAbort(comm);
+    if (comm == nullptr || entry.hash != commHash || !entry.abortable) continue;
+    auto real = reinterpret_cast<decltype(&::pncclCommAbort)>(resolveReal("pncclCommAbort"));
+    if (real == nullptr) continue;
+    // The application keeps its handle, which NCCL frees now: from here on its calls on it are
+    // answered by the wrappers (aborted_comms.h), never NCCL's. Remembered first, so that a
+    // call racing the abort is answered too.
+    rememberAbortedByUs(comm);
+    CallScope scope;
+    // Recorded like the application's own abort: the comm's pending calls end aborted.
+    lifecycle_ncclCommAbort(real, comm);
   }
 }
 

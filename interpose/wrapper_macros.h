@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "interpose/aborted_comms.h"
 #include "interpose/forward.h"
 #include "interpose/lifecycle.h"
 #include "interpose/recorder.h"
@@ -29,9 +30,17 @@ namespace ni = ncclwatch::interpose;
   }                                                       \
   auto real = reinterpret_cast<decltype(&::p##name)>(address)
 
+// A call on a communicator ncclwatch aborted never reaches NCCL, which freed it
+// (interpose/aborted_comms.h); one relaxed load while no communicator was aborted.
+#define NCCLWATCH_ANSWER_ABORTED(ret, name, args)                       \
+  if (ni::callsAnAbortedComm args) [[unlikely]] {                       \
+    return ni::answerForAbortedComm<ret>(#name, NCCLWATCH_UNPACK args); \
+  }
+
 #define NCCL_FORWARD(ret, name, params, args)                              \
   extern "C" NCCLWATCH_EXPORT ret name params {                            \
     NCCLWATCH_RESOLVE(name, ni::missingNcclResult<ret>());                 \
+    NCCLWATCH_ANSWER_ABORTED(ret, name, args);                             \
     ni::CallScope scope;                                                   \
     ret returned = real args;                                              \
     ni::afterForward(returned, !scope.outermost(), NCCLWATCH_UNPACK args); \
@@ -48,6 +57,7 @@ namespace ni = ncclwatch::interpose;
 #define NCCL_COLLECTIVE(name, op, params, args, count, dtype, redop, root, comm, stream)     \
   extern "C" NCCLWATCH_EXPORT ncclResult_t name params {                                     \
     NCCLWATCH_RESOLVE(name, ncclSystemError);                                                \
+    NCCLWATCH_ANSWER_ABORTED(ncclResult_t, name, args);                                      \
     ni::CallScope scope;                                                                     \
     if (!scope.outermost()) return real args;                                                \
     ni::CallDescription call = ni::describeCall(                                             \
@@ -66,6 +76,7 @@ namespace ni = ncclwatch::interpose;
 #define NCCL_ONE_SIDED(name, op, params, args, count, dtype, peer, comm, stream)                 \
   extern "C" NCCLWATCH_EXPORT ncclResult_t name params {                                         \
     NCCLWATCH_RESOLVE(name, ncclSystemError);                                                    \
+    NCCLWATCH_ANSWER_ABORTED(ncclResult_t, name, args);                                          \
     ni::CallScope scope;                                                                         \
     if (!scope.outermost()) return real args;                                                    \
     ni::CallDescription call = ni::describeCall(                                                 \
@@ -79,6 +90,7 @@ namespace ni = ncclwatch::interpose;
 #define NCCL_LIFECYCLE(name, params, args)                    \
   extern "C" NCCLWATCH_EXPORT ncclResult_t name params {      \
     NCCLWATCH_RESOLVE(name, ncclSystemError);                 \
+    NCCLWATCH_ANSWER_ABORTED(ncclResult_t, name, args);       \
     ni::CallScope scope;                                      \
     if (!scope.outermost()) return real args;                 \
     ni::noteLifecycleThroughWrappers();                       \

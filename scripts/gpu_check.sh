@@ -55,7 +55,8 @@ mkdir -p "$out"
 cli="$prefix/bin/ncclwatch"
 preload="$prefix/lib/libncclwatch.so"
 say() { echo "[gpu_check] $*"; }
-# GPU_CHECK_STEPS: which steps to run (default 1 2 3 4 5; 6, the collector at scale, on request); GPU_CHECK_ROUNDS: step 3's rounds.
+# GPU_CHECK_STEPS: which steps to run (default 1 2 3 4 5; 6, the collector at scale, and 7, an
+# abort behind PyTorch's back, on request); GPU_CHECK_ROUNDS: step 3's rounds.
 steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 
@@ -230,6 +231,31 @@ if want 6; then
     # shellcheck disable=SC2086  # GPU_CHECK_SCALE_ARGS: collector_load options, word-split
     timeout 150 bench/collector_scale.sh "$(realpath --relative-to="$PWD" "$dir")" "$mode" \
       "${threads[@]}" ${GPU_CHECK_SCALE_ARGS:-} 2>&1 | tail -40
+  done
+fi
+# 7. A collective held behind a kernel, aborted by ncclwatch (NCCLWATCH_ON_HANG=abort) behind
+# PyTorch's back: NCCL frees the communicator, PyTorch still holds it. The job must fail through
+# PyTorch's own error path (its watchdog polls ncclCommGetAsyncError and gets ncclRemoteError
+# from the wrappers), never crash on the freed communicator. A packed lib-base/ (an older
+# library, which let PyTorch's calls reach NCCL) runs too.
+if want 7; then
+  for lib in "$preload" "$prefix/lib-base/libncclwatch.so"; do
+    [ -f "$lib" ] || continue
+    name=abort_$(basename "$(dirname "$lib")")
+    say "step 7 ($name): NCCLWATCH_ON_HANG=abort on a collective held ${GPU_CHECK_ABORT_STALL_S:-20} s behind a kernel"
+    rm -rf "${out:?}/$name"
+    started=$(date +%s%N)
+    NCCLWATCH_WARN_MS=1500 NCCLWATCH_HANG_MS=3000 NCCLWATCH_ON_HANG=abort \
+      timeout 150 "$cli" run --preload "$lib" --dir "$out/$name" -- \
+      python3 -m torch.distributed.run --nproc_per_node=1 scripts/gpu_check_torch.py \
+      --stall-s "${GPU_CHECK_ABORT_STALL_S:-20}" >"$out/$name.log" 2>&1
+    rc=$?
+    say "INFO $name: exit $rc after $(( ($(date +%s%N) - started) / 1000000 )) ms"
+    grep -vE "^\s*$|^\s+#[0-9]" "$out/$name.log" |
+      grep -iE "ncclwatch\]|error|Traceback|Segmentation|fault|signal|core dump|rank 0:|exitcode" |
+      cut -c1-240 | head -40
+    grep -q "use after free\|Segmentation fault\|SIGSEGV" "$out/$name.log" &&
+      say "FAIL $name: a crash on the freed communicator" || say "INFO $name: no crash seen"
   done
 fi
 say "done"

@@ -296,6 +296,18 @@ int runJob(const RunOptions& options, std::ostream& out, std::ostream& err) {
   if (verdicts > 0) out << " (" << directory << "/verdicts.jsonl)";
   out << "; run `ncclwatch inspect " << directory << "` for the whole picture\n" << std::flush;
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  // An aborted collective returns without its result: a job that does not look at its
+  // communicators' errors (or ends before it would) goes on with wrong data and exits 0. Under
+  // --abort the job failed, whatever its own status says.
+  uint64_t aborts = collector.counters().abortsSent.load();
+  if (WEXITSTATUS(status) == 0 && aborts > 0) {
+    err << "[ncclwatch] the job exited 0, but --abort aborted " << aborts
+        << (aborts == 1 ? " communicator" : " communicators")
+        << " under it (collectives that ended without their results): exit status "
+        << kAbortedJobStatus << "\n"
+        << std::flush;
+    return kAbortedJobStatus;
+  }
   return WEXITSTATUS(status);
 }
 

@@ -64,6 +64,7 @@ struct Counters {
   std::atomic<uint64_t> records{0};          // records received
   std::atomic<uint64_t> recordsHeld{0};      // records kept for analysis now (bounded)
   std::atomic<uint64_t> verdicts{0};         // verdicts reported
+  std::atomic<uint64_t> abortsSent{0};       // --abort: ABORT frames sent (one per rank and comm)
   std::atomic<uint64_t> analyses{0};         // analysis passes run
   std::atomic<uint64_t> partialAnalyses{0};  // of which redid only the touched communicators
   std::atomic<uint64_t> hangAnalyses{0};     // ... of which ran the hang checks (Stats::hangPasses)
@@ -117,7 +118,10 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err);
 
 // `ncclwatch run [--dir D] [--abort] -- PROGRAM ARGS...`: hosts a collector on 127.0.0.1, runs
 // the program with libncclwatch.so preloaded (found beside the CLI) and the collector's address
-// and secret in its environment, forwards SIGINT/SIGTERM, and returns the program's exit code.
+// and secret in its environment, forwards SIGINT/SIGTERM, and returns the program's exit code,
+// except that a program that exits 0 after --abort aborted communicators under it gets
+// kAbortedJobStatus: its aborted collectives returned without their results.
+constexpr int kAbortedJobStatus = 1;
 struct RunOptions {
   std::string directory;  // NCCLWATCH_DIR for the job; default ./ncclwatch-logs/run-<pid>
   bool abortOnVerdict = false;

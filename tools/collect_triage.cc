@@ -529,6 +529,7 @@ void Triage::sendDueAborts(int64_t now) {
     wire::encodeAbort(abort.commHash, frame);
     std::vector<std::byte>& batch = frames[static_cast<size_t>(process.connection)];
     batch.insert(batch.end(), frame.begin(), frame.end());
+    counters_.abortsSent++;
   }
   for (const auto& [connection, batch] : frames) connections_->send(connection, batch);
   pendingAborts_ = std::move(later);

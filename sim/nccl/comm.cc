@@ -11,7 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <set>
+#include <unordered_set>
 
 #include "comm_hash.h"
 #include "internal.h"
@@ -78,9 +80,22 @@ bool blockingFrom(const ncclConfig_t* config, bool inherited) {
   return inherited;
 }
 
+// Handles given back to NCCL (noteCommFreed), until an allocation reuses the address.
+std::mutex gFreedCommsMutex;
+std::unordered_set<const ncclComm*> gFreedComms;
+std::atomic<size_t> gFreedCommCount{0};  // a collective's check is one load while none is
+
+void forgetFreedComm(const ncclComm* comm) {
+  if (gFreedCommCount.load() == 0) return;
+  std::lock_guard<std::mutex> lock(gFreedCommsMutex);
+  gFreedComms.erase(comm);
+  gFreedCommCount.store(gFreedComms.size());
+}
+
 ncclComm* newComm(const ncclConfig_t* config, bool inheritedBlocking,
                   const std::string& inheritedName) {
   auto* comm = new ncclComm;
+  forgetFreedComm(comm);
   comm->ownerPid = getpid();
   comm->blocking = blockingFrom(config, inheritedBlocking);
   comm->commName = config && config->commName ? config->commName : inheritedName;
@@ -254,8 +269,26 @@ void releaseComm(ncclComm* comm) {
   if (comm->references.fetch_sub(1) == 1) delete comm;
 }
 
+void noteCommFreed(const ncclComm* comm) {
+  std::lock_guard<std::mutex> lock(gFreedCommsMutex);
+  gFreedComms.insert(comm);
+  gFreedCommCount.store(gFreedComms.size());
+}
+
+void stopOnFreedComm(const ncclComm* comm, const char* caller) {
+  if (comm == nullptr || gFreedCommCount.load() == 0) return;
+  std::lock_guard<std::mutex> lock(gFreedCommsMutex);
+  if (gFreedComms.count(comm) == 0) return;
+  std::fprintf(stderr,
+               "ncclsim: %s: communicator %p was freed by an earlier ncclCommDestroy or "
+               "ncclCommAbort (use after free: real NCCL reads freed memory here)\n",
+               caller, static_cast<const void*>(comm));
+  std::abort();
+}
+
 ncclResult_t checkCommUsable(ncclComm* comm, const char* caller) {
   if (comm == nullptr) return fail(ncclInvalidArgument, std::string(caller) + ": comm is NULL");
+  stopOnFreedComm(comm, caller);
   if (comm->ownerPid != getpid()) {
     return fail(ncclInvalidUsage,
                 std::string(caller) + ": communicator belongs to the parent process (fork)");
@@ -594,6 +627,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
 NCCL_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
+  stopOnFreedComm(comm, "ncclCommDestroy");
   if (comm->ownerPid != getpid()) {
     return fail(ncclInvalidUsage,
                 "ncclCommDestroy: communicator belongs to the parent process (fork)");
@@ -602,6 +636,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm->finalized) waitOutstanding(comm);  // like NCCL, a hung operation hangs Destroy
   profilerDetach(comm);
   comm->destroyed = true;
+  noteCommFreed(comm);
   releaseComm(comm);
   return ncclSuccess;
 }
@@ -609,6 +644,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
+  stopOnFreedComm(comm, "ncclCommAbort");
   if (comm->ownerPid != getpid()) {
     return fail(ncclInvalidUsage,
                 "ncclCommAbort: communicator belongs to the parent process (fork)");
@@ -618,6 +654,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   joinBackground(comm);
   profilerDetach(comm);
   comm->destroyed = true;
+  noteCommFreed(comm);
   releaseComm(comm);
   return ncclSuccess;
 }
@@ -638,6 +675,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   if (comm == nullptr || asyncError == nullptr) {
     return fail(ncclInvalidArgument, "ncclCommGetAsyncError: NULL argument");
   }
+  stopOnFreedComm(comm, "ncclCommGetAsyncError");
   const ncclResult_t state = comm->initState.load();
   if (state != ncclSuccess) {
     *asyncError = state;
@@ -651,6 +689,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
 
 static ncclResult_t knownMembership(const ncclComm_t comm, const char* caller) {
   if (comm == nullptr) return fail(ncclInvalidArgument, std::string(caller) + ": comm is NULL");
+  stopOnFreedComm(comm, caller);
   if (comm->rank < 0)
     return fail(ncclInvalidUsage, std::string(caller) + ": communicator is still being created");
   return ncclSuccess;

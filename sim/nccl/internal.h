@@ -141,6 +141,12 @@ void groupResetAfterFork();
 
 // Lifecycle helpers (comm.cc).
 ncclResult_t checkCommUsable(ncclComm* comm, const char* caller);
+// The application gave the handle back (ncclCommDestroy, ncclCommAbort): NCCL freed it there.
+void noteCommFreed(const ncclComm* comm);
+// A call on a handle the application gave back is a use after free: real NCCL reads freed
+// memory and may crash or go on with garbage. The sim stops the process with one line naming
+// the call, so that a test sees what a user would meet as a crash or a corrupted run.
+void stopOnFreedComm(const ncclComm* comm, const char* caller);
 uint64_t nextIssueSeq(ncclComm* comm);
 void applyCrashFault(ncclComm* comm, uint64_t seq);
 void faultsForOperation(ncclComm* comm, uint64_t seq, Operation* op);

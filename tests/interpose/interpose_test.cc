@@ -591,6 +591,66 @@ TEST(Completion, StalledCallStaysStartedAndEarlierCallsComplete) {
   job.signalAll(SIGKILL);
 }
 
+// NCCLWATCH_ON_HANG=abort aborts a hung communicator behind the application's back, and NCCL
+// frees it there. An application that then handles the failure as PyTorch does (its watchdog
+// polls ncclCommGetAsyncError and aborts the communicator itself; its main thread calls NCCL on
+// the handle again) must see a clean failure, never a use after free: the sim stops the
+// process on one, as real NCCL may crash on it.
+TEST(Completion, AnApplicationHandlingTheAbortLikePyTorchNeverUsesTheFreedCommunicator) {
+  std::string logs = testsupport::freshDirectory("abort-handled");
+  testsupport::JobSpec spec = preloaded(NCCLWATCH_ABORT_PROBE, 1, logs, {"3"});
+  spec.env.push_back({"NCCLSIM_FAULT", "stall:rank=0,seq=4"});  // the fourth allreduce
+  spec.env.push_back({"NCCLWATCH_HANG_MS", "600"});
+  spec.env.push_back({"NCCLWATCH_WARN_MS", "300"});
+  spec.env.push_back({"NCCLWATCH_POLL_MS", "50"});
+  spec.env.push_back({"NCCLWATCH_ON_HANG", "abort"});
+  spec.env.push_back({"NCCLWATCH_COLLECTOR", "off"});
+  CheckedJob job(spec);
+  ASSERT_TRUE(job.waitExit(60s)) << job.output(0);
+  const std::string output = job.output(0);
+  EXPECT_EQ(job.exitStatus(0), 0) << output;
+  EXPECT_EQ(output.find("use after free"), std::string::npos) << output;
+  EXPECT_NE(output.find("aborting comm"), std::string::npos) << output;
+  EXPECT_NE(output.find("async error: remote process exited or there was a network error"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("application's abort: no error"), std::string::npos) << output;
+  EXPECT_NE(output.find("allreduce after the abort: remote process exited"), std::string::npos)
+      << output;
+  EXPECT_NE(output.find("last error: ncclwatch aborted this communicator"), std::string::npos)
+      << output;
+  EXPECT_NE(output.find("destroy: no error"), std::string::npos) << output;
+  // Said once, on the first call that was answered instead of NCCL.
+  EXPECT_NE(output.find("on a communicator that ncclwatch aborted"), std::string::npos) << output;
+  // The trace tells the abort: the stalled call ended aborted.
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
+  ASSERT_EQ(files.size(), 1u);
+  const CallRecord* stalled = findRecord(files[0], OpKind::kAllReduce, 4);
+  ASSERT_NE(stalled, nullptr);
+  EXPECT_EQ(stalled->state, RecordState::kAborted);
+}
+
+// `ncclwatch run --abort` on a program that handles the abort and then exits 0 (the aborted
+// collective returned without its result): `run` still fails, and says why in one line.
+TEST(Completion, RunAbortFailsAJobThatExitsZeroAfterItsCommunicatorWasAborted) {
+  if (!std::string(NCCLWATCH_SANITIZER_RUNTIME).empty()) {
+    GTEST_SKIP() << "`run` preloads the library ahead of the sanitizer's runtime";
+  }
+  std::string logs = testsupport::freshDirectory("run-abort-exit");
+  testsupport::Output out =
+      testsupport::command("LD_LIBRARY_PATH=" + testsupport::simLibDir() +
+                           " NCCLSIM_FAULT=stall:rank=0,seq=4 timeout 60 " + NCCLWATCH_BINARY +
+                           " run --abort --quiet-ms 500 --preload " + kPreload + " --dir " + logs +
+                           " -- " + NCCLWATCH_ABORT_PROBE + " 3");
+  EXPECT_EQ(out.status, 1) << out.text;
+  EXPECT_NE(out.text.find("STUCK"), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("destroy: no error"), std::string::npos) << out.text;  // it exited 0
+  EXPECT_NE(out.text.find("the job exited 0, but --abort aborted 1 communicator under it"),
+            std::string::npos)
+      << out.text;
+  EXPECT_EQ(out.text.find("use after free"), std::string::npos) << out.text;
+}
+
 // A call captured into a CUDA graph gets no events and is marked captured; the watchdog's
 // polling during a global-mode capture on the application's thread leaves the capture valid.
 TEST(Completion, CapturedCallIsMarkedAndPollingKeepsTheCaptureValid) {

@@ -102,6 +102,11 @@ TEST_P(PytorchHang, TheVerdictNamesTheRankAndThePythonLine) {
   std::string logs = testsupport::freshDirectory(std::string("pytorch-") + hang.bug);
   testsupport::Output out = run(logs, hang.bug);
   EXPECT_NE(out.status, 124) << "still hanging when the test's bound ran out\n" << out.text;
+  // Aborted, the job failed (a rank that ended normally after the abort, its collective's
+  // result lost, still makes `run` fail), and no call of PyTorch's reached the communicator
+  // NCCL freed in ncclwatch's abort (the sim stops a process on such a use after free).
+  EXPECT_NE(out.status, 0) << out.text;
+  EXPECT_EQ(out.text.find("use after free"), std::string::npos) << out.text;
   std::string first = testsupport::firstErrorVerdict(logs);
   ASSERT_FALSE(first.empty()) << out.text;
   EXPECT_NE(first.find(std::string("\"kind\":\"") + hang.kind + "\""), std::string::npos) << first;
