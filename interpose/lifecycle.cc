@@ -214,19 +214,38 @@ ncclResult_t lifecycle_ncclCommFinalize(decltype(&::pncclCommFinalize) real, ncc
   return recordOnComm(comm, OpKind::kFinalize, -1, [&] { return real(comm); });
 }
 
+namespace {
+
+// The application begins to free `comm` (abort or destroy): false when ncclwatch's own abort of
+// it began a moment ago (its handle not remembered yet, or this call would have been answered by
+// the wrapper): NCCL frees it once, there.
+bool applicationMayFree(ncclComm_t comm) {
+  Recorder* recorder = Recorder::get();
+  CommEntry* entry = recorder != nullptr ? recorder->find(comm) : nullptr;
+  return entry == nullptr || !entry->closing.exchange(true);
+}
+
+}  // namespace
+
 ncclResult_t lifecycle_ncclCommDestroy(decltype(&::pncclCommDestroy) real, ncclComm_t comm) {
+  if (!applicationMayFree(comm)) return ncclSuccess;
   ncclResult_t result = recordOnComm(comm, OpKind::kDestroy, -1, [&] { return real(comm); });
   if (Recorder* recorder = Recorder::get()) recorder->forget(comm);
   return result;
 }
 
-ncclResult_t lifecycle_ncclCommAbort(decltype(&::pncclCommAbort) real, ncclComm_t comm) {
+ncclResult_t abortAndRecord(decltype(&::pncclCommAbort) real, ncclComm_t comm) {
   if (Recorder* recorder = Recorder::get()) {
     if (CommEntry* entry = recorder->find(comm)) recorder->communicatorAborted(entry->hash);
   }
   ncclResult_t result = recordOnComm(comm, OpKind::kAbort, -1, [&] { return real(comm); });
   if (Recorder* recorder = Recorder::get()) recorder->forget(comm);
   return result;
+}
+
+ncclResult_t lifecycle_ncclCommAbort(decltype(&::pncclCommAbort) real, ncclComm_t comm) {
+  if (!applicationMayFree(comm)) return ncclSuccess;
+  return abortAndRecord(real, comm);
 }
 
 ncclResult_t lifecycle_ncclCommRevoke(decltype(&::pncclCommRevoke) real, ncclComm_t comm,

@@ -322,7 +322,8 @@ watchdog::AgentOptions agentOptionsFromEnvironment(const trace::ProcessInfo& pro
     options.sidecarOptions = watchdog::sidecarFromEnvironment(options.collector);
   }
   options.abortComm = [](uint64_t commHash) {
-    if (Recorder* recorder = Recorder::existing()) recorder->abortByHash(commHash);
+    Recorder* recorder = Recorder::existing();
+    return recorder != nullptr ? recorder->abortByHash(commHash) : 0;
   };
   return options;
 }
@@ -516,6 +517,7 @@ CommEntry* Recorder::add(const CommCreation& creation) {
     if (entry.hash != 0) resetTombstone(entry, creation.nranks);
     std::atomic_ref(entry.hash).store(creation.hash, std::memory_order_relaxed);
     entry.abortable = creation.abortable;
+    entry.closing.store(false);
     entry.parentHash = creation.parentHash;
     entry.magic = creation.magic;
     entry.nranks = creation.nranks;
@@ -874,21 +876,32 @@ void Recorder::asyncErrorPolled(ncclComm_t comm, ncclResult_t asyncError) {
   t_batches->haveDeferred = false;
 }
 
-void Recorder::abortByHash(uint64_t commHash) {
+int Recorder::abortByHash(uint64_t commHash) {
   auto* state = static_cast<State*>(this);
+  int found = 0;
   for (CommEntry& entry : state->comms) {
     ncclComm_t comm = entry.key.load(std::memory_order_acquire);
     if (comm == nullptr || entry.hash != commHash || !entry.abortable) continue;
     auto real = reinterpret_cast<decltype(&::pncclCommAbort)>(resolveReal("pncclCommAbort"));
     if (real == nullptr) continue;
+    ++found;
+    if (entry.closing.exchange(true)) {
+      std::fprintf(stderr,
+                   "[ncclwatch] comm %016" PRIx64
+                   " not aborted by ncclwatch: the application is already aborting or destroying "
+                   "it (a second abort would free it twice)\n",
+                   commHash);
+      continue;
+    }
     // The application keeps its handle, which NCCL frees now: from here on its calls on it are
     // answered by the wrappers (aborted_comms.h), never NCCL's. Remembered first, so that a
     // call racing the abort is answered too.
     rememberAbortedByUs(comm);
     CallScope scope;
     // Recorded like the application's own abort: the comm's pending calls end aborted.
-    lifecycle_ncclCommAbort(real, comm);
+    abortAndRecord(real, comm);
   }
+  return found;
 }
 
 void Recorder::communicatorAborted(uint64_t commHash) {

@@ -33,6 +33,11 @@ struct CommEntry {
   // The key is a real ncclComm_t this process can abort (false: the plugin's own entry, keyed
   // by its profiler context: NCCL's plugin door never hands out the communicator).
   bool abortable = true;
+  // NCCL has begun to free it: the application's abort or destroy, or ncclwatch's abort. The
+  // others must not free it twice (a rank's death makes PyTorch abort on a remote error just as
+  // the collector's dead_rank verdict asks every rank to abort; a rank blocked in its destroy
+  // behind a hung call would free it once there and once in ncclwatch's abort).
+  std::atomic<bool> closing{false};
   std::atomic<uint64_t>* sendSeq = nullptr;  // per peer, nranks entries
   std::atomic<uint64_t>* recvSeq = nullptr;
   int peerCapacity = 0;  // entries of sendSeq and recvSeq
@@ -157,8 +162,11 @@ class Recorder {
   void asyncErrorPolled(ncclComm_t comm, ncclResult_t asyncError);
   // ncclCommAbort: the comm's pending records end as aborted.
   void communicatorAborted(uint64_t commHash);
-  // NCCLWATCH_ON_HANG=abort, from the watchdog: ncclCommAbort on every live comm with this hash.
-  void abortByHash(uint64_t commHash);
+  // NCCLWATCH_ON_HANG=abort or the collector's ABORT, from the watchdog: ncclCommAbort on every
+  // live comm with this hash that the application handed us (not the plugin's entries, keyed by
+  // a profiler context) and is not freeing itself; returns how many it found (0: none, as in
+  // plugin-only mode).
+  int abortByHash(uint64_t commHash);
 
   const char* tracePath() const;
   // The ring, for the plugin's progress source (watchdog thread) and its recording-source bit.

@@ -255,6 +255,10 @@ int runJob(const RunOptions& options, std::ostream& out, std::ostream& err) {
     err << "ncclwatch run: " << error << "\n";
     return 2;
   }
+  if (options.pluginOnly && options.abortOnVerdict) {
+    err << "[ncclwatch] --abort with --plugin-only: verdicts are said and the ranks dump, but no "
+           "communicator can be aborted (NCCL hands a profiler plugin no communicator)\n";
+  }
   if (options.pluginOnly) {
     // NCCL dlopens this path itself at its first communicator init.
     setenv("NCCL_PROFILER_PLUGIN", std::filesystem::absolute(preload).c_str(), 1);
@@ -300,7 +304,7 @@ int runJob(const RunOptions& options, std::ostream& out, std::ostream& err) {
   // communicators' errors (or ends before it would) goes on with wrong data and exits 0. Under
   // --abort the job failed, whatever its own status says.
   uint64_t aborts = collector.counters().abortsSent.load();
-  if (WEXITSTATUS(status) == 0 && aborts > 0) {
+  if (WEXITSTATUS(status) == 0 && aborts > 0 && !options.pluginOnly) {
     err << "[ncclwatch] the job exited 0, but --abort aborted " << aborts
         << (aborts == 1 ? " communicator" : " communicators")
         << " under it (collectives that ended without their results): exit status "

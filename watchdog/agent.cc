@@ -252,10 +252,8 @@ void Agent::exchange(bool last) {
   for (const CollectorRequest& request : requests) {
     if (request.kind == CollectorRequest::Kind::kDump) {
       dump("collector", request.reason, {}, true);
-    } else if (options_.abortComm) {
-      std::fprintf(stderr, "[ncclwatch] rank %d: aborting comm %s as the collector asks\n",
-                   options_.rank, hex(request.commHash).c_str());
-      options_.abortComm(request.commHash);
+    } else {
+      abortComm(request.commHash, "as the collector asks");
     }
   }
 }
@@ -370,14 +368,24 @@ void Agent::checkHangs(int64_t now) {
   }
   bool stacks = options_.onHang != HangAction::kWarn;
   dump("hang", "calls pending past the hang threshold", std::move(hung), stacks);
-  if (options_.onHang == HangAction::kAbort && options_.abortComm) {
+  if (options_.onHang == HangAction::kAbort) {
     for (uint64_t hash : hungComms) {
-      std::fprintf(stderr,
-                   "[ncclwatch] rank %d: aborting comm %s (NCCLWATCH_ON_HANG=abort) so that the "
-                   "job fails now instead of hanging\n",
-                   options_.rank, hex(hash).c_str());
-      options_.abortComm(hash);
+      abortComm(hash, "(NCCLWATCH_ON_HANG=abort) so that the job fails now instead of hanging");
     }
+  }
+}
+
+void Agent::abortComm(uint64_t commHash, const char* why) {
+  if (!options_.abortComm) return;
+  // Said before the abort, which may wait for GPU work queued ahead of the hung call.
+  std::fprintf(stderr, "[ncclwatch] rank %d: aborting comm %s %s\n", options_.rank,
+               hex(commHash).c_str(), why);
+  if (options_.abortComm(commHash) == 0) {
+    std::fprintf(stderr,
+                 "[ncclwatch] rank %d: comm %s not aborted: this process holds no handle to it "
+                 "(ncclwatch runs as NCCL's profiler plugin only, and NCCL hands a plugin no "
+                 "communicator; preload libncclwatch.so to abort)\n",
+                 options_.rank, hex(commHash).c_str());
   }
 }
 

@@ -64,8 +64,10 @@ struct AgentOptions {
   // directory means the trace folder.
   bool sidecar = false;
   SidecarOptions sidecarOptions;
-  // Aborts the communicator with this hash (set by the interposer: it knows the ncclComm_t).
-  std::function<void(uint64_t commHash)> abortComm;
+  // Aborts the communicators with this hash (set by the interposer: it knows the ncclComm_t).
+  // Returns how many communicators it aborted: none where the process holds no handle to one
+  // with that hash (ncclwatch loaded as NCCL's profiler plugin only).
+  std::function<int(uint64_t commHash)> abortComm;
 };
 
 class Agent {
@@ -98,6 +100,8 @@ class Agent {
   std::string waitText(uint64_t commHash, uint64_t seq, int64_t now) const;
   void exchange(bool last);
   const char* jobSecret();
+  // Aborts the communicators with this hash (options_.abortComm), saying so; `why` ends the line.
+  void abortComm(uint64_t commHash, const char* why);
   void dump(const std::string& trigger, const std::string& reason,
             std::vector<trace::DumpFinding> findings, bool withStacks);
   bool waitForWork(int waitMs);

@@ -42,7 +42,7 @@ testsupport::Output runStatic(const std::string& logs, const std::string& loopAr
                     " run --abort --plugin-only --dir " + logs + " -- " + kCli + " launch " +
                     launchFlags + " -n 8 -- " + NCCLWATCH_STATIC_LOOP + " " + loopArgs;
   return testsupport::command(
-      job + " & job=$!; for i in $(seq 600); do kill -0 $job 2>/dev/null || break; " +
+      job + " 2>&1 & job=$!; for i in $(seq 600); do kill -0 $job 2>/dev/null || break; " +
       testsupport::hasErrorVerdictCondition(logs) +
       " && { sleep 2; kill -TERM $job; break; }; sleep 0.1; done; " +
       "kill -0 $job 2>/dev/null && kill -TERM $job; wait $job");
@@ -67,6 +67,14 @@ TEST_P(PluginOnlyBug, FirstVerdictHasPreloadModesKindAndCulprit) {
     std::string culprits = first.substr(first.find("\"culprits\":["));
     culprits = culprits.substr(0, culprits.find(']') + 1);
     EXPECT_NE(culprits.find(std::string(e.culprits)), std::string::npos) << first;
+  }
+  // --abort could not abort, and says so instead of claiming it did (before, the agent called
+  // ncclCommAbort on NCCL's profiler context, not a communicator).
+  EXPECT_NE(out.text.find("--abort with --plugin-only: verdicts are said"), std::string::npos)
+      << out.text;
+  if (!dies) {
+    EXPECT_NE(out.text.find("not aborted: this process holds no handle to it"), std::string::npos)
+        << out.text;
   }
   // Every record came from the plugin: LD_PRELOAD was not used.
   for (const auto& file : testsupport::readTraceFiles(logs)) {

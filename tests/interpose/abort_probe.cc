@@ -5,12 +5,16 @@
 // same handle again. Real NCCL freed the communicator in ncclwatch's abort, so every one of
 // these calls must be answered without NCCL (the sim stops the process on a use after free).
 // Prints what each call returned; exits 0 when the program got through its teardown.
+//   abort_probe WARMUP            as above
+//   abort_probe WARMUP destroy    destroys the communicator right after the stalled call instead
+//                                 (NCCL's destroy waits for it: the rank hangs in its teardown)
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 int main(int argc, char** argv) {
@@ -26,12 +30,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "abort_probe: set-up failed\n");
     return 1;
   }
+  bool destroyAtOnce = argc > 2 && std::string(argv[2]) == "destroy";
   for (int call = 0; call <= warmup; ++call) {  // the last one stalls
     ncclResult_t result = ncclAllReduce(buffer, buffer, 64, ncclFloat, ncclSum, comm, stream);
     if (result != ncclSuccess) {
       std::fprintf(stderr, "abort_probe: allreduce %d: %s\n", call, ncclGetErrorString(result));
       return 1;
     }
+  }
+  if (destroyAtOnce) {
+    std::printf("destroying with the stalled call pending\n");
+    std::printf("destroy: %s\n", ncclGetErrorString(ncclCommDestroy(comm)));
+    return 0;
   }
   // ProcessGroupNCCL's watchdog: poll the async error, abort on one.
   std::thread watchdog([comm] {

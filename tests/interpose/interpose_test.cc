@@ -630,6 +630,32 @@ TEST(Completion, AnApplicationHandlingTheAbortLikePyTorchNeverUsesTheFreedCommun
   EXPECT_EQ(stalled->state, RecordState::kAborted);
 }
 
+// A rank blocked in its own ncclCommDestroy behind the hung call is not aborted by ncclwatch:
+// NCCL would free the communicator twice, once in each. It stays where it would be without
+// ncclwatch, and the watchdog says why.
+TEST(Completion, ARankDestroyingItsCommunicatorIsNotAbortedUnderIt) {
+  std::string logs = testsupport::freshDirectory("abort-in-destroy");
+  testsupport::JobSpec spec = preloaded(NCCLWATCH_ABORT_PROBE, 1, logs, {"3", "destroy"});
+  spec.env.push_back({"NCCLSIM_FAULT", "stall:rank=0,seq=4"});
+  spec.env.push_back({"NCCLWATCH_HANG_MS", "600"});
+  spec.env.push_back({"NCCLWATCH_WARN_MS", "300"});
+  spec.env.push_back({"NCCLWATCH_POLL_MS", "50"});
+  spec.env.push_back({"NCCLWATCH_ON_HANG", "abort"});
+  spec.env.push_back({"NCCLWATCH_COLLECTOR", "off"});
+  CheckedJob job(spec);
+  ASSERT_TRUE(job.waitForOutput(0,
+                                "not aborted by ncclwatch: the application is already aborting "
+                                "or destroying it",
+                                30s))
+      << job.output(0);
+  std::this_thread::sleep_for(300ms);
+  const std::string output = job.output(0);
+  EXPECT_TRUE(job.alive(0)) << output;  // still in its destroy, as without ncclwatch
+  EXPECT_EQ(output.find("use after free"), std::string::npos) << output;
+  EXPECT_EQ(output.find("destroy: "), std::string::npos) << output;
+  job.signalAll(SIGKILL);
+}
+
 // `ncclwatch run --abort` on a program that handles the abort and then exits 0 (the aborted
 // collective returned without its result): `run` still fails, and says why in one line.
 TEST(Completion, RunAbortFailsAJobThatExitsZeroAfterItsCommunicatorWasAborted) {
