@@ -165,6 +165,10 @@ std::string defaultPreload() {
 }  // namespace
 
 int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
+  // A sidecar prints on rank 0's stdout and stderr, which may be closed pipes by the time it
+  // starts or says its last verdict (a job over before it listened): its verdicts still go to
+  // verdicts.jsonl. Ignored before the first line, or that line's SIGPIPE would end it.
+  signal(SIGPIPE, SIG_IGN);
   Collector collector;
   std::string error;
   // Verdicts go to stderr, as a launcher's would; stdout says where the collector listens.
@@ -175,16 +179,27 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
   out << "[ncclwatch] collector listening on port " << collector.port() << "\n" << std::flush;
   signal(SIGINT, forward);
   signal(SIGTERM, forward);
-  // A sidecar prints on rank 0's stderr, which may close before the last verdict: that verdict
-  // still goes to verdicts.jsonl.
-  signal(SIGPIPE, SIG_IGN);
   const Counters& counters = collector.counters();
   auto started = std::chrono::steady_clock::now(), lastConnected = started;
+  auto parentGoneAt = started;
+  // A sidecar is rank 0's child: once rank 0 is gone and nothing of the job came, it waits no
+  // longer than the files of a job that ended before it listened take to be read.
+  const pid_t parent = getppid();
+  bool parentGone = false;
+  uint64_t orphansSeen = 0;
   while (!g_stopCollect.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     auto now = std::chrono::steady_clock::now();
     if (counters.connected.load() > 0) lastConnected = now;
     if (!options.untilIdle) continue;
+    if (counters.orphansAdopted.load() != orphansSeen) {  // files of ended ranks keep coming
+      orphansSeen = counters.orphansAdopted.load();
+      lastConnected = now;
+    }
+    if (!parentGone && getppid() != parent) {
+      parentGone = true;
+      parentGoneAt = now;
+    }
     if (counters.newerJobKnocks.load() > 0 && counters.connected.load() == 0) {
       // A lingering sidecar of a failed attempt: the new attempt's sidecar waits for this port.
       err << "[ncclwatch] collector on port " << collector.port()
@@ -192,9 +207,12 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
              "connected; leaving the port to the newer job's collector\n";
       break;
     }
-    bool came = counters.agents.load() > 0;
+    // A job that ended before this sidecar listened came through its files: it ends as one
+    // whose agents all left.
+    bool came = counters.agents.load() > 0 || counters.orphansAdopted.load() > 0;
     if ((came && now - lastConnected >= std::chrono::seconds(1)) ||
-        (!came && now - started >= std::chrono::seconds(60))) {
+        (!came && now - started >= std::chrono::seconds(60)) ||
+        (!came && parentGone && now - parentGoneAt >= std::chrono::seconds(3))) {
       break;
     }
   }

@@ -60,11 +60,14 @@ struct Counters {
   std::atomic<uint64_t> rejected{0};    // connections dropped: bad secret or malformed frames
   // HELLOs with another secret from processes started after this collector (a newer job's).
   std::atomic<uint64_t> newerJobKnocks{0};
-  std::atomic<uint64_t> frames{0};           // frames accepted
-  std::atomic<uint64_t> records{0};          // records received
-  std::atomic<uint64_t> recordsHeld{0};      // records kept for analysis now (bounded)
-  std::atomic<uint64_t> verdicts{0};         // verdicts reported
-  std::atomic<uint64_t> abortsSent{0};       // --abort: ABORT frames sent (one per rank and comm)
+  std::atomic<uint64_t> frames{0};       // frames accepted
+  std::atomic<uint64_t> records{0};      // records received
+  std::atomic<uint64_t> recordsHeld{0};  // records kept for analysis now (bounded)
+  std::atomic<uint64_t> verdicts{0};     // verdicts reported
+  std::atomic<uint64_t> abortsSent{0};   // --abort: ABORT frames sent (one per rank and comm)
+  // Trace files of a job that ended before this sidecar listened, read from its folder instead
+  // (Triage::adoptOrphanedJob).
+  std::atomic<uint64_t> orphansAdopted{0};
   std::atomic<uint64_t> analyses{0};         // analysis passes run
   std::atomic<uint64_t> partialAnalyses{0};  // of which redid only the touched communicators
   std::atomic<uint64_t> hangAnalyses{0};     // ... of which ran the hang checks (Stats::hangPasses)

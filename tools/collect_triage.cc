@@ -1,13 +1,16 @@
 #include "collect_triage.h"
 
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -22,6 +25,7 @@
 #include "analysis/describe.h"
 #include "analysis/recent_two.h"
 #include "load.h"
+#include "trace/job_secret.h"
 
 namespace ncclwatch::collect {
 namespace wire = trace::wire;
@@ -34,6 +38,9 @@ constexpr int64_t kAbortAfterDumpNs = 400 * kMs;
 // How long a divergence waits for its ordinal's last member while members keep reporting it, in
 // settles (settleMs each).
 constexpr int64_t kDivergenceWaitSettles = 8;
+// A sidecar that no agent reached in this long looks in its folder for its ended job's files:
+// agents that are coming connect within a poll (100 ms) of their collector listening.
+constexpr int64_t kOrphanWaitNs = 1000 * kMs;
 
 // The CPU time of this process, every thread's: a pass that splits its work over threads
 // (Options::threads) costs more CPU than the wall clock shows.
@@ -377,9 +384,11 @@ void Triage::closed(int index) {
 void Triage::housekeeping(int64_t now) {
   if (!silentRankAborts_.empty()) checkSilentRankAborts(now);
   if (!pendingAborts_.empty()) sendDueAborts(now);
+  if (firstHousekeepingNs_ == 0) firstHousekeepingNs_ = now;
   if (now >= nextAdoptNs_) {
     nextAdoptNs_ = now + 500 * kMs;
     adoptTraceFiles(now);
+    adoptOrphanedJob(now);
   }
 }
 
@@ -389,6 +398,19 @@ void Triage::housekeeping(int64_t now) {
 void Triage::finish() {
   if (processes_.empty()) return;
   adoptTraceFiles(steadyNs());
+  if (counters_.agents.load() == 0) {
+    // A job known from its files alone (adoptOrphanedJob): a pass over some of its ranks would
+    // take the others for absent. Those of other hosts are in their own folders.
+    for (const auto& [jobId, job] : jobRanks_) {
+      if (static_cast<int>(job.ranks.size()) < job.world) {
+        out_ << "[ncclwatch] collector: the trace files here hold " << job.ranks.size() << " of "
+             << job.world << " ranks of job " << jobId
+             << ": no verdict from them (`ncclwatch inspect` over every host's folder has one)\n"
+             << std::flush;
+        return;
+      }
+    }
+  }
   for (const Process& process : processes_) {
     if (!process.saidBye && !(process.adopted && !process.adoptedAlive && !process.connected)) {
       return;
@@ -780,12 +802,19 @@ void Triage::adoptTraceFiles(int64_t now) {
       foreignFiles_.insert(name);  // another job's, or an earlier attempt's: never read again
       continue;
     }
+    if (!adoptFile(std::move(file), path)) return;
+  }
+  (void)now;
+}
+
+bool Triage::adoptFile(trace::TraceFile file, const std::string& path) {
+  {
     auto key = std::make_tuple(std::string(trace::jobIdOf(file.header)), file.header.rank,
                                file.header.pid);
     auto found = processIndex_.find(key);
     size_t index = 0;
     if (found == processIndex_.end()) {
-      if (processes_.size() >= 4 * options_.maxAgents) return;
+      if (processes_.size() >= 4 * options_.maxAgents) return false;
       Process process;
       process.adopted = true;
       process.window = windowFor(options_.maxRecords, file.header.world);
@@ -800,12 +829,12 @@ void Triage::adoptTraceFiles(int64_t now) {
       addFile(std::move(known), file.header.world);
     } else {
       index = static_cast<size_t>(found->second);
-      if (!processes_[index].adopted || processes_[index].connected) continue;
+      if (!processes_[index].adopted || processes_[index].connected) return true;
     }
     Process& process = processes_[index];
     bool alive = file.header.cleanShutdown == 0 && analysis::runningHere(file);
     files_[index].header.cleanShutdown = file.header.cleanShutdown;
-    if (!alive && !process.adoptedAlive && found != processIndex_.end()) continue;  // read before
+    if (!alive && !process.adoptedAlive && found != processIndex_.end()) return true;  // read
     process.adoptedAlive = alive;
     if (!file.comms.empty()) {
       files_[index].comms = file.comms;
@@ -815,7 +844,56 @@ void Triage::adoptTraceFiles(int64_t now) {
     files_[index].dumps = std::move(file.dumps);
     wanted_ = true;
   }
-  (void)now;
+  return true;
+}
+
+void Triage::adoptOrphanedJob(int64_t now) {
+  if (!options_.untilIdle || counters_.agents.load() > 0 || options_.directory.empty() ||
+      now - firstHousekeepingNs_ < kOrphanWaitNs) {
+    return;
+  }
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const std::string prefix = std::string(host) + "-";
+  // The job's files were written at most a few minutes before its rank 0 started this sidecar;
+  // older ones (earlier jobs in the same folder) are not even opened.
+  const auto recent = std::filesystem::file_time_type::clock::now() - std::chrono::minutes(10);
+  int adopted = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(options_.directory, error)) {
+    std::string name = entry.path().filename().string();
+    std::error_code timeError;
+    if (entry.path().extension() != ".ncclwatch" || name.rfind(prefix, 0) != 0 ||
+        foreignFiles_.count(name) || orphanFiles_.count(name) ||
+        entry.last_write_time(timeError) < recent || timeError) {
+      continue;
+    }
+    // <host>-<pid>.ncclwatch: a process still running is read once it ended (a later round).
+    long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+    if (pid > 0 && (kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) continue;
+    trace::TraceFile file = trace::readTraceFile(entry.path().string());
+    if (!file.usable || !analysis::onThisHost(file)) continue;
+    bool ours = false;
+    for (const trace::CommInfo& comm : file.comms) {
+      trace::DerivedSecretText secret;
+      trace::deriveSecretFromCommHash(comm.commHash, secret);
+      ours |= options_.secret == secret;
+    }
+    if (!ours) {
+      foreignFiles_.insert(name);
+      continue;
+    }
+    if (!adoptFile(std::move(file), entry.path().string())) break;
+    orphanFiles_.insert(name);
+    ++adopted;
+  }
+  if (adopted > 0 && counters_.orphansAdopted.load() == 0) {
+    out_ << "[ncclwatch] collector: no rank of the job reached it (the job ended before it "
+            "listened): reading the job's trace files in "
+         << options_.directory << " instead\n"
+         << std::flush;
+  }
+  counters_.orphansAdopted += static_cast<uint64_t>(adopted);
 }
 
 }  // namespace ncclwatch::collect

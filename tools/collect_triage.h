@@ -139,6 +139,14 @@ class Triage : public FrameSink {
   // ended while it thought them alive): a rank that crashed before its first exchange is still
   // evidence, as `ncclwatch inspect` sees it.
   void adoptTraceFiles(int64_t now);
+  // Adds or rereads one trace file as an adopted process; false when the process bound is met.
+  bool adoptFile(trace::TraceFile file, const std::string& path);
+  // A sidecar (`collect --until-idle`) that no agent reached within kOrphanWaitNs, its job most
+  // likely over before it listened (a short job, a loaded machine): the trace files in its
+  // folder of ended processes whose communicators derive its secret are its job's, adopted as if
+  // their ranks had connected and left. Every round until an agent connects: ranks end one by
+  // one.
+  void adoptOrphanedJob(int64_t now);
   bool jobMissesRanks() const;
   bool sameAttempt(const trace::RingHeader& header) const;
   void report(const analysis::Verdict& verdict, const analysis::JobReport& job);
@@ -203,6 +211,8 @@ class Triage : public FrameSink {
   size_t heldCapacity_ = 0;      // records of capacity beyond the reserves, all windows together
   int64_t lastFirstCostNs_ = 0;  // the cost of the last pass over those alone
   int64_t nextAdoptNs_ = 0;
+  int64_t firstHousekeepingNs_ = 0;     // steady clock: when the collector began its rounds
+  std::set<std::string> orphanFiles_;   // trace files adopted by adoptOrphanedJob
   std::set<std::string> foreignFiles_;  // trace files in the folder that are not this job's
   struct PendingAbort {
     size_t process;

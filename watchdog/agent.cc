@@ -190,12 +190,9 @@ void Agent::run() {
     // The relay rank binds the host's relay before its own link's first attempt to reach it.
     if (relayHost_ && !last) relayHost_->step(jobSecret());
     if (link_) exchange(last);
-    if (last) {
-      // A job that ended before any agent reached the sidecar (rank 0 connects first) would
-      // leave it waiting a minute for agents while it holds rank 0's stderr open.
-      if (sidecar_ && (!link_ || link_->counters().established == 0)) sidecar_->stopUnused();
-      break;
-    }
+    // A sidecar that no agent reached (the job ended before it listened) reads the job's trace
+    // files and ends by itself (Triage::adoptOrphanedJob): it is left to say its verdicts.
+    if (last) break;
     // Until the fast clock has its first line, poll often enough to publish it within ~25 ms.
     // Continuous mode polls and persists at least every 10 ms, so that a burst of calls rarely
     // laps the ring before its records reach the file with their settled states.

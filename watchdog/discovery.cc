@@ -9,15 +9,11 @@
 #include <cstring>
 
 #include "trace/fingerprint.h"
+#include "trace/job_secret.h"
 #include "trace/wire.h"
 
 namespace ncclwatch::watchdog {
 namespace {
-
-// Keys of the two secret hashes. The domain constant keeps the secret apart from every other
-// hash of the same id (NCCL's commHash above all); the two seeds make the halves independent.
-constexpr uint64_t kSecretDomain = 0x6e77736563726574ull;  // "nwsecret"
-constexpr uint64_t kSecretSeeds[2] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull};
 
 enum SecretState : int { kNoSecret = 0, kWritingSecret = 1, kSecretReady = 2 };
 std::atomic<int> g_secretState{kNoSecret};
@@ -44,25 +40,6 @@ std::string withoutBrackets(const std::string& host) {
     return host.substr(1, host.size() - 2);
   }
   return host;
-}
-
-// The id's bytes as little-endian words, each mixed with the seed before it enters the chain,
-// so that the two chains never see the same inputs.
-uint64_t keyedHash(const unsigned char* bytes, size_t length, uint64_t seed) {
-  uint64_t state = trace::mix64(seed ^ kSecretDomain);
-  for (size_t offset = 0; offset < length; offset += 8) {
-    uint64_t word = 0;
-    for (size_t i = 0; i < 8 && offset + i < length; ++i) {
-      word |= static_cast<uint64_t>(bytes[offset + i]) << (8 * i);
-    }
-    state = trace::mix64(state ^ trace::mix64(word + seed));
-  }
-  return trace::mix64(state ^ static_cast<uint64_t>(length));
-}
-
-void writeHex(uint64_t value, char* text) {
-  constexpr char kDigits[] = "0123456789abcdef";
-  for (int i = 15; i >= 0; --i, value >>= 4) text[i] = kDigits[value & 0xf];
 }
 
 }  // namespace
@@ -153,13 +130,6 @@ bool collectorFromEnvironment(CollectorAddress* address, std::string* note) {
   return collectorFromLookup([](const char* name) { return std::getenv(name); }, address, note);
 }
 
-void deriveSecret(const void* uniqueId, size_t bytes, DerivedSecretText& text) {
-  const auto* data = static_cast<const unsigned char*>(uniqueId);
-  writeHex(keyedHash(data, bytes, kSecretSeeds[0]), text);
-  writeHex(keyedHash(data, bytes, kSecretSeeds[1]), text + 16);
-  text[kDerivedSecretDigits] = '\0';
-}
-
 void offerCommHashForSecret(uint64_t commHash) {
   // Cheap test first: every communicator init after the first one stops here.
   if (g_secretState.load(std::memory_order_relaxed) != kNoSecret) return;
@@ -167,7 +137,7 @@ void offerCommHashForSecret(uint64_t commHash) {
   if (!g_secretState.compare_exchange_strong(expected, kWritingSecret, std::memory_order_acquire)) {
     return;
   }
-  deriveSecret(&commHash, sizeof commHash, g_secret);
+  trace::deriveSecretFromCommHash(commHash, g_secret);
   g_secretState.store(kSecretReady, std::memory_order_release);
 }
 

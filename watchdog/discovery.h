@@ -7,14 +7,15 @@
 #include <functional>
 #include <string>
 
+#include "trace/job_secret.h"
 #include "trace/wire.h"
 #include "watchdog/exchange.h"
 
 namespace ncclwatch::watchdog {
 
 inline constexpr int kCollectorPortOffset = trace::wire::kCollectorPortOffset;
-inline constexpr size_t kDerivedSecretDigits = 32;
-using DerivedSecretText = char[kDerivedSecretDigits + 1];
+using trace::DerivedSecretText;
+using trace::kDerivedSecretDigits;
 
 // MASTER_PORT+17, or MASTER_PORT-17 where that would pass 65535.
 int defaultCollectorPort(int masterPort);
@@ -29,14 +30,6 @@ using EnvironmentLookup = std::function<const char*(const char*)>;
 bool collectorFromLookup(const EnvironmentLookup& lookup, CollectorAddress* address,
                          std::string* note);
 bool collectorFromEnvironment(CollectorAddress* address, std::string* note);
-
-// 32 lowercase hex digits: two independent 64-bit hashes of the bytes, keyed with constants of
-// our own, so that the secret is not the commHash itself. Derived from the commHash of the
-// first communicator the process initialises, which both doors know without talking: the
-// interposer computes it from the unique id, the profiler plugin receives it in init. Anyone who
-// can read a trace file or watch the connection could compute it (the HELLO itself travels in
-// clear), so it keeps out strangers, not eavesdroppers; NCCLWATCH_SECRET is for the rest.
-void deriveSecret(const void* bytes, size_t size, DerivedSecretText& text);
 
 // The first communicator's commHash, from the interposer inside a root init or from the
 // plugin's init: the first offer is kept, later ones are ignored (both doors offer the same

@@ -180,11 +180,15 @@ void CollectorLink::sayUnreachable(const char* when) {
   if (saidUnreachable_ || reached_ || firstAttemptNs_ < 0) return;
   saidUnreachable_ = true;
   if (!speaks()) return;
-  std::fprintf(stderr,
-               "[ncclwatch] rank %d: the collector at %s is not reachable %s (%s); no live "
-               "verdicts, local detection and trace files go on\n",
+  // Rank 0's sidecar that starts after the job ended reads its trace files instead
+  // (Triage::adoptOrphanedJob): its verdicts still come, in verdicts.jsonl.
+  bool sidecarReadsFiles = address_.fromMasterAddr && address_.secretFromUniqueId;
+  std::fprintf(stderr, "[ncclwatch] rank %d: the collector at %s is not reachable %s (%s); %s\n",
                hello_.rank, where().c_str(), when,
-               lastError_.empty() ? "no answer" : lastError_.c_str());
+               lastError_.empty() ? "no answer" : lastError_.c_str(),
+               sidecarReadsFiles ? "local detection and trace files go on, and a sidecar "
+                                   "collector that starts late reads the job's trace files"
+                                 : "no live verdicts, local detection and trace files go on");
 }
 
 // An established connection ended: said once per loss, then reconnected with backoff (the

@@ -259,12 +259,6 @@ void Sidecar::spawn(const char* secret) {
   state_ = State::kRunning;
 }
 
-void Sidecar::stopUnused() {
-  if (state_ != State::kRunning) return;
-  reap();  // a pid already reaped could belong to someone else by now
-  if (state_ == State::kRunning) kill(pid_, SIGTERM);
-}
-
 void Sidecar::reap() {
   int status = 0;
   pid_t done = waitpid(pid_, &status, WNOHANG);

@@ -58,9 +58,6 @@ class Sidecar {
   // Watchdog thread, every poll: starts the collector once `secret` is known (non-null), and
   // reaps it without blocking once it runs. Never spawns twice.
   void step(const char* secret);
-  // At rank 0's normal exit when its own agent never reached the collector: SIGTERM, so that
-  // it does not wait for agents that are gone. Does not wait for it.
-  void stopUnused();
   State state() const { return state_; }
   pid_t pid() const { return pid_; }
   // Exit code, or 128 + signal; -1 while running or when it was reaped by someone else.

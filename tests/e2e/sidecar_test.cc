@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -167,6 +168,35 @@ TEST(SidecarCollector, CleanJobEndsAndItsCollectorWithIt) {
   EXPECT_EQ(linesStartingWith(job.output(), "[ncclwatch] MISMATCH").size(), 0u) << job.output();
   EXPECT_TRUE(collectorsGone(logs, 15s));
   EXPECT_FALSE(std::filesystem::exists(logs + "/verdicts.jsonl"));
+}
+
+// A short job whose sidecar listens only after the job ended (its start slowed here by a
+// wrapper that sleeps 2 s, as a loaded machine slows the CLI's start): no agent reaches it, but
+// it finds the job's trace files by its secret and says their verdict, then ends by itself.
+// Before, the ranks' exit stopped it and the silent corruption went unsaid.
+TEST(SidecarCollector, AJobOverBeforeItsSidecarListenedStillGetsItsVerdict) {
+  std::string logs = testsupport::freshDirectory("sidecar-late", true);
+  std::string slowCli = logs + ".slow-cli.sh";
+  {
+    std::ofstream script(slowCli);
+    script << "#!/bin/sh\nsleep 2\nexec " << kCli << " \"$@\"\n";
+  }
+  chmod(slowCli.c_str(), 0700);
+  // Rank 2 reduces int32 where the others reduce float32: the same bytes, so NCCL completes it.
+  Launch job(logs, {NCCLWATCH_SCENARIOS, "dtype_equal_bytes"}, {{"NCCLWATCH_CLI", slowCli}});
+  ASSERT_TRUE(job.waitExit(60s)) << job.output();
+  EXPECT_EQ(job.status(), 0) << job.output();  // NCCL completes it: silent data corruption
+  // The wrapper is still asleep when the job ends: the verdict comes a few seconds later.
+  auto deadline = Clock::now() + 20s;
+  while (readFile(logs + "/verdicts.jsonl").empty() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(collectorsGone(logs, 20s));
+  std::string verdicts = readFile(logs + "/verdicts.jsonl");
+  EXPECT_NE(verdicts.find("\"kind\":\"mismatch\""), std::string::npos) << verdicts << job.output();
+  EXPECT_NE(verdicts.find("\"culprits\":[2]"), std::string::npos) << verdicts;
+  EXPECT_NE(verdicts.find("silent_data_corruption"), std::string::npos) << verdicts;
+  std::filesystem::remove(slowCli);
 }
 
 TEST(SidecarCollector, OffStartsNone) {

@@ -46,7 +46,7 @@ Found find(const std::map<std::string, std::string>& environment) {
 
 std::string secretOf(const std::vector<unsigned char>& id) {
   DerivedSecretText text;
-  ncclwatch::watchdog::deriveSecret(id.data(), id.size(), text);
+  ncclwatch::trace::deriveSecret(id.data(), id.size(), text);
   return text;
 }
 

@@ -175,7 +175,6 @@ class SidecarSpawn : public ::testing::Test {
 echo "sidecar says on stdout"
 echo "sidecar says on stderr" >&2
 mv "$RECORD.tmp" "$RECORD"
-if [ -n "$SIDECAR_TEST_LINGER" ]; then exec sleep 60; fi
 exit 3
 )";
     chmod(cli_.c_str(), 0700);
@@ -247,28 +246,6 @@ TEST_F(SidecarSpawn, StartsOnceTheSecretIsKnownAndIsReapedWithoutBlocking) {
   EXPECT_NE(stderrText.find("sidecar says on stdout"), std::string::npos) << stderrText;
   EXPECT_NE(stderrText.find("sidecar says on stderr"), std::string::npos) << stderrText;
   EXPECT_NE(stderrText.find("ended with status 3"), std::string::npos) << stderrText;
-}
-
-TEST_F(SidecarSpawn, StopUnusedEndsACollectorNobodyReached) {
-  SidecarOptions lingering = options(cli_);
-  lingering.environment.push_back("SIDECAR_TEST_LINGER=1");
-  Sidecar sidecar(lingering);
-  onBlockedThreadWithStderrTo(directory_ + "/stderr", [&] {
-    sidecar.step("feedface");
-    ASSERT_EQ(sidecar.state(), Sidecar::State::kRunning);
-    auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (!std::filesystem::exists(record_) && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(5ms);
-    }
-    sidecar.stopUnused();
-    while (sidecar.state() == Sidecar::State::kRunning &&
-           std::chrono::steady_clock::now() < deadline) {
-      sidecar.step("feedface");
-      std::this_thread::sleep_for(5ms);
-    }
-  });
-  ASSERT_EQ(sidecar.state(), Sidecar::State::kExited);
-  EXPECT_EQ(sidecar.exitStatus(), 128 + SIGTERM);
 }
 
 TEST_F(SidecarSpawn, MissingCliSaysSoOnceAndNeverRetries) {
