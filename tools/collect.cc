@@ -325,7 +325,7 @@ int runJob(const RunOptions& options, std::ostream& out, std::ostream& err) {
   if (WEXITSTATUS(status) == 0 && aborts > 0 && !options.pluginOnly) {
     err << "[ncclwatch] the job exited 0, but --abort aborted " << aborts
         << (aborts == 1 ? " communicator" : " communicators")
-        << " under it (collectives that ended without their results): exit status "
+        << " under it after a verdict (what it computed since is not to be trusted): exit status "
         << kAbortedJobStatus << "\n"
         << std::flush;
     return kAbortedJobStatus;
