@@ -591,6 +591,19 @@ TEST(Completion, StalledCallStaysStartedAndEarlierCallsComplete) {
   job.signalAll(SIGKILL);
 }
 
+// abort_probe with its fourth allreduce stalled, under the watchdog's NCCLWATCH_ON_HANG=abort
+// (0.6 s hang threshold).
+testsupport::JobSpec abortedOnHang(const std::string& logs, std::vector<std::string> args) {
+  testsupport::JobSpec spec = preloaded(NCCLWATCH_ABORT_PROBE, 1, logs, std::move(args));
+  spec.env.push_back({"NCCLSIM_FAULT", "stall:rank=0,seq=4"});
+  spec.env.push_back({"NCCLWATCH_HANG_MS", "600"});
+  spec.env.push_back({"NCCLWATCH_WARN_MS", "300"});
+  spec.env.push_back({"NCCLWATCH_POLL_MS", "50"});
+  spec.env.push_back({"NCCLWATCH_ON_HANG", "abort"});
+  spec.env.push_back({"NCCLWATCH_COLLECTOR", "off"});
+  return spec;
+}
+
 // NCCLWATCH_ON_HANG=abort aborts a hung communicator behind the application's back, and NCCL
 // frees it there. An application that then handles the failure as PyTorch does (its watchdog
 // polls ncclCommGetAsyncError and aborts the communicator itself; its main thread calls NCCL on
@@ -598,14 +611,7 @@ TEST(Completion, StalledCallStaysStartedAndEarlierCallsComplete) {
 // process on one, as real NCCL may crash on it.
 TEST(Completion, AnApplicationHandlingTheAbortLikePyTorchNeverUsesTheFreedCommunicator) {
   std::string logs = testsupport::freshDirectory("abort-handled");
-  testsupport::JobSpec spec = preloaded(NCCLWATCH_ABORT_PROBE, 1, logs, {"3"});
-  spec.env.push_back({"NCCLSIM_FAULT", "stall:rank=0,seq=4"});  // the fourth allreduce
-  spec.env.push_back({"NCCLWATCH_HANG_MS", "600"});
-  spec.env.push_back({"NCCLWATCH_WARN_MS", "300"});
-  spec.env.push_back({"NCCLWATCH_POLL_MS", "50"});
-  spec.env.push_back({"NCCLWATCH_ON_HANG", "abort"});
-  spec.env.push_back({"NCCLWATCH_COLLECTOR", "off"});
-  CheckedJob job(spec);
+  CheckedJob job(abortedOnHang(logs, {"3"}));
   ASSERT_TRUE(job.waitExit(60s)) << job.output(0);
   const std::string output = job.output(0);
   EXPECT_EQ(job.exitStatus(0), 0) << output;
@@ -635,14 +641,7 @@ TEST(Completion, AnApplicationHandlingTheAbortLikePyTorchNeverUsesTheFreedCommun
 // ncclwatch, and the watchdog says why.
 TEST(Completion, ARankDestroyingItsCommunicatorIsNotAbortedUnderIt) {
   std::string logs = testsupport::freshDirectory("abort-in-destroy");
-  testsupport::JobSpec spec = preloaded(NCCLWATCH_ABORT_PROBE, 1, logs, {"3", "destroy"});
-  spec.env.push_back({"NCCLSIM_FAULT", "stall:rank=0,seq=4"});
-  spec.env.push_back({"NCCLWATCH_HANG_MS", "600"});
-  spec.env.push_back({"NCCLWATCH_WARN_MS", "300"});
-  spec.env.push_back({"NCCLWATCH_POLL_MS", "50"});
-  spec.env.push_back({"NCCLWATCH_ON_HANG", "abort"});
-  spec.env.push_back({"NCCLWATCH_COLLECTOR", "off"});
-  CheckedJob job(spec);
+  CheckedJob job(abortedOnHang(logs, {"3", "destroy"}));
   ASSERT_TRUE(job.waitForOutput(0,
                                 "not aborted by ncclwatch: the application is already aborting "
                                 "or destroying it",
