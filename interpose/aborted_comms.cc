@@ -1,7 +1,9 @@
 #include "interpose/aborted_comms.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 namespace ncclwatch::interpose {
 namespace {
@@ -26,24 +28,31 @@ bool isTeardown(const char* function) {
 void rememberAbortedByUs(ncclComm_t comm) {
   if (comm == nullptr || abortedByUs(comm)) return;
   size_t slot = g_nextSlot.fetch_add(1, std::memory_order_relaxed) % kAbortedCommSlots;
-  ncclComm_t previous = g_slots[slot].exchange(comm, std::memory_order_acq_rel);
-  if (previous == nullptr) detail::g_abortedCommCount.fetch_add(1, std::memory_order_release);
+  g_slots[slot].store(comm, std::memory_order_seq_cst);
+  detail::g_abortsEver.fetch_add(1, std::memory_order_seq_cst);
+}
+
+bool waitForColdCallsToLeave(int boundMs) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(boundMs);
+  while (detail::g_coldCallsInside.load(std::memory_order_seq_cst) > 0) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  return true;
 }
 
 void forgetAbortedByUs(ncclComm_t comm) {
-  if (comm == nullptr || detail::g_abortedCommCount.load(std::memory_order_acquire) == 0) return;
+  if (comm == nullptr || detail::g_abortsEver.load(std::memory_order_seq_cst) == 0) return;
   for (std::atomic<ncclComm_t>& slot : g_slots) {
     ncclComm_t expected = comm;
-    if (slot.compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel)) {
-      detail::g_abortedCommCount.fetch_sub(1, std::memory_order_release);
-    }
+    slot.compare_exchange_strong(expected, nullptr, std::memory_order_seq_cst);
   }
 }
 
 bool abortedByUs(ncclComm_t comm) {
   if (comm == nullptr) return false;
   for (const std::atomic<ncclComm_t>& slot : g_slots) {
-    if (slot.load(std::memory_order_acquire) == comm) return true;
+    if (slot.load(std::memory_order_seq_cst) == comm) return true;
   }
   return false;
 }

@@ -16,23 +16,46 @@
 namespace ncclwatch::interpose {
 
 namespace detail {
-inline std::atomic<int> g_abortedCommCount{0};  // remembered handles; 0 on every healthy call
+// Handles ever remembered (never goes down): 0 in every healthy process, where the wrappers'
+// check is this one load.
+inline std::atomic<uint64_t> g_abortsEver{0};
+// Threads inside a wrapper other than a collective's or a send's (ColdCallScope): the abort
+// waits for them to leave NCCL before it frees the communicator.
+inline std::atomic<int> g_coldCallsInside{0};
 }  // namespace detail
+
+// Around every wrapper but the collectives' and point-to-point ones (those are the hot path):
+// PyTorch's watchdog thread polls ncclCommGetAsyncError on the communicator ncclwatch is about to
+// abort, and a call already inside NCCL when NCCL frees it would read freed memory. The count
+// goes up before the wrapper checks for an aborted handle, and the abort counts its handle in
+// before it waits for the count to drain (both sequentially consistent: either the call sees
+// the handle and never enters NCCL, or the abort sees the call and waits for it).
+class ColdCallScope {
+ public:
+  ColdCallScope() { detail::g_coldCallsInside.fetch_add(1, std::memory_order_seq_cst); }
+  ~ColdCallScope() { detail::g_coldCallsInside.fetch_sub(1, std::memory_order_release); }
+  ColdCallScope(const ColdCallScope&) = delete;
+  ColdCallScope& operator=(const ColdCallScope&) = delete;
+};
 
 // How many aborted handles are remembered at once; the oldest makes room for a newer one.
 constexpr size_t kAbortedCommSlots = 64;
 
 // Before ncclwatch's own ncclCommAbort of `comm`: from then on its calls are answered here.
 void rememberAbortedByUs(ncclComm_t comm);
+// After rememberAbortedByUs: waits (at most `boundMs`) until no thread is inside a cold wrapper
+// (ColdCallScope), one of which may be in NCCL on the handle; false when the bound ran out (a
+// thread blocked in another communicator's init or destroy).
+bool waitForColdCallsToLeave(int boundMs);
 // NCCL made a new communicator at `comm`'s address: it is live again.
 void forgetAbortedByUs(ncclComm_t comm);
 bool abortedByUs(ncclComm_t comm);
 
-// Whether any argument of a call is a communicator ncclwatch aborted (one relaxed load when
-// none was: the wrappers' hot path).
+// Whether any argument of a call is a communicator ncclwatch aborted (one load when none ever
+// was: the wrappers' hot path; a plain load on x86 even sequentially consistent).
 template <typename... Args>
 bool callsAnAbortedComm(const Args&... args) {
-  if (detail::g_abortedCommCount.load(std::memory_order_relaxed) == 0) return false;
+  if (detail::g_abortsEver.load(std::memory_order_seq_cst) == 0) return false;
   auto aborted = [](const auto& arg) {
     if constexpr (std::is_same_v<std::remove_cv_t<std::remove_reference_t<decltype(arg)>>,
                                  ncclComm_t>) {

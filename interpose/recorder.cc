@@ -895,8 +895,10 @@ int Recorder::abortByHash(uint64_t commHash) {
     }
     // The application keeps its handle, which NCCL frees now: from here on its calls on it are
     // answered by the wrappers (aborted_comms.h), never NCCL's. Remembered first, so that a
-    // call racing the abort is answered too.
+    // call racing the abort is answered too, and one already inside NCCL (PyTorch's watchdog
+    // polling ncclCommGetAsyncError) is waited for.
     rememberAbortedByUs(comm);
+    waitForColdCallsToLeave(100);
     CallScope scope;
     // Recorded like the application's own abort: the comm's pending calls end aborted.
     abortAndRecord(real, comm);

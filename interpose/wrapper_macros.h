@@ -31,7 +31,8 @@ namespace ni = ncclwatch::interpose;
   auto real = reinterpret_cast<decltype(&::p##name)>(address)
 
 // A call on a communicator ncclwatch aborted never reaches NCCL, which freed it
-// (interpose/aborted_comms.h); one relaxed load while no communicator was aborted.
+// (interpose/aborted_comms.h); one load while no communicator was ever aborted. The cold
+// wrappers (all but collectives and point-to-point) are counted in first (ColdCallScope).
 #define NCCLWATCH_ANSWER_ABORTED(ret, name, args)                       \
   if (ni::callsAnAbortedComm args) [[unlikely]] {                       \
     return ni::answerForAbortedComm<ret>(#name, NCCLWATCH_UNPACK args); \
@@ -40,6 +41,7 @@ namespace ni = ncclwatch::interpose;
 #define NCCL_FORWARD(ret, name, params, args)                              \
   extern "C" NCCLWATCH_EXPORT ret name params {                            \
     NCCLWATCH_RESOLVE(name, ni::missingNcclResult<ret>());                 \
+    ni::ColdCallScope cold;                                                \
     NCCLWATCH_ANSWER_ABORTED(ret, name, args);                             \
     ni::CallScope scope;                                                   \
     ret returned = real args;                                              \
@@ -90,6 +92,7 @@ namespace ni = ncclwatch::interpose;
 #define NCCL_LIFECYCLE(name, params, args)                    \
   extern "C" NCCLWATCH_EXPORT ncclResult_t name params {      \
     NCCLWATCH_RESOLVE(name, ncclSystemError);                 \
+    ni::ColdCallScope cold;                                   \
     NCCLWATCH_ANSWER_ABORTED(ncclResult_t, name, args);       \
     ni::CallScope scope;                                      \
     if (!scope.outermost()) return real args;                 \
