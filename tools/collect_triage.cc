@@ -26,6 +26,7 @@
 #include "analysis/recent_two.h"
 #include "load.h"
 #include "trace/job_secret.h"
+#include "trace/python_sites.h"
 
 namespace ncclwatch::collect {
 namespace wire = trace::wire;
@@ -38,6 +39,17 @@ constexpr int64_t kAbortAfterDumpNs = 400 * kMs;
 // How long a divergence waits for its ordinal's last member while members keep reporting it, in
 // settles (settleMs each).
 constexpr int64_t kDivergenceWaitSettles = 8;
+// How long a verdict waits for the Python line of one of its calls (sitesPending): two of an
+// agent's polls (100 ms) and the way.
+constexpr int64_t kSiteWaitNs = 300 * kMs;
+
+// Whether a class's call was issued from a Python line whose text has not arrived yet.
+bool sitesPending(const analysis::Verdict& verdict) {
+  return std::any_of(verdict.classes.begin(), verdict.classes.end(), [](const auto& rankClass) {
+    return trace::isPythonSite(rankClass.call.callSite) && rankClass.call.issuedAt.empty();
+  });
+}
+
 // A sidecar that no agent reached in this long looks in its folder for its ended job's files:
 // agents that are coming connect within a poll (100 ms) of their collector listening.
 constexpr int64_t kOrphanWaitNs = 1000 * kMs;
@@ -349,6 +361,9 @@ bool Triage::frame(int processIndex, wire::Frame& frame) {
     case wire::FrameType::kSites: {
       std::string why;
       trace::parsePythonSites(frame.reason, &file.pythonSites, &why);  // keeps the good lines
+      // A verdict waiting for a Python line of its calls (sitesPending) is drawn again.
+      for (const auto& [key, candidate] : candidates_) analysis_.touch(candidate.commHash);
+      wanted_ |= !candidates_.empty();
       break;
     }
     case wire::FrameType::kWaits:
@@ -716,6 +731,11 @@ void Triage::analyze(int64_t now, bool final, const std::set<uint64_t>* first) {
           ((verdict.kind == analysis::VerdictKind::kDeadRank ||
             verdict.kind == analysis::VerdictKind::kError) &&
            culpritsEnded(verdict, job));
+      // A call whose Python line its agent has not sent yet: a rank's first call from a new line
+      // reaches the collector in one exchange and the line's text in the next (a poll later), and
+      // a verdict said at once would lack the line a user looks for first. It waits for it a
+      // little (kSiteWaitNs), then goes without.
+      if (settled && !final && now - since < kSiteWaitNs && sitesPending(verdict)) settled = false;
       if (!settled) continue;
       reported_.insert(key);
       seen.erase(key);

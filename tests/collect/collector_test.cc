@@ -21,6 +21,7 @@
 
 #include "harness.h"
 #include "trace/fingerprint.h"
+#include "trace/python_sites.h"
 #include "trace/ring_writer.h"
 #include "trace/wire.h"
 
@@ -172,6 +173,45 @@ TEST_F(CollectorTest, TwoRanksThatDivergeGetAMismatchAndAreAskedToDump) {
   EXPECT_NE(line.find("\"kind\":\"mismatch\""), std::string::npos) << line;
   EXPECT_NE(line.find("\"seq\":2"), std::string::npos) << line;
   EXPECT_NE(out_.str().find("MISMATCH"), std::string::npos) << out_.str();
+  for (int fd : agents) close(fd);
+}
+
+// Rank 1's divergent call comes from a Python line it never ran before: its record reaches the
+// collector one exchange ahead of the line's text. The verdict waits for the text (a little),
+// so that it names the line, instead of going out without it.
+TEST_F(CollectorTest, AMismatchWaitsForTheDivergentCallsPythonLine) {
+  constexpr uint64_t kComm = 0x5eed5eed5eed5eedull;
+  namespace trace = ncclwatch::trace;
+  auto sites = [](uint32_t number, const std::string& frame) {
+    std::vector<std::byte> bytes;
+    trace::PythonSite site;
+    site.number = number;
+    site.nativeSite = 0x1000;
+    site.frames = {frame};
+    wire::encodeSites(trace::formatPythonSites({site}), bytes);
+    return bytes;
+  };
+  int agents[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<trace::CallRecord> records{completedAllReduce(kComm, 1, 1024),
+                                           allReduce(kComm, 2, rank ? 512 : 1024)};
+    for (trace::CallRecord& record : records) record.callSite = trace::kPythonSiteTag | 1;
+    if (rank == 1) records[1].callSite = trace::kPythonSiteTag | 2;  // not sent yet
+    agents[rank] =
+        joinAgent(collector_.port(), "s3cret-for-tests", rank, 2, "fake-job", kComm, records);
+    sendAll(agents[rank], sites(1, "train.py:10 train"));
+  }
+  std::this_thread::sleep_for(150ms);
+  EXPECT_EQ(collector_.counters().verdicts.load(), 0u) << out_.str();
+  sendAll(agents[1], sites(2, "train.py:20 train"));
+  ASSERT_TRUE(eventually([&] { return collector_.counters().verdicts.load() >= 1; })) << out_.str();
+  collector_.stop();
+  std::ifstream jsonl(directory_ + "/verdicts.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(jsonl, line));
+  EXPECT_NE(line.find("\"kind\":\"mismatch\""), std::string::npos) << line;
+  EXPECT_NE(line.find("train.py:20 train"), std::string::npos) << line;
+  EXPECT_NE(line.find("train.py:10 train"), std::string::npos) << line;
   for (int fd : agents) close(fd);
 }
 

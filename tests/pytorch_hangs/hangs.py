@@ -1,12 +1,17 @@
 """PyTorch hangs, each with its own bug, for tests/pytorch_hangs and bench/fr_comparison.sh.
 
-    torchrun --nproc_per_node=4 hangs.py --bug skip|shape|raise|subgroup [--timeout S]
+    torchrun --nproc_per_node=4 hangs.py --bug skip|shape|raise|subgroup|root|redop|extra
+             [--timeout S]
 
 skip      rank 1 skips one gradient all_reduce at step 2 (a data-dependent `if`);
 shape     rank 1 all-reduces a tensor of another shape at step 2;
 raise     rank 2 raises at step 2 and exits while the others wait in the next all_reduce;
-subgroup  rank 1 skips a barrier of the subgroup {0, 1} at step 2.
-Each hung call's line carries "# HUNG <bug>"; tests find it there. --timeout sets PyTorch's own
+subgroup  rank 1 skips a barrier of the subgroup {0, 1} at step 2;
+root      rank 2 broadcasts the step-2 bucket from rank 1 where the others broadcast from 0;
+redop     rank 1 reduces the step-2 bucket with MAX where the others SUM: NCCL completes it,
+          the result is wrong on every rank (silent data corruption, no hang);
+extra     rank 2 calls an extra barrier before its step-2 bucket.
+Each hung (or wrong) call's line carries "# HUNG <bug>"; tests find it there. --timeout sets PyTorch's own
 collective timeout (its watchdog and Flight Recorder dump on it).
 """
 import argparse
@@ -32,7 +37,15 @@ def train(bug):
     for step in range(4):
         dist.all_reduce(grad)  # the step's first gradient bucket
         data_says_skip = RANK == 1 and step == 2  # e.g. a loss that came out NaN on one rank
-        if bug == "skip" and data_says_skip:
+        if bug == "root" and step == 2:
+            dist.broadcast(grad, src=1 if RANK == 2 else 0)  # HUNG root
+        elif bug == "redop" and step == 2:
+            op = dist.ReduceOp.MAX if RANK == 1 else dist.ReduceOp.SUM
+            dist.all_reduce(grad, op=op)  # HUNG redop
+        elif bug == "extra" and step == 2 and RANK == 2:
+            dist.barrier()  # HUNG extra
+            dist.all_reduce(grad)
+        elif bug == "skip" and data_says_skip:
             say("skips the second bucket")
         else:
             if bug == "shape" and data_says_skip:
@@ -50,7 +63,8 @@ def train(bug):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--bug", required=True, choices=["skip", "shape", "raise", "subgroup"])
+    parser.add_argument("--bug", required=True,
+                        choices=["skip", "shape", "raise", "subgroup", "root", "redop", "extra"])
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
