@@ -71,6 +71,7 @@ void JobAnalysis::checkP2p(Comm& comm) {
       lastList->push_back(i);
     }
   }
+  if (stalled_ && checkP2pOrderDeadlock(comm, sendsTo)) return;
   struct Item {
     Side side;
     std::string what;
@@ -283,6 +284,106 @@ void JobAnalysis::checkP2p(Comm& comm) {
   }
   if (v.fields.empty()) restsOnTiming(v);
   verdicts_.push_back(std::move(v));
+}
+
+bool JobAnalysis::checkP2pOrderDeadlock(
+    const Comm& comm, const std::vector<std::unordered_map<int, std::vector<uint32_t>>>& sendsTo) {
+  const int count = static_cast<int>(comm.members.size());
+  // waitsOn[m]: the member m's first pending send or receive waits for, when that is a receive
+  // that has started and whose matching send on the peer has not: the peer's stream holds the
+  // send behind a call of its own still pending (PyTorch's dist.recv only makes the stream wait,
+  // so the host goes on to issue the send behind it).
+  struct Wait {
+    int peer = -1;       // member index
+    uint32_t recv = 0;   // m's receive
+    uint32_t send = 0;   // the peer's matching send, queued
+    uint32_t ahead = 0;  // the peer's pending call ahead of it on its stream
+  };
+  std::vector<Wait> waitsOn(static_cast<size_t>(count));
+  for (int mi = 0; mi < count; ++mi) {
+    const Member& m = comm.members[mi];
+    const Proc& proc = procs_[m.proc];
+    auto first = std::find_if(m.p2p.begin(), m.p2p.end(),
+                              [&](uint32_t i) { return isPending(proc.rec(i)); });
+    if (first == m.p2p.end()) continue;
+    const CallRecord& recv = proc.rec(*first);
+    if (recv.op != OpKind::kRecv || recv.state != RecordState::kStarted || recv.p2pSeq == 0) {
+      continue;
+    }
+    int pm = comm.byCommRank.find(recv.rootOrPeer);
+    if (pm < 0) continue;
+    auto sends = sendsTo[pm].find(m.commRank);
+    if (sends == sendsTo[pm].end()) continue;
+    const Member& peer = comm.members[pm];
+    const Proc& peerProc = procs_[peer.proc];
+    for (uint32_t s : sends->second) {
+      const CallRecord& send = peerProc.rec(s);
+      if (send.p2pSeq != recv.p2pSeq) continue;
+      if (send.state != RecordState::kIssued || !isPending(send)) break;  // it runs: no wait
+      for (uint32_t a : peer.p2p) {
+        const CallRecord& ahead = peerProc.rec(a);
+        if (ahead.seq >= send.seq) break;
+        if (isPending(ahead) && ahead.stream == send.stream) {
+          waitsOn[static_cast<size_t>(mi)] = Wait{pm, *first, s, a};
+          break;
+        }
+      }
+      break;
+    }
+  }
+  // Each member waits on one peer at most: a cycle is found by walking from each member.
+  std::vector<int> cycle;
+  for (int start = 0; start < count && cycle.empty(); ++start) {
+    std::vector<int> path;
+    std::vector<bool> onPath(static_cast<size_t>(count), false);
+    for (int at = start; at >= 0 && waitsOn[static_cast<size_t>(at)].peer >= 0;
+         at = waitsOn[static_cast<size_t>(at)].peer) {
+      if (onPath[static_cast<size_t>(at)]) {
+        cycle.assign(std::find(path.begin(), path.end(), at), path.end());
+        break;
+      }
+      onPath[static_cast<size_t>(at)] = true;
+      path.push_back(at);
+    }
+  }
+  if (cycle.empty()) return false;
+  Verdict v = make(VerdictKind::kDeadlock, &comm, 0);
+  uint64_t seq = UINT64_MAX;
+  int64_t closed = 0;
+  std::vector<int> ranks;
+  for (int mi : cycle) {
+    const Wait& wait = waitsOn[static_cast<size_t>(mi)];
+    const Proc& proc = procs_[comm.members[mi].proc];
+    const Proc& peerProc = procs_[comm.members[wait.peer].proc];
+    RankClass rc;
+    rc.ranks = {proc.rank};
+    rc.call = describe(proc, wait.recv);
+    rc.call.rootOrPeer = peerProc.rank;  // the receive's peer, as a global rank
+    // Peers as global ranks, as everywhere users read them.
+    CallDesc send = describe(peerProc, wait.send), ahead = describe(peerProc, wait.ahead);
+    send.rootOrPeer = globalRank(comm, send.rootOrPeer);
+    ahead.rootOrPeer = globalRank(comm, ahead.rootOrPeer);
+    rc.call.note = "waits for rank " + std::to_string(peerProc.rank) + "'s " + callText(send) +
+                   ", which its stream holds behind its " + callText(ahead);
+    seq = std::min(seq, rc.call.seq);
+    closed = std::max(closed, proc.wall(proc.rec(wait.recv).issueNs));
+    ranks.push_back(proc.rank);
+    v.classes.push_back(std::move(rc));
+  }
+  std::sort(ranks.begin(), ranks.end());
+  v.seq = seq;
+  v.culprits = ranks;
+  v.divergenceNs = closed;
+  std::string who = formatRanks(ranks);
+  v.explanation =
+      (ranks.size() == 2 ? "ranks " + who + " each receive from the other before they send to it"
+                         : "ranks " + who + " each receive from the next before they send on") +
+      ", the send behind the receive on one stream: every receive waits for a send its peer's "
+      "stream runs only after that peer's own receive, a deadlock in which no send or receive is "
+      "missing. Issue each rank's sends and receives together (ncclGroupStart/ncclGroupEnd; "
+      "batch_isend_irecv in PyTorch), or let one side send first";
+  verdicts_.push_back(std::move(v));
+  return true;
 }
 
 }  // namespace ncclwatch::analysis::internal

@@ -318,6 +318,11 @@ class JobAnalysis {
   // ----- check_p2p.cc (per comm) -----
   void checkP2p();
   void checkP2p(Comm& comm);
+  // A cycle of receives each waiting for a send that its peer's stream runs only after that
+  // peer's own pending receive (`recv(peer); send(peer)` on both sides): a deadlock where every
+  // send has its receive. Adds the verdict and returns true when it finds one.
+  bool checkP2pOrderDeadlock(
+      const Comm& comm, const std::vector<std::unordered_map<int, std::vector<uint32_t>>>& sendsTo);
 
   // ----- check_hangs.cc -----
   void decideStalled();

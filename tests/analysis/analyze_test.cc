@@ -373,6 +373,66 @@ TEST(UnmatchedP2p, WrongPeerIsTheCulprit) {
   EXPECT_EQ(find(job, VerdictKind::kDeadlock), nullptr) << text(report);
 }
 
+// `recv(peer); send(peer)` on both sides of a pair, each on one stream, as PyTorch's dist.recv
+// (which only makes the stream wait) lets a pipeline stage do: every send has its receive, yet
+// each receive waits for a send its peer's stream holds behind the peer's own receive.
+TEST(P2pOrderDeadlock, TwoRanksThatEachReceiveBeforeTheySend) {
+  auto ranks = world(4);
+  history(ranks, 2);
+  // Ranks 1 and 2; ranks 0 and 3 are idle.
+  ranks[1].call(kWorld, OpKind::kRecv, 64, RecordState::kStarted, 5 * kMs, kF32, 0, 2);
+  ranks[1].call(kWorld, OpKind::kSend, 64, RecordState::kIssued, 5 * kMs, kF32, 0, 2);
+  ranks[2].call(kWorld, OpKind::kRecv, 64, RecordState::kStarted, 5 * kMs, kF32, 0, 1);
+  ranks[2].call(kWorld, OpKind::kSend, 64, RecordState::kIssued, 5 * kMs, kF32, 0, 1);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const JobReport& job = onlyJob(report);
+  const Verdict* v = find(job, VerdictKind::kDeadlock);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->culprits, (std::vector<int>{1, 2})) << text(report);
+  EXPECT_EQ(v->classes.size(), 2u) << text(report);
+  EXPECT_NE(v->explanation.find("each receive from the other before they send to it"),
+            std::string::npos)
+      << v->explanation;
+  EXPECT_NE(v->classes[0].call.note.find("which its stream holds behind its Recv"),
+            std::string::npos)
+      << v->classes[0].call.note;
+  EXPECT_EQ(find(job, VerdictKind::kUnmatchedP2p), nullptr) << text(report);
+}
+
+// The same order on every rank of a ring (each receives from its left before it sends right).
+TEST(P2pOrderDeadlock, ARingWhereEveryRankReceivesFirst) {
+  auto ranks = world(4);
+  for (int r = 0; r < 4; ++r) {
+    ranks[r].call(kWorld, OpKind::kRecv, 64, RecordState::kStarted, kMs, kF32, 0, (r + 3) % 4);
+    ranks[r].call(kWorld, OpKind::kSend, 64, RecordState::kIssued, kMs, kF32, 0, (r + 1) % 4);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kDeadlock);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->culprits, (std::vector<int>{0, 1, 2, 3})) << text(report);
+  EXPECT_NE(v->explanation.find("each receive from the next before they send on"),
+            std::string::npos)
+      << v->explanation;
+}
+
+// Grouped (batch_isend_irecv, ncclGroupStart/End): the send runs beside the receive, both
+// started. A pair that hangs so is not this deadlock (here: nobody receives rank 2's send).
+TEST(P2pOrderDeadlock, NotWhenTheSendRunsBesideTheReceive) {
+  auto ranks = world(4);
+  history(ranks, 2);
+  ranks[1].call(kWorld, OpKind::kRecv, 64, RecordState::kStarted, 5 * kMs, kF32, 0, 2);
+  ranks[1].call(kWorld, OpKind::kSend, 64, RecordState::kStarted, 5 * kMs, kF32, 0, 2);
+  ranks[2].call(kWorld, OpKind::kRecv, 64, RecordState::kStarted, 5 * kMs, kF32, 0, 1);
+  ranks[2].call(kWorld, OpKind::kSend, 64, RecordState::kStarted, 5 * kMs, kF32, 0, 3);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const JobReport& job = onlyJob(report);
+  EXPECT_EQ(find(job, VerdictKind::kDeadlock), nullptr) << text(report);
+  EXPECT_NE(find(job, VerdictKind::kUnmatchedP2p), nullptr) << text(report);
+}
+
 TEST(Stuck, EveryRankStartedAndNoneCompleted) {
   auto ranks = world(4);
   history(ranks, 4);

@@ -1,7 +1,7 @@
 """PyTorch hangs, each with its own bug, for tests/pytorch_hangs and bench/fr_comparison.sh.
 
-    torchrun --nproc_per_node=4 hangs.py --bug skip|shape|raise|subgroup|root|redop|extra
-             [--timeout S]
+    torchrun --nproc_per_node=4 hangs.py
+        --bug skip|shape|raise|subgroup|root|redop|extra|recvfirst [--timeout S]
 
 skip      rank 1 skips one gradient all_reduce at step 2 (a data-dependent `if`);
 shape     rank 1 all-reduces a tensor of another shape at step 2;
@@ -10,7 +10,9 @@ subgroup  rank 1 skips a barrier of the subgroup {0, 1} at step 2;
 root      rank 2 broadcasts the step-2 bucket from rank 1 where the others broadcast from 0;
 redop     rank 1 reduces the step-2 bucket with MAX where the others SUM: NCCL completes it,
           the result is wrong on every rank (silent data corruption, no hang);
-extra     rank 2 calls an extra barrier before its step-2 bucket.
+extra     rank 2 calls an extra barrier before its step-2 bucket;
+recvfirst ranks 1 and 2 each receive from the other before they send to it at step 2 (a
+          pipeline's exchange without batch_isend_irecv): a deadlock on the GPU streams.
 Each hung (or wrong) call's line carries "# HUNG <bug>"; tests find it there. --timeout sets PyTorch's own
 collective timeout (its watchdog and Flight Recorder dump on it).
 """
@@ -42,6 +44,11 @@ def train(bug):
         elif bug == "redop" and step == 2:
             op = dist.ReduceOp.MAX if RANK == 1 else dist.ReduceOp.SUM
             dist.all_reduce(grad, op=op)  # HUNG redop
+        elif bug == "recvfirst" and step == 2 and RANK in (1, 2):
+            # dist.recv only makes the stream wait: the send queues behind the receive
+            dist.recv(grad, src=3 - RANK)  # HUNG recvfirst
+            dist.send(grad, dst=3 - RANK)
+            dist.all_reduce(grad)
         elif bug == "extra" and step == 2 and RANK == 2:
             dist.barrier()  # HUNG extra
             dist.all_reduce(grad)
@@ -64,7 +71,8 @@ def train(bug):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bug", required=True,
-                        choices=["skip", "shape", "raise", "subgroup", "root", "redop", "extra"])
+                        choices=["skip", "shape", "raise", "subgroup", "root", "redop", "extra",
+                                 "recvfirst"])
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

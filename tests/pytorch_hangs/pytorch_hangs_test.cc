@@ -126,11 +126,13 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Hang{"skip", "missing", "1", "# HUNG skip"},
                       Hang{"shape", "mismatch", "1", "# HUNG shape"},
                       Hang{"raise", "dead_rank", "2", "dist.all_reduce(grad)  # the step"},
-                      // Three shapes written after the detection was (session 17), unchanged
-                      // by it: a root, a reduction (silent) and an extra call.
+                      // Shapes written after the detection was (session 17): a root, a
+                      // reduction (silent) and an extra call, which it got right as it was.
                       Hang{"root", "mismatch", "2", "# HUNG root"},
                       Hang{"redop", "mismatch", "1", "# HUNG redop"},
-                      Hang{"extra", "mismatch", "2", "# HUNG extra"}),
+                      Hang{"extra", "mismatch", "2", "# HUNG extra"},
+                      // Each of ranks 1 and 2 receives from the other before it sends.
+                      Hang{"recvfirst", "deadlock", "1,2", "# HUNG recvfirst"}),
     [](const ::testing::TestParamInfo<Hang>& info) { return std::string(info.param.bug); });
 
 // Rank 1 skips a barrier of the subgroup {0, 1}: rank 0 waits in it; ranks 1-3 wait in the
