@@ -376,16 +376,21 @@ TEST(UnmatchedP2p, WrongPeerIsTheCulprit) {
 // `recv(peer); send(peer)` on both sides of a pair, each on one stream, as PyTorch's dist.recv
 // (which only makes the stream wait) lets a pipeline stage do: every send has its receive, yet
 // each receive waits for a send its peer's stream holds behind the peer's own receive.
-TEST(P2pOrderDeadlock, TwoRanksThatEachReceiveBeforeTheySend) {
+// Ranks 1 and 2 of 4 each receive from the other, then send (`sends`: its state; rank 2's send
+// goes to `rankTwoSendsTo`); ranks 0 and 3 are idle.
+Report receiveThenSend(RecordState sends, int rankTwoSendsTo) {
   auto ranks = world(4);
   history(ranks, 2);
-  // Ranks 1 and 2; ranks 0 and 3 are idle.
   ranks[1].call(kWorld, OpKind::kRecv, 64, RecordState::kStarted, 5 * kMs, kF32, 0, 2);
-  ranks[1].call(kWorld, OpKind::kSend, 64, RecordState::kIssued, 5 * kMs, kF32, 0, 2);
+  ranks[1].call(kWorld, OpKind::kSend, 64, sends, 5 * kMs, kF32, 0, 2);
   ranks[2].call(kWorld, OpKind::kRecv, 64, RecordState::kStarted, 5 * kMs, kF32, 0, 1);
-  ranks[2].call(kWorld, OpKind::kSend, 64, RecordState::kIssued, 5 * kMs, kF32, 0, 1);
+  ranks[2].call(kWorld, OpKind::kSend, 64, sends, 5 * kMs, kF32, 0, rankTwoSendsTo);
   auto traces = files(ranks);
-  Report report = analyze(traces, ended());
+  return analyze(traces, ended());
+}
+
+TEST(P2pOrderDeadlock, TwoRanksThatEachReceiveBeforeTheySend) {
+  Report report = receiveThenSend(RecordState::kIssued, 1);
   const JobReport& job = onlyJob(report);
   const Verdict* v = find(job, VerdictKind::kDeadlock);
   ASSERT_NE(v, nullptr) << text(report);
@@ -420,14 +425,7 @@ TEST(P2pOrderDeadlock, ARingWhereEveryRankReceivesFirst) {
 // Grouped (batch_isend_irecv, ncclGroupStart/End): the send runs beside the receive, both
 // started. A pair that hangs so is not this deadlock (here: nobody receives rank 2's send).
 TEST(P2pOrderDeadlock, NotWhenTheSendRunsBesideTheReceive) {
-  auto ranks = world(4);
-  history(ranks, 2);
-  ranks[1].call(kWorld, OpKind::kRecv, 64, RecordState::kStarted, 5 * kMs, kF32, 0, 2);
-  ranks[1].call(kWorld, OpKind::kSend, 64, RecordState::kStarted, 5 * kMs, kF32, 0, 2);
-  ranks[2].call(kWorld, OpKind::kRecv, 64, RecordState::kStarted, 5 * kMs, kF32, 0, 1);
-  ranks[2].call(kWorld, OpKind::kSend, 64, RecordState::kStarted, 5 * kMs, kF32, 0, 3);
-  auto traces = files(ranks);
-  Report report = analyze(traces, ended());
+  Report report = receiveThenSend(RecordState::kStarted, 3);
   const JobReport& job = onlyJob(report);
   EXPECT_EQ(find(job, VerdictKind::kDeadlock), nullptr) << text(report);
   EXPECT_NE(find(job, VerdictKind::kUnmatchedP2p), nullptr) << text(report);

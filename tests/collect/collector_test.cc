@@ -166,10 +166,8 @@ TEST_F(CollectorTest, TwoRanksThatDivergeGetAMismatchAndAreAskedToDump) {
     EXPECT_EQ(frame.type, wire::FrameType::kDump);
     EXPECT_NE(frame.reason.find("mismatch"), std::string::npos) << frame.reason;
   }
-  collector_.stop();
-  std::ifstream jsonl(directory_ + "/verdicts.jsonl");
-  std::string line;
-  ASSERT_TRUE(std::getline(jsonl, line));
+  std::string line = stopAndReadFirstVerdict();
+  ASSERT_FALSE(line.empty());
   EXPECT_NE(line.find("\"kind\":\"mismatch\""), std::string::npos) << line;
   EXPECT_NE(line.find("\"seq\":2"), std::string::npos) << line;
   EXPECT_NE(out_.str().find("MISMATCH"), std::string::npos) << out_.str();
@@ -205,10 +203,8 @@ TEST_F(CollectorTest, AMismatchWaitsForTheDivergentCallsPythonLine) {
   EXPECT_EQ(collector_.counters().verdicts.load(), 0u) << out_.str();
   sendAll(agents[1], sites(2, "train.py:20 train"));
   ASSERT_TRUE(eventually([&] { return collector_.counters().verdicts.load() >= 1; })) << out_.str();
-  collector_.stop();
-  std::ifstream jsonl(directory_ + "/verdicts.jsonl");
-  std::string line;
-  ASSERT_TRUE(std::getline(jsonl, line));
+  std::string line = stopAndReadFirstVerdict();
+  ASSERT_FALSE(line.empty());
   EXPECT_NE(line.find("\"kind\":\"mismatch\""), std::string::npos) << line;
   EXPECT_NE(line.find("train.py:20 train"), std::string::npos) << line;
   EXPECT_NE(line.find("train.py:10 train"), std::string::npos) << line;
@@ -341,10 +337,8 @@ TEST_F(CollectorTest, TheOddRankOutOfFourIsTheCulprit) {
         joinAgent(collector_.port(), "s3cret-for-tests", rank, 4, "fake-job", kComm, records));
   }
   ASSERT_TRUE(eventually([&] { return collector_.counters().verdicts.load() >= 1; })) << out_.str();
-  collector_.stop();
-  std::ifstream jsonl(directory_ + "/verdicts.jsonl");
-  std::string line;
-  ASSERT_TRUE(std::getline(jsonl, line));
+  std::string line = stopAndReadFirstVerdict();
+  ASSERT_FALSE(line.empty());
   EXPECT_NE(line.find("\"kind\":\"mismatch\""), std::string::npos) << line;
   EXPECT_NE(line.find("\"culprits\":[2]"), std::string::npos) << line;
   for (int fd : agents) close(fd);

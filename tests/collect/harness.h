@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -130,6 +131,14 @@ class CollectorFixture : public testing::Test {
   void TearDown() override {
     collector_.stop();
     std::filesystem::remove_all(directory_);
+  }
+  // Stops the collector and returns the first line of its verdicts.jsonl ("" when none).
+  std::string stopAndReadFirstVerdict() {
+    collector_.stop();
+    std::ifstream jsonl(directory_ + "/verdicts.jsonl");
+    std::string line;
+    std::getline(jsonl, line);
+    return line;
   }
   std::string directory_;
   std::ostringstream out_;
