@@ -64,6 +64,10 @@ struct Operation {
   bool netError = false;
   bool netErrorIsSystem = false;
   OperationProfile profile;  // profiler events of this call (profiler.h)
+  // A collective's place in the order this process launched its comm's collectives (1-based;
+  // 0 for one captured into a CUDA graph, which runs at each replay): runCollective waits for
+  // the ones before it, as NCCL runs a communicator's operations in issue order on any stream.
+  uint64_t issueOrdinal = 0;
 };
 
 }  // namespace ncclsim
@@ -96,6 +100,10 @@ struct ncclComm {
   // kernels; the counters below are assigned under this lock when an operation starts running.
   std::mutex executionMutex;
   uint64_t executedCollectives = 0;
+  // Collectives launched outside capture (Operation::issueOrdinal), and how many of them have
+  // run, in that order.
+  std::atomic<uint64_t> launchedCollectives{0};
+  std::atomic<uint64_t> ranCollectives{0};
   std::vector<uint64_t> sendsExecutedTo;
   std::vector<uint64_t> recvsExecutedFrom;
 

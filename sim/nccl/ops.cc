@@ -390,8 +390,37 @@ class Ring {
   bool peerWait_ = false;  // the current send step has its GPU's data and waits on the peer
 };
 
+// A collective launched after others on its communicator runs after them, whatever stream
+// each was launched on: NCCL orders a communicator's kernels through a stream of its own, so
+// FSDP's all-gathers on one stream and reduce-scatters on another pair by issue order on every
+// rank. (Numbered as they start, they paired by whichever stream ran first, and a real FSDP2 job
+// hung on the sim.) False when the communicator's operations were cancelled meanwhile.
+bool awaitTurn(const Operation& op) {
+  if (op.issueOrdinal == 0) return true;
+  ncclComm* comm = op.comm;
+  return waitOnSegment(
+      comm, comm->cancelOps,
+      [&] { return comm->ranCollectives.load(std::memory_order_acquire) + 1 >= op.issueOrdinal; },
+      [&] {
+        debugLine(commLabel(comm) + " coll #" + std::to_string(op.issueSeq) +
+                  " waits for the collectives launched before it on this communicator");
+      });
+}
+
+// The collective's turn is over (it ran, failed or was cancelled): the next one may run.
+void endTurn(const Operation& op) {
+  if (op.issueOrdinal == 0) return;
+  op.comm->ranCollectives.fetch_add(1, std::memory_order_acq_rel);
+  op.comm->segment.notifyAll();
+}
+
 bool runCollective(Operation& op) {
   ncclComm* comm = op.comm;
+  struct TurnEnds {
+    const Operation& op;
+    ~TurnEnds() { endTurn(op); }
+  } turnEnds{op};
+  if (!awaitTurn(op)) return false;
   std::lock_guard<std::mutex> lock(comm->executionMutex);
   const uint64_t number = comm->executedCollectives + 1;
   std::optional<Ring> ring;
@@ -614,6 +643,7 @@ ncclResult_t launchTask(std::vector<Operation> ops, cudaStream_t stream) {
     for (Operation& op : task->ops) {
       std::lock_guard<std::mutex> lock(op.comm->outstandingMutex);
       ++op.comm->outstandingOps;
+      if (op.kind == OpKind::kCollective) op.issueOrdinal = ++op.comm->launchedCollectives;
     }
   }
   // Coll/P2p events: before the task can run and start its kernel.
@@ -623,7 +653,10 @@ ncclResult_t launchTask(std::vector<Operation> ops, cudaStream_t stream) {
     if (task->persistent) {
       for (Operation& op : task->ops) releaseComm(op.comm);
     } else {
-      for (Operation& op : task->ops) finishOperation(op);
+      for (Operation& op : task->ops) {
+        endTurn(op);  // never runs: the collectives launched after it must not wait for it
+        finishOperation(op);
+      }
     }
     delete task;
     return fail(ncclUnhandledCudaError,

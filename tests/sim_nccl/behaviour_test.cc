@@ -166,6 +166,39 @@ TEST(Groups, MixedCollectivesOnTwoStreams) {
   EXPECT_TRUE(result.allExitedZero()) << result.summary();
 }
 
+// FSDP's shape: an all-gather on one stream, then a reduce-scatter on another, ungrouped, on
+// one communicator. On ranks 2 and 3 the all-gather's stream is held by earlier work, so their
+// reduce-scatter's stream is free first. NCCL runs a communicator's operations in issue order
+// whatever the stream, so both complete with the right data; numbered as they started, the sim
+// paired rank 0's all-gather with rank 2's reduce-scatter and hung (a real FSDP2 job did).
+TEST(Groups, UngroupedCollectivesOnTwoStreamsPairByIssueOrder) {
+  const auto result = run(4, [](const RankContext& c) {
+    ncclComm_t comm = simtest::initComm(c);
+    SIMTEST_CHECK(comm != nullptr, c, "init");
+    cudaStream_t gatherStream, scatterStream;
+    cudaStreamCreate(&gatherStream);
+    cudaStreamCreate(&scatterStream);
+    int* contribution = deviceArray(std::vector<int>{c.rank + 1});
+    int* gathered = deviceArray(std::vector<int>(4, 0));
+    int* toScatter = deviceArray(std::vector<int>{1, 2, 3, 4});
+    int* scattered = deviceArray(std::vector<int>{0});
+    if (c.rank >= 2) {
+      cudaLaunchHostFunc(
+          gatherStream, [](void*) { sleepMs(300); }, nullptr);
+    }
+    SIMTEST_NCCL(ncclAllGather(contribution, gathered, 1, ncclInt32, comm, gatherStream), c);
+    SIMTEST_NCCL(
+        ncclReduceScatter(toScatter, scattered, 1, ncclInt32, ncclSum, comm, scatterStream), c);
+    SIMTEST_CHECK(simtest::streamDrainsWithin(gatherStream, 5.0), c, "all-gather hangs");
+    SIMTEST_CHECK(simtest::streamDrainsWithin(scatterStream, 5.0), c, "reduce-scatter hangs");
+    SIMTEST_CHECK(hostCopy(gathered, 4) == (std::vector<int>{1, 2, 3, 4}), c, "allgather");
+    SIMTEST_CHECK(hostCopy(scattered, 1)[0] == 4 * (c.rank + 1), c, "reducescatter");
+    SIMTEST_NCCL(ncclCommDestroy(comm), c);
+    return 0;
+  });
+  EXPECT_TRUE(result.allExitedZero()) << result.summary();
+}
+
 TEST(Lifecycle, SplitOrdersByKeyAndHonoursNoColor) {
   const auto result = run(8, [](const RankContext& c) {
     ncclComm_t world = simtest::initComm(c);
