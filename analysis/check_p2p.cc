@@ -331,19 +331,23 @@ bool JobAnalysis::checkP2pOrderDeadlock(
       break;
     }
   }
-  // Each member waits on one peer at most: a cycle is found by walking from each member.
+  // Each member waits on one peer at most: a cycle is found by walking from each member, each
+  // member walked once in all (a walk that reaches one an earlier walk passed finds nothing
+  // new), so a communicator of 32,768 members costs one pass, not one per member.
   std::vector<int> cycle;
+  std::vector<int> walkedFrom(static_cast<size_t>(count), -1);
   for (int start = 0; start < count && cycle.empty(); ++start) {
-    std::vector<int> path;
-    std::vector<bool> onPath(static_cast<size_t>(count), false);
-    for (int at = start; at >= 0 && waitsOn[static_cast<size_t>(at)].peer >= 0;
-         at = waitsOn[static_cast<size_t>(at)].peer) {
-      if (onPath[static_cast<size_t>(at)]) {
-        cycle.assign(std::find(path.begin(), path.end(), at), path.end());
-        break;
-      }
-      onPath[static_cast<size_t>(at)] = true;
-      path.push_back(at);
+    int at = start;
+    while (at >= 0 && walkedFrom[static_cast<size_t>(at)] < 0 &&
+           waitsOn[static_cast<size_t>(at)].peer >= 0) {
+      walkedFrom[static_cast<size_t>(at)] = start;
+      at = waitsOn[static_cast<size_t>(at)].peer;
+    }
+    if (at < 0 || walkedFrom[static_cast<size_t>(at)] != start) continue;
+    for (int member = at;;) {  // back at a member of this walk: the cycle runs from it
+      cycle.push_back(member);
+      member = waitsOn[static_cast<size_t>(member)].peer;
+      if (member == at) break;
     }
   }
   if (cycle.empty()) return false;

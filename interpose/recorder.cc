@@ -879,11 +879,11 @@ void Recorder::asyncErrorPolled(ncclComm_t comm, ncclResult_t asyncError) {
 int Recorder::abortByHash(uint64_t commHash) {
   auto* state = static_cast<State*>(this);
   int found = 0;
+  auto real = reinterpret_cast<decltype(&::pncclCommAbort)>(resolveReal("pncclCommAbort"));
+  if (real == nullptr) return 0;
   for (CommEntry& entry : state->comms) {
     ncclComm_t comm = entry.key.load(std::memory_order_acquire);
     if (comm == nullptr || entry.hash != commHash || !entry.abortable) continue;
-    auto real = reinterpret_cast<decltype(&::pncclCommAbort)>(resolveReal("pncclCommAbort"));
-    if (real == nullptr) continue;
     ++found;
     if (entry.closing.exchange(true)) {
       std::fprintf(stderr,

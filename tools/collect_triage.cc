@@ -50,6 +50,14 @@ bool sitesPending(const analysis::Verdict& verdict) {
   });
 }
 
+// "<host>-": how this host's trace files' names begin (<host>-<pid>.ncclwatch); a shared folder
+// holds every host's.
+std::string thisHostsTracePrefix() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return std::string(host) + "-";
+}
+
 // A sidecar that no agent reached in this long looks in its folder for its ended job's files:
 // agents that are coming connect within a poll (100 ms) of their collector listening.
 constexpr int64_t kOrphanWaitNs = 1000 * kMs;
@@ -802,9 +810,7 @@ void Triage::adoptTraceFiles(int64_t now) {
     if (process.adopted && process.adoptedAlive && !process.connected) continue;
     known.insert(std::filesystem::path(files_[i].path).filename().string());
   }
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  std::string prefix = std::string(host) + "-";
+  const std::string prefix = thisHostsTracePrefix();
   int reads = 0;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(options_.directory, error)) {
@@ -828,42 +834,40 @@ void Triage::adoptTraceFiles(int64_t now) {
 }
 
 bool Triage::adoptFile(trace::TraceFile file, const std::string& path) {
-  {
-    auto key = std::make_tuple(std::string(trace::jobIdOf(file.header)), file.header.rank,
-                               file.header.pid);
-    auto found = processIndex_.find(key);
-    size_t index = 0;
-    if (found == processIndex_.end()) {
-      if (processes_.size() >= 4 * options_.maxAgents) return false;
-      Process process;
-      process.adopted = true;
-      process.window = windowFor(options_.maxRecords, file.header.world);
-      process.toWall = file.header.anchorRealtimeNs - file.header.anchorMonotonicNs;
-      index = processes_.size();
-      processIndex_.emplace(key, static_cast<int>(index));
-      processes_.push_back(process);
-      trace::TraceFile known;
-      known.header = file.header;
-      known.path = path;
-      known.usable = true;
-      addFile(std::move(known), file.header.world);
-    } else {
-      index = static_cast<size_t>(found->second);
-      if (!processes_[index].adopted || processes_[index].connected) return true;
-    }
-    Process& process = processes_[index];
-    bool alive = file.header.cleanShutdown == 0 && analysis::runningHere(file);
-    files_[index].header.cleanShutdown = file.header.cleanShutdown;
-    if (!alive && !process.adoptedAlive && found != processIndex_.end()) return true;  // read
-    process.adoptedAlive = alive;
-    if (!file.comms.empty()) {
-      files_[index].comms = file.comms;
-      for (const trace::CommInfo& comm : file.comms) triage_.addComm(comm);
-    }
-    for (const trace::CallRecord& record : file.records) store(index, record);
-    files_[index].dumps = std::move(file.dumps);
-    wanted_ = true;
+  auto key =
+      std::make_tuple(std::string(trace::jobIdOf(file.header)), file.header.rank, file.header.pid);
+  auto found = processIndex_.find(key);
+  size_t index = 0;
+  if (found == processIndex_.end()) {
+    if (processes_.size() >= 4 * options_.maxAgents) return false;
+    Process process;
+    process.adopted = true;
+    process.window = windowFor(options_.maxRecords, file.header.world);
+    process.toWall = file.header.anchorRealtimeNs - file.header.anchorMonotonicNs;
+    index = processes_.size();
+    processIndex_.emplace(key, static_cast<int>(index));
+    processes_.push_back(process);
+    trace::TraceFile known;
+    known.header = file.header;
+    known.path = path;
+    known.usable = true;
+    addFile(std::move(known), file.header.world);
+  } else {
+    index = static_cast<size_t>(found->second);
+    if (!processes_[index].adopted || processes_[index].connected) return true;
   }
+  Process& process = processes_[index];
+  bool alive = file.header.cleanShutdown == 0 && analysis::runningHere(file);
+  files_[index].header.cleanShutdown = file.header.cleanShutdown;
+  if (!alive && !process.adoptedAlive && found != processIndex_.end()) return true;  // read before
+  process.adoptedAlive = alive;
+  if (!file.comms.empty()) {
+    files_[index].comms = file.comms;
+    for (const trace::CommInfo& comm : file.comms) triage_.addComm(comm);
+  }
+  for (const trace::CallRecord& record : file.records) store(index, record);
+  files_[index].dumps = std::move(file.dumps);
+  wanted_ = true;
   return true;
 }
 
@@ -872,9 +876,7 @@ void Triage::adoptOrphanedJob(int64_t now) {
       now - firstHousekeepingNs_ < kOrphanWaitNs) {
     return;
   }
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  const std::string prefix = std::string(host) + "-";
+  const std::string prefix = thisHostsTracePrefix();
   // The job's files were written at most a few minutes before its rank 0 started this sidecar;
   // older ones (earlier jobs in the same folder) are not even opened.
   const auto recent = std::filesystem::file_time_type::clock::now() - std::chrono::minutes(10);
