@@ -116,17 +116,22 @@ class SlotPool {
     if (slots_.load(std::memory_order_acquire) != nullptr) return;
     slots_.store(new Slot[Capacity], std::memory_order_release);
   }
-  // A free slot claimed for its owner to fill (live 1), or null when none was found near the
-  // cursor (counted). Other threads act on it only once published (live 2).
+  // A free slot claimed for its owner to fill (live 1), or null when the pool is full
+  // (counted). Other threads act on it only once published (live 2). The slots near the cursor
+  // come first (the usual case: back-to-back calls give slots back in order); past them the
+  // whole pool is searched while the free count says a slot is left, so thousands of operations
+  // in flight do not drop a call while slots elsewhere are free.
   Slot* claim() {
     Slot* slots = slots_.load(std::memory_order_acquire);
     if (slots == nullptr) return nullptr;
     size_t start = cursor_.fetch_add(1, std::memory_order_relaxed);
-    for (size_t probe = 0; probe < kProbes; ++probe) {
+    for (size_t probe = 0; probe < Capacity; ++probe) {
+      if (probe % kProbes == 0 && probe > 0 && free_.load(std::memory_order_relaxed) <= 0) break;
       Slot& slot = slots[(start + probe) % Capacity];
       uint32_t expected = 0;
       if (slot.live.load(std::memory_order_relaxed) == 0 &&
           slot.live.compare_exchange_strong(expected, 1, std::memory_order_acquire)) {
+        free_.fetch_sub(1, std::memory_order_relaxed);
         return &slot;
       }
     }
@@ -139,6 +144,7 @@ class SlotPool {
   void release(Slot* slot) {
     slot->generation.fetch_add(1, std::memory_order_release);
     slot->live.store(0, std::memory_order_release);
+    free_.fetch_add(1, std::memory_order_relaxed);
   }
   // The slot `handle` points at, or null when it is not one of ours.
   Slot* find(const void* handle) const {
@@ -156,8 +162,13 @@ class SlotPool {
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
 
  private:
+  // Slots tried before the free count is consulted (and between consultations).
   static constexpr size_t kProbes = 64;
-  std::atomic<Slot*> slots_{nullptr};  // never freed: handles may outlive every comm
+  std::atomic<Slot*> slots_{nullptr};
+  // Free slots, approximately while claims and releases race (a hint when to stop searching;
+  // the slots' own `live` decides).
+  std::atomic<ptrdiff_t> free_{
+      static_cast<ptrdiff_t>(Capacity)};  // never freed: handles may outlive every comm
   std::atomic<size_t> cursor_{0};
   std::atomic<uint64_t> dropped_{0};
 };
