@@ -88,6 +88,16 @@ void JobAnalysis::checkP2p(Comm& comm) {
     return member < 0 || deadRanks_.count(comm.members[member].proc) > 0;
   };
   static const std::vector<uint32_t> kEmpty;
+  // Pairs of ranks whose sends and receives carry the same sizes in another order (a tagged
+  // exchange: NCCL ignores PyTorch's tags and pairs them in issue order).
+  std::vector<std::string> reorderings;
+  auto bytesList = [](const std::vector<uint64_t>& sizes) {
+    std::string text;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      text += (i == 0 ? "" : i + 1 == sizes.size() ? " then " : ", ") + std::to_string(sizes[i]);
+    }
+    return text + " bytes";
+  };
   for (int mi = 0; mi < count; ++mi) {
     const Member& sender = comm.members[mi];
     for (auto& [peer, sendList] : sendsTo[mi]) {
@@ -101,6 +111,9 @@ void JobAnalysis::checkP2p(Comm& comm) {
       }
       // both lists ascend in p2pSeq: walk them together
       size_t a = 0, b = 0;
+      // The sizes of the pairs that disagree, in issue order: the same sizes in another order
+      // on the two sides is a reordering, not a wrong size (below).
+      std::vector<uint64_t> sentBytes, receivedBytes;
       while (a < sendList.size() || b < recvList->size()) {
         const CallRecord* sr =
             a < sendList.size() ? &procs_[sender.proc].rec(sendList[a]) : nullptr;
@@ -115,6 +128,9 @@ void JobAnalysis::checkP2p(Comm& comm) {
                              false,
                              field});
             items.push_back({{rj, (*recvList)[b]}, "does not match the send", false, field});
+            sentBytes.push_back(sr->count * static_cast<uint64_t>(trace::dtypeBytes(sr->dtype)));
+            receivedBytes.push_back(rr->count *
+                                    static_cast<uint64_t>(trace::dtypeBytes(rr->dtype)));
           }
           ++a;
           ++b;
@@ -135,6 +151,17 @@ void JobAnalysis::checkP2p(Comm& comm) {
                              novel(side), "", procs_[sender.proc].rank});
           }
           ++b;
+        }
+      }
+      if (sentBytes.size() >= 2) {
+        std::vector<uint64_t> sent = sentBytes, received = receivedBytes;
+        std::sort(sent.begin(), sent.end());
+        std::sort(received.begin(), received.end());
+        if (sent == received) {
+          reorderings.push_back(
+              "rank " + std::to_string(procs_[sender.proc].rank) + " sends rank " +
+              std::to_string(globalRank(comm, peer)) + " " + bytesList(sentBytes) + " and rank " +
+              std::to_string(globalRank(comm, peer)) + " receives " + bytesList(receivedBytes));
         }
       }
     }
@@ -257,7 +284,15 @@ void JobAnalysis::checkP2p(Comm& comm) {
     ++unmatched;
     culpritAbsentEverywhere &= item.absentPeer == v.culprits.front();
   }
-  if (!fields.empty()) {
+  if (!fields.empty() && !reorderings.empty()) {
+    std::string pairs;
+    for (size_t i = 0; i < reorderings.size() && i < 4; ++i)
+      pairs += (i ? "; " : "") + reorderings[i];
+    v.explanation = "the same sizes in another order (" + pairs +
+                    "): NCCL pairs a rank's sends to a peer with that peer's receives in the "
+                    "order they are issued, and ignores tags (PyTorch's tag= is not sent): issue "
+                    "them in the same order on both sides";
+  } else if (!fields.empty()) {
     v.explanation = "a send and its receive disagree on " + *fields.begin() + "; " + who +
                     (v.culprits.size() == 1 ? " passes" : " pass") +
                     " a size the others do not use: sender and receiver must pass the same "

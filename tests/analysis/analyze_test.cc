@@ -349,6 +349,50 @@ TEST(UnmatchedP2p, CountDiffers) {
   EXPECT_EQ(v->fields, std::vector<std::string>{"count"});
 }
 
+// A tagged exchange (PyTorch's P2POp with tag=): rank 0 sends 512 then 64 floats to rank 1,
+// which posts its receives in the other order. NCCL ignores the tags and pairs them in issue
+// order, so each pair disagrees on its count; the verdict says it is an order, not a size.
+TEST(UnmatchedP2p, TheSameSizesInAnotherOrderAreCalledAReordering) {
+  auto ranks = world(2);
+  history(ranks, 2);
+  for (uint64_t count : {512, 64}) {
+    ranks[0].call(kWorld, OpKind::kSend, count, RecordState::kStarted, 5 * kMs, kF32, 0, 1).flags |=
+        ncclwatch::trace::kRecordInGroup;
+  }
+  for (uint64_t count : {64, 512}) {
+    ranks[1].call(kWorld, OpKind::kRecv, count, RecordState::kStarted, 5 * kMs, kF32, 0, 0).flags |=
+        ncclwatch::trace::kRecordInGroup;
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kUnmatchedP2p);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->fields, std::vector<std::string>{"count"});
+  EXPECT_NE(v->explanation.find("the same sizes in another order (rank 0 sends rank 1 2048 then "
+                                "256 bytes and rank 1 receives 256 then 2048 bytes)"),
+            std::string::npos)
+      << v->explanation;
+  EXPECT_NE(v->explanation.find("ignores tags"), std::string::npos) << v->explanation;
+}
+
+// A plain wrong size is not called a reordering.
+TEST(UnmatchedP2p, ADifferentSizeIsNotAReordering) {
+  auto ranks = world(2);
+  history(ranks, 2);
+  for (uint64_t count : {512, 64}) {
+    ranks[0].call(kWorld, OpKind::kSend, count, RecordState::kStarted, 5 * kMs, kF32, 0, 1);
+  }
+  for (uint64_t count : {256, 32}) {
+    ranks[1].call(kWorld, OpKind::kRecv, count, RecordState::kStarted, 5 * kMs, kF32, 0, 0);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kUnmatchedP2p);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->explanation.find("another order"), std::string::npos) << v->explanation;
+  EXPECT_NE(v->explanation.find("disagree on count"), std::string::npos) << v->explanation;
+}
+
 // Ring of sends; rank 2 sends to a peer it never used and who never receives from it.
 TEST(UnmatchedP2p, WrongPeerIsTheCulprit) {
   auto ranks = world(4);

@@ -1,7 +1,7 @@
 """PyTorch hangs, each with its own bug, for tests/pytorch_hangs and bench/fr_comparison.sh.
 
     torchrun --nproc_per_node=4 hangs.py
-        --bug skip|shape|raise|subgroup|root|redop|extra|recvfirst [--timeout S]
+        --bug skip|shape|raise|subgroup|root|redop|extra|recvfirst|tags [--timeout S]
 
 skip      rank 1 skips one gradient all_reduce at step 2 (a data-dependent `if`);
 shape     rank 1 all-reduces a tensor of another shape at step 2;
@@ -13,6 +13,9 @@ redop     rank 1 reduces the step-2 bucket with MAX where the others SUM: NCCL c
 extra     rank 2 calls an extra barrier before its step-2 bucket;
 recvfirst ranks 1 and 2 each receive from the other before they send to it at step 2 (a
           pipeline's exchange without batch_isend_irecv): a deadlock on the GPU streams.
+tags      rank 1 sends rank 2 a gradient (8) and a mask (2) with tags, in one batch_isend_irecv;
+          rank 2 posts its receives in the other order, trusting the tags, which NCCL ignores:
+          each pair disagrees on its size (written in session 18, before the verdict's hint).
 Each hung (or wrong) call's line carries "# HUNG <bug>"; tests find it there. --timeout sets PyTorch's own
 collective timeout (its watchdog and Flight Recorder dump on it).
 """
@@ -49,6 +52,15 @@ def train(bug):
             dist.recv(grad, src=3 - RANK)  # HUNG recvfirst
             dist.send(grad, dst=3 - RANK)
             dist.all_reduce(grad)
+        elif bug == "tags" and step == 2 and RANK in (1, 2):
+            mask = torch.zeros(2, device="cuda")
+            if RANK == 1:
+                ops = [dist.P2POp(dist.isend, grad, 2, tag=1), dist.P2POp(dist.isend, mask, 2, tag=2)]
+            else:
+                ops = [dist.P2POp(dist.irecv, mask, 1, tag=2), dist.P2POp(dist.irecv, grad, 1, tag=1)]
+            for work in dist.batch_isend_irecv(ops):  # HUNG tags
+                work.wait()
+            dist.all_reduce(grad)
         elif bug == "extra" and step == 2 and RANK == 2:
             dist.barrier()  # HUNG extra
             dist.all_reduce(grad)
@@ -72,7 +84,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bug", required=True,
                         choices=["skip", "shape", "raise", "subgroup", "root", "redop", "extra",
-                                 "recvfirst"])
+                                 "recvfirst", "tags"])
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

@@ -42,6 +42,7 @@ struct Hang {
   const char* kind;      // the first live verdict
   const char* culprits;  // "1" etc.
   const char* hungLine;  // marker of the line that issued the hung call
+  const char* explains = "";  // words the verdict's explanation must hold, when set
 };
 
 void PrintTo(const Hang& hang, std::ostream* out) {
@@ -114,6 +115,7 @@ TEST_P(PytorchHang, TheVerdictNamesTheRankAndThePythonLine) {
       << first;
   // Where the hung call was issued, from the Python frames recorded with it.
   EXPECT_NE(first.find("\"issued_at\":\"" + siteOf(hang.hungLine)), std::string::npos) << first;
+  EXPECT_NE(first.find(hang.explains), std::string::npos) << first;
   // PyTorch's own machinery ran beside ours: nothing of ours broke the job's start, its
   // collectives before the bug, or its watchdog (it reports the abort).
   EXPECT_NE(out.text.find("rank 0: step 1 done"), std::string::npos) << out.text;
@@ -132,7 +134,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Hang{"redop", "mismatch", "1", "# HUNG redop"},
                       Hang{"extra", "mismatch", "2", "# HUNG extra"},
                       // Each of ranks 1 and 2 receives from the other before it sends.
-                      Hang{"recvfirst", "deadlock", "1,2", "# HUNG recvfirst"}),
+                      Hang{"recvfirst", "deadlock", "1,2", "# HUNG recvfirst"},
+                      // Session 18: a tagged exchange posted in another order on each side.
+                      Hang{"tags", "unmatched_p2p", "1,2", "# HUNG tags",
+                           "the same sizes in another order"}),
     [](const ::testing::TestParamInfo<Hang>& info) { return std::string(info.param.bug); });
 
 // Rank 1 skips a barrier of the subgroup {0, 1}: rank 0 waits in it; ranks 1-3 wait in the
