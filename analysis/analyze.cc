@@ -114,6 +114,7 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
                    strnlen(proc.file->header.host, sizeof proc.file->header.host));
     ps.pid = proc.file->header.pid;
     ps.cleanShutdown = proc.clean;
+    ps.exitStatus = proc.exitStatus;
     ps.alive = proc.alive;
     ps.records = proc.file->records.size();
     ps.lastActivityNs = proc.lastActivity;
@@ -398,6 +399,7 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
       int attempt = attemptOf[at];
       proc.toWall = file->header.anchorRealtimeNs - file->header.anchorMonotonicNs;
       proc.clean = file->header.cleanShutdown != 0;
+      if (file->header.exitStatusKnown != 0) proc.exitStatus = file->header.exitStatus;
       std::string fileHost(file->header.host, strnlen(file->header.host, sizeof file->header.host));
       if (options.probeProcesses) {
         proc.alive = !proc.clean && fileHost == host && stillRunning(*file);

@@ -4,6 +4,7 @@
 // the live collector run this same code; it only reads the TraceFiles it is given.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -117,7 +118,8 @@ struct ProcessSummary {
   std::string host;
   int pid = 0;
   bool cleanShutdown = false;
-  bool alive = false;  // still running (same host, the process still maps its file)
+  std::optional<int> exitStatus;  // what it passed to exit(), when known
+  bool alive = false;             // still running (same host, the process still maps its file)
   uint64_t records = 0;
   int64_t lastActivityNs = 0;  // wall clock
 };

@@ -147,15 +147,27 @@ void JobAnalysis::checkDeadAndMissing() {
     if (trace::isLifecycle(waiting.call.op)) v.kind = VerdictKind::kInitHang;
     RankClass dead;
     dead.ranks = {proc.rank};
-    dead.call.note = proc.alive   ? "alive but silent: no NCCL call for a while"
-                     : proc.clean ? "process exited normally (returned from main or called exit) "
-                                    "without issuing it, its communicator never destroyed"
-                                  : "process ended without a clean shutdown (crashed or exited)";
+    const bool failedExit = proc.clean && proc.exitStatus && *proc.exitStatus != 0;
+    dead.call.note =
+        proc.alive   ? "alive but silent: no NCCL call for a while"
+        : failedExit ? "process exited with status " + std::to_string(*proc.exitStatus) +
+                           " (a failure) without issuing it, its communicator never destroyed"
+        : proc.clean ? std::string("process exited normally (returned from main or called exit") +
+                           (proc.exitStatus ? " 0" : "") +
+                           ") without issuing it, its communicator never destroyed"
+                     : "process ended without a clean shutdown (crashed or exited)";
     v.classes.push_back(std::move(waiting));
     v.classes.push_back(std::move(dead));
     v.culprits = {proc.rank};
     v.divergenceNs = proc.lastActivity;
-    if (proc.clean && !proc.alive) {
+    if (failedExit && !proc.alive) {
+      v.explanation = "rank " + std::to_string(proc.rank) + " failed (exit status " +
+                      std::to_string(*proc.exitStatus) + ") while the others wait for it in #" +
+                      std::to_string(v.seq) +
+                      ": its own error is the cause, look at its output (a Python rank exits 1 "
+                      "after an uncaught exception: its traceback is on that rank's stderr); the "
+                      "others hang because it never made this call";
+    } else if (proc.clean && !proc.alive) {
       v.explanation = "rank " + std::to_string(proc.rank) +
                       " ended normally while the others wait for it in #" + std::to_string(v.seq) +
                       ": it left the job early (an early return or exit on a rank-dependent "

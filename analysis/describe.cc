@@ -477,6 +477,7 @@ void printJson(const Report& report, std::ostream& out) {
       text += ",\"pid\":" + std::to_string(p.pid) + ",\"path\":";
       jsonString(text, p.path);
       text += ",\"clean_shutdown\":" + std::string(p.cleanShutdown ? "true" : "false");
+      text += ",\"exit_status\":" + (p.exitStatus ? std::to_string(*p.exitStatus) : "null");
       text += ",\"alive\":" + std::string(p.alive ? "true" : "false");
       text += ",\"records\":" + std::to_string(p.records);
       text += ",\"last_activity_ns\":" + std::to_string(p.lastActivityNs) + "}";

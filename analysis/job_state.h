@@ -28,6 +28,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -94,6 +95,9 @@ struct Proc {
   int64_t toWall = 0;  // add to a record time (CLOCK_MONOTONIC) for CLOCK_REALTIME
   bool alive = false;
   bool clean = false;
+  // What it passed to exit(), when its trace or BYE says (exitStatusKnown): a clean end with a
+  // non-zero status is a failure (Python exits 1 after an uncaught exception).
+  std::optional<int> exitStatus;
   int64_t lastActivity = 0;  // wall
   // Facts of its records, from one scan (analyzeJobs): the passes read them, not the records.
   bool pending = false;     // has a pending call

@@ -382,6 +382,10 @@ bool Triage::frame(int processIndex, wire::Frame& frame) {
     case wire::FrameType::kBye:
       process.saidBye = true;
       file.header.cleanShutdown = 1;
+      if (frame.exitStatus) {
+        file.header.exitStatus = *frame.exitStatus;
+        file.header.exitStatusKnown = 1;
+      }
       wanted_ = true;
       break;
     default:
@@ -859,6 +863,8 @@ bool Triage::adoptFile(trace::TraceFile file, const std::string& path) {
   Process& process = processes_[index];
   bool alive = file.header.cleanShutdown == 0 && analysis::runningHere(file);
   files_[index].header.cleanShutdown = file.header.cleanShutdown;
+  files_[index].header.exitStatus = file.header.exitStatus;
+  files_[index].header.exitStatusKnown = file.header.exitStatusKnown;
   if (!alive && !process.adoptedAlive && found != processIndex_.end()) return true;  // read before
   process.adoptedAlive = alive;
   if (!file.comms.empty()) {

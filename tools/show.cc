@@ -207,7 +207,9 @@ void printTable(const TraceFile& file, std::ostream& out) {
   out << line;
   out << "ended: ";
   if (h.cleanShutdown) {
-    out << "cleanly\n";
+    out << "cleanly";
+    if (h.exitStatusKnown) out << ", exit status " << h.exitStatus;
+    out << "\n";
   } else if (h.fatalSignal != 0) {
     out << "by signal " << h.fatalSignal << " (" << strsignal(h.fatalSignal) << ") in thread "
         << h.fatalThread << "\n";
@@ -283,7 +285,8 @@ void printJson(const TraceFile& file, std::ostream& out) {
       << ",\"host\":" << jsonString(h.host) << ",\"rank\":" << h.rank << ",\"world\":" << h.world
       << ",\"local_rank\":" << h.localRank << ",\"job\":" << jsonString(h.jobId)
       << ",\"nccl_version\":" << h.ncclVersion << ",\"nccl_library\":" << jsonString(h.ncclLibrary)
-      << ",\"clean_shutdown\":" << (h.cleanShutdown ? "true" : "false")
+      << ",\"clean_shutdown\":" << (h.cleanShutdown ? "true" : "false") << ",\"exit_status\":"
+      << (h.exitStatusKnown ? std::to_string(h.exitStatus) : std::string("null"))
       << ",\"fatal_signal\":" << h.fatalSignal << ",\"fatal_thread\":" << h.fatalThread
       << ",\"anchor_monotonic_ns\":" << h.anchorMonotonicNs
       << ",\"anchor_realtime_ns\":" << h.anchorRealtimeNs << ",\"next_index\":" << h.nextIndex

@@ -144,6 +144,11 @@ struct RingHeader {
   uint64_t failedSegmentWrites;
   uint32_t mappingFaults;
   uint32_t storageReserved;  // 0
+  // The status the process passed to exit() (glibc's on_exit; Python exits 1 after an uncaught
+  // exception), when exitStatusKnown is 1: a process that ended "normally" may have failed.
+  // Zeros in files written before session 18 and in processes that never reached exit().
+  int32_t exitStatus;
+  uint32_t exitStatusKnown;
 };
 static_assert(offsetof(RingHeader, droppedRecords) == 80);
 static_assert(offsetof(RingHeader, traceMode) == 92);
@@ -157,6 +162,7 @@ static_assert(offsetof(RingHeader, comms) == 512);
 static_assert(offsetof(RingHeader, waits) == 512 + kCommTableCapacity * sizeof(CommInfo));
 static_assert(offsetof(RingHeader, unwrittenBlocks) ==
               512 + kCommTableCapacity * sizeof(CommInfo) + kWaitNoteCapacity * sizeof(WaitNote));
+static_assert(offsetof(RingHeader, exitStatus) == offsetof(RingHeader, storageReserved) + 4);
 static_assert(sizeof(RingHeader) <= kRingHeaderBytes);
 static_assert(std::is_trivially_copyable_v<RingHeader>);
 

@@ -37,6 +37,9 @@ std::atomic_ref<uint64_t> atomicField(uint64_t& field) {
 std::atomic_ref<uint32_t> atomicField(uint32_t& field) {
   return std::atomic_ref<uint32_t>(field);
 }
+std::atomic_ref<int32_t> atomicField(int32_t& field) {
+  return std::atomic_ref<int32_t>(field);
+}
 
 using detail::kBodyWords;
 using detail::smallFields;
@@ -340,6 +343,12 @@ void RingWriter::setNcclLibrary(int version, const std::string& path) {
     header->ncclVersion = version;
     copyText(header->ncclLibrary, path);
   }
+}
+
+void RingWriter::setExitStatus(int status) {
+  if (header_ == nullptr) return;
+  atomicField(header_->exitStatus).store(status);
+  atomicField(header_->exitStatusKnown).store(1);
 }
 
 void RingWriter::markCleanShutdown() {

@@ -160,6 +160,9 @@ class RingWriter {
   void setNcclLibrary(int version, const std::string& path);
   // In continuous mode, first persists every record left (persistSegments(true)).
   void markCleanShutdown();
+  // The status the process passed to exit(), from the watchdog's exit handler (before the
+  // destructor that marks the clean shutdown).
+  void setExitStatus(int status);
   // This process sees NCCL calls through `source` too (header recordingSources, atomic or).
   void addRecordingSource(RecordingSource source);
   // Replaces the header's wait notes (at most kWaitNoteCapacity; the rest are left out). One

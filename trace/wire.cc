@@ -576,8 +576,9 @@ void encodeRecords(int64_t nowNs, std::span<const CallRecord> records, RecordEnc
   } while (next < records.size());
 }
 
-void encodeBye(std::vector<std::byte>& out) {
-  header(FrameType::kBye, 0, out);
+void encodeBye(std::vector<std::byte>& out, std::optional<int32_t> exitStatus) {
+  header(FrameType::kBye, exitStatus ? sizeof(int32_t) : 0, out);
+  if (exitStatus) append(out, &*exitStatus, sizeof(int32_t));
 }
 
 void encodeWaits(int64_t nowNs, std::span<const WaitNote> waits, std::vector<std::byte>& out) {
@@ -621,6 +622,7 @@ void clearFrame(Frame* frame) {
   frame->reason.clear();
   frame->commHash = 0;
   frame->version = 0;
+  frame->exitStatus.reset();
 }
 }  // namespace
 
@@ -689,8 +691,13 @@ DecodeStatus decodeFrame(std::span<const std::byte> bytes, Frame* frame, size_t*
       frame->reason.assign(reinterpret_cast<const char*>(payload), h.length);
       break;
     case FrameType::kBye:
-      ok = h.length == 0;
-      if (!ok) *error = "BYE frame with a payload";
+      ok = h.length == 0 || h.length == sizeof(int32_t);
+      if (h.length == sizeof(int32_t)) {
+        int32_t status;
+        std::memcpy(&status, payload, sizeof status);
+        frame->exitStatus = status;
+      }
+      if (!ok) *error = "BYE frame with a payload other than an exit status";
       break;
     case FrameType::kDump:
       ok = h.length <= 1024;

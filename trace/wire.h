@@ -10,6 +10,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -161,7 +162,9 @@ void endRecords(size_t frameOffset, std::vector<std::byte>& out);
 // least one frame (an empty one is the heartbeat).
 void encodeRecords(int64_t nowNs, std::span<const CallRecord> records, RecordEncoder& encoder,
                    std::vector<std::byte>& out);
-void encodeBye(std::vector<std::byte>& out);
+// BYE: empty, or (session 18 on) the i32 status the process passed to exit(). A collector before
+// session 18 drops a BYE with a payload (the rank then counts as gone, not ended).
+void encodeBye(std::vector<std::byte>& out, std::optional<int32_t> exitStatus = std::nullopt);
 // The whole current set of wait notes (replaces the previous set; empty: nothing waits).
 void encodeWaits(int64_t nowNs, std::span<const WaitNote> waits, std::vector<std::byte>& out);
 // Python call sites as text (trace/python_sites.h), at most kMaxPayload bytes of it.
@@ -180,7 +183,8 @@ struct Frame {
   std::vector<WaitNote> waits;
   std::string reason;  // DUMP: the reason; SITES: the sites' text
   uint64_t commHash = 0;
-  uint16_t version = 0;  // REFUSED: the version the collector speaks
+  uint16_t version = 0;               // REFUSED: the version the collector speaks
+  std::optional<int32_t> exitStatus;  // BYE: the status the process passed to exit(), if sent
 };
 
 enum class DecodeStatus { kFrame, kNeedMore, kInvalid, kOtherVersion };

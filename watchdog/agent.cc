@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "trace/clock.h"
 #include "trace/record.h"
@@ -37,9 +38,11 @@ void forgetAfterFork() {
   new (&g_startMutex) std::mutex();
 }
 
-void stopAtExit() {
+// glibc's on_exit (not atexit): it passes the status given to exit().
+void stopAtExit(int status, void*) {
   Agent* agent = g_agent.load();
   if (agent == nullptr) return;
+  agent->noteExitStatus(status);
   agent->stop(2000);
   if (const CompletionTracker* completion = agent->completion()) {
     const CompletionCounters& counters = completion->counters();
@@ -148,9 +151,9 @@ Agent* Agent::start(trace::RingWriter& writer, const AgentOptions& options) {
   agent->thread_ = std::thread([agent] { agent->run(); });
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   g_agent.store(agent, std::memory_order_release);
-  // atexit handlers run in reverse order of registration: this one runs before the CUDA
+  // Exit handlers run in reverse order of registration: this one runs before the CUDA
   // runtime's (registered at its first call, earlier), so the driver is still there.
-  std::atexit(stopAtExit);
+  on_exit(stopAtExit, nullptr);
   return agent;
 }
 
@@ -228,7 +231,9 @@ const char* Agent::jobSecret() {
 void Agent::exchange(bool last) {
   jobSecret();
   if (last) {
-    link_->finish(300);
+    link_->finish(300, exitStatusKnown_.load(std::memory_order_acquire)
+                           ? std::optional<int32_t>(exitStatus_.load(std::memory_order_relaxed))
+                           : std::nullopt);
     return;
   }
   std::vector<CollectorRequest> requests;
@@ -408,6 +413,12 @@ void Agent::dump(const std::string& trigger, const std::string& reason,
   // One write, so that ranks sharing a terminal do not interleave within a block.
   ssize_t ignored = write(STDERR_FILENO, block.data(), block.size());
   (void)ignored;
+}
+
+void Agent::noteExitStatus(int status) {
+  exitStatus_.store(status, std::memory_order_relaxed);
+  exitStatusKnown_.store(true, std::memory_order_release);
+  writer_.setExitStatus(status);
 }
 
 void Agent::stop(int boundMs) {

@@ -86,6 +86,10 @@ class Agent {
   // `boundMs`; a thread that does not finish in time is left behind (the agent is never
   // freed, so it stays safe to run).
   void stop(int boundMs);
+  // The status the process passed to exit() (its exit handler, before stop): kept in the trace
+  // header and sent with BYE, so that a rank that failed by exiting non-zero (Python after an
+  // uncaught exception) is not taken for one that ended normally.
+  void noteExitStatus(int status);
 
  private:
   Agent(trace::RingWriter& writer, const AgentOptions& options);
@@ -123,6 +127,8 @@ class Agent {
   std::vector<trace::WaitNote> publishedWaits_;  // watchdog thread only
   std::vector<CommProgress> progress_;           // watchdog thread only (allProgress)
   std::atomic<bool> stopping_{false};
+  std::atomic<int> exitStatus_{0};
+  std::atomic<bool> exitStatusKnown_{false};
   std::atomic<bool> finished_{false};
   std::thread thread_;
   std::mutex stopMutex_;

@@ -543,7 +543,7 @@ bool CollectorLink::connectBeforeExit(int boundMs) {
   }
 }
 
-void CollectorLink::finish(int boundMs) {
+void CollectorLink::finish(int boundMs, std::optional<int32_t> exitStatus) {
   if (hello_.secret[0] == '\0' || refused_) return;
   if (!connectBeforeExit(boundMs)) {
     if (fd_ >= 0) ::close(fd_);
@@ -552,7 +552,7 @@ void CollectorLink::finish(int boundMs) {
     return;
   }
   collectRecords(0);
-  queueEncoded([&](std::vector<std::byte>& frame) { trace::wire::encodeBye(frame); });
+  queueEncoded([&](std::vector<std::byte>& frame) { trace::wire::encodeBye(frame, exitStatus); });
   for (int waited = 0; waited < boundMs && outgoingSent_ < outgoing_.size(); ++waited) {
     if (!flush()) break;
     if (outgoingSent_ < outgoing_.size()) {

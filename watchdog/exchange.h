@@ -76,7 +76,8 @@ class CollectorLink {
   void publishSites(const std::string& text);
   // At a normal exit: the last records and BYE, sent within `boundMs` (and, when the link
   // never reached the collector, connecting first within another `boundMs`).
-  void finish(int boundMs);
+  // `exitStatus`: what the process passed to exit(), sent with BYE when known.
+  void finish(int boundMs, std::optional<int32_t> exitStatus = std::nullopt);
   const ExchangeCounters& counters() const { return counters_; }
 
  private:

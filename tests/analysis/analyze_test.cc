@@ -587,6 +587,34 @@ TEST(DeadRank, ProcessGoneWhileOthersWait) {
   EXPECT_EQ(find(job, VerdictKind::kMissing), nullptr) << text(report);
 }
 
+// Rank 2 ended through exit() before the call the others wait in: with status 1 (Python after
+// an uncaught exception) it failed, and the verdict sends the user to its own error, not to an
+// early return; with status 0 it left early.
+TEST(DeadRank, AnExitWithAFailureStatusIsSaidAsAFailure) {
+  for (int status : {1, 0}) {
+    auto ranks = world(4);
+    history(ranks, 3);
+    for (int r = 0; r < 4; ++r) {
+      if (r != 2) ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+    }
+    ranks[2].exited(status);
+    auto traces = files(ranks);
+    Report report = analyze(traces, ended());
+    const Verdict* v = firstIs(report, VerdictKind::kDeadRank, {2});
+    ASSERT_NE(v, nullptr) << text(report);
+    if (status == 1) {
+      EXPECT_NE(v->explanation.find("rank 2 failed (exit status 1)"), std::string::npos)
+          << v->explanation;
+      EXPECT_NE(v->classes[1].call.note.find("exited with status 1"), std::string::npos)
+          << v->classes[1].call.note;
+    } else {
+      EXPECT_NE(v->explanation.find("ended normally"), std::string::npos) << v->explanation;
+      EXPECT_NE(v->classes[1].call.note.find("called exit 0"), std::string::npos)
+          << v->classes[1].call.note;
+    }
+  }
+}
+
 // Rank 2 died right after a send its peer received: its own record of the send never saw the
 // completion, but the send is done, so rank 2 waits for nothing and is the dead rank; and its
 // dump says where it was.

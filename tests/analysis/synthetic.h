@@ -83,6 +83,13 @@ class Rank {
     file_.header.cleanShutdown = 1;
     return *this;
   }
+  // Ended through exit(status): what the agent's exit handler writes into the header.
+  Rank& exited(int status) {
+    file_.header.cleanShutdown = 1;
+    file_.header.exitStatus = status;
+    file_.header.exitStatusKnown = 1;
+    return *this;
+  }
   TraceFile& file() { return file_; }
   TraceFile take() { return std::move(file_); }
 

@@ -39,9 +39,9 @@ std::string siteOf(const std::string& marker) {
 
 struct Hang {
   const char* bug;
-  const char* kind;      // the first live verdict
-  const char* culprits;  // "1" etc.
-  const char* hungLine;  // marker of the line that issued the hung call
+  const char* kind;           // the first live verdict
+  const char* culprits;       // "1" etc.
+  const char* hungLine;       // marker of the line that issued the hung call
   const char* explains = "";  // words the verdict's explanation must hold, when set
 };
 
@@ -127,7 +127,8 @@ INSTANTIATE_TEST_SUITE_P(
     Bugs, PytorchHang,
     ::testing::Values(Hang{"skip", "missing", "1", "# HUNG skip"},
                       Hang{"shape", "mismatch", "1", "# HUNG shape"},
-                      Hang{"raise", "dead_rank", "2", "dist.all_reduce(grad)  # the step"},
+                      Hang{"raise", "dead_rank", "2", "dist.all_reduce(grad)  # the step",
+                           "rank 2 failed (exit status 1)"},
                       // Shapes written after the detection was (session 17): a root, a
                       // reduction (silent) and an extra call, which it got right as it was.
                       Hang{"root", "mismatch", "2", "# HUNG root"},

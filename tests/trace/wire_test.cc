@@ -325,6 +325,30 @@ TEST(WireRecords, MalformedMessagesAreRejected) {
   EXPECT_TRUE(rejects(comm));
 }
 
+// BYE carries the status the process passed to exit() when the agent knows it; an empty BYE
+// (an agent that did not) still decodes, with no status; any other payload is rejected.
+TEST(WireBye, CarriesTheExitStatusWhenKnown) {
+  wire::Frame frame;
+  size_t consumed = 0;
+  std::string error;
+  std::vector<std::byte> failed;
+  wire::encodeBye(failed, 1);
+  ASSERT_EQ(wire::decodeFrame(failed, &frame, &consumed, &error), wire::DecodeStatus::kFrame);
+  EXPECT_EQ(frame.type, wire::FrameType::kBye);
+  ASSERT_TRUE(frame.exitStatus.has_value());
+  EXPECT_EQ(*frame.exitStatus, 1);
+  std::vector<std::byte> empty;
+  wire::encodeBye(empty);
+  ASSERT_EQ(wire::decodeFrame(empty, &frame, &consumed, &error), wire::DecodeStatus::kFrame);
+  EXPECT_FALSE(frame.exitStatus.has_value());  // not left from the frame before
+  std::vector<std::byte> odd = empty;
+  uint32_t two = 2;
+  std::memcpy(odd.data() + offsetof(wire::FrameHeader, length), &two, sizeof two);
+  odd.resize(odd.size() + 2);
+  EXPECT_EQ(wire::decodeFrame(odd, &frame, &consumed, &error), wire::DecodeStatus::kInvalid);
+  EXPECT_NE(error.find("BYE"), std::string::npos) << error;
+}
+
 TEST(WireVersions, AnotherVersionIsToldApartAndRefusedIsReadInEveryVersion) {
   std::vector<std::byte> bytes;
   wire::Hello hello{};
