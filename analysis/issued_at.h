@@ -9,7 +9,15 @@
 
 namespace ncclwatch::analysis {
 
-// Fills CallDesc::issuedAt of every verdict class whose call carries a Python site.
+// Fills CallDesc::issuedAt of every verdict class whose call carries a Python site, and of those
+// whose native call site the rank described (a site line numbered 0): "libtorch_cuda.so+0x1a2b
+// (no Python frame on its thread)", which the offline commands turn into a function and line
+// (tools/source_lines.h).
 void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files);
+
+// The module path and offset of the native site line for `callSite` in `file`; false when it
+// has none.
+bool nativeSiteOf(const trace::TraceFile& file, uint64_t callSite, std::string* module,
+                  uint64_t* offset);
 
 }  // namespace ncclwatch::analysis

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <utility>
 
+#include "analysis/issued_at.h"
 #include "trace/python_sites.h"
 
 #if NCCLWATCH_HAVE_LIBDW
@@ -199,6 +200,16 @@ SourceLookup SourceLines::lookup(const std::string& path, const std::string& bui
       row != nullptr ? dwfl_lineinfo(row, nullptr, &line, nullptr, nullptr, nullptr) : nullptr;
   if (cu == nullptr || file == nullptr || line <= 0) {
     result.status = SourceStatus::kNoLine;
+    // The function all the same, from the symbol table (.symtab, else .dynsym), which gives each
+    // symbol's size: an address past the end of a function gets no name (dladdr would give the
+    // nearest exported one before it).
+    GElf_Off symbolOffset = 0;
+    GElf_Sym symbol;
+    const char* name = dwfl_module_addrinfo(module->module, address, &symbolOffset, &symbol,
+                                            nullptr, nullptr, nullptr);
+    if (name != nullptr && symbol.st_size > 0 && GELF_ST_TYPE(symbol.st_info) == STT_FUNC) {
+      result.frames.push_back({demangle(name), "", 0, false});
+    }
     return result;
   }
   Dwarf_Attribute compileDirAttribute;
@@ -339,6 +350,25 @@ void SourceLines::annotateDumps(std::span<trace::TraceFile> files) {
   }
 }
 
+namespace {
+// Like a Python site: the line, then its callers up to the function it is in; without a line
+// (a binary built without -g, like PyTorch's wheels) the function and its module; "" when
+// neither is known.
+std::string callSiteText(const SourceLookup& found, const std::string& module) {
+  std::string text;
+  for (const SourceFrame& site : found.frames) {
+    if (site.line <= 0) continue;
+    if (!text.empty()) text += " \u2190 ";
+    text += site.file + ":" + std::to_string(site.line) +
+            (site.function.empty() ? "" : " " + site.function) + (site.inlined ? " (inlined)" : "");
+  }
+  if (!text.empty() || found.frames.empty() || found.frames.front().function.empty()) return text;
+  size_t slash = module.rfind('/');
+  return found.frames.front().function + " (" +
+         (slash == std::string::npos ? module : module.substr(slash + 1)) + ")";
+}
+}  // namespace
+
 void SourceLines::annotateCallSites(analysis::Report& report,
                                     std::span<const trace::TraceFile> files) {
   std::map<std::string, const trace::TraceFile*> fileOfPath;
@@ -352,12 +382,23 @@ void SourceLines::annotateCallSites(analysis::Report& report,
     for (analysis::Verdict& verdict : job.verdicts) {
       for (analysis::RankClass& rankClass : verdict.classes) {
         analysis::CallDesc& call = rankClass.call;
-        if (call.callSite == 0 || trace::isPythonSite(call.callSite) || !call.issuedAt.empty() ||
-            rankClass.ranks.empty()) {
+        if (call.callSite == 0 || trace::isPythonSite(call.callSite) || rankClass.ranks.empty()) {
           continue;
         }
         auto it = fileOfRank.find(rankClass.ranks.front());
         if (it == fileOfRank.end()) continue;
+        // The rank described the site itself (module + offset): its function and line.
+        std::string module;
+        uint64_t offset = 0;
+        if (analysis::nativeSiteOf(*it->second, call.callSite, &module, &offset)) {
+          std::string text = callSiteText(lookup(module, "", offset, false), module);
+          if (!text.empty()) {
+            call.issuedAt = text;
+            ++stats_.callSites;
+          }
+          continue;
+        }
+        if (!call.issuedAt.empty()) continue;
         // Each module a dump of the process names gives its load bias (pc - module offset).
         std::map<std::string, std::pair<std::string, uint64_t>> biasOf;
         for (const trace::Dump& dump : it->second->dumps) {
@@ -373,17 +414,8 @@ void SourceLines::annotateCallSites(analysis::Report& report,
         for (const auto& [path, idAndBias] : biasOf) {
           const auto& [buildId, bias] = idAndBias;
           if (call.callSite < bias || !contains(path, buildId, call.callSite - bias)) continue;
-          SourceLookup found = lookup(path, buildId, call.callSite - bias, false);
-          if (found.frames.empty()) break;
-          // Like a Python site: the line, then its callers up to the function it is in.
-          for (const SourceFrame& site : found.frames) {
-            if (site.line <= 0) continue;
-            if (!call.issuedAt.empty()) call.issuedAt += " \u2190 ";
-            call.issuedAt += site.file + ":" + std::to_string(site.line) +
-                             (site.function.empty() ? "" : " " + site.function) +
-                             (site.inlined ? " (inlined)" : "");
-          }
-          ++stats_.callSites;
+          call.issuedAt = callSiteText(lookup(path, buildId, call.callSite - bias, false), path);
+          if (!call.issuedAt.empty()) ++stats_.callSites;
           break;
         }
       }

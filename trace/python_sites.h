@@ -17,6 +17,11 @@ struct PythonSite {
   std::vector<std::string> frames;  // innermost first
 };
 
+// Site lines numbered 0 describe a native call site (a record whose caller ran no Python frame):
+// nativeSite is the return address, and the one frame "path/of/module.so+0x1a2b", its module and
+// offset (watchdog/native_sites.h); the CLI finds the function and line from the binary.
+inline constexpr uint32_t kNativeSiteNumber = 0;
+
 // Records whose callSite has this bit carry a Python site number in their low 32 bits
 // (user-space return addresses never have it).
 inline constexpr uint64_t kPythonSiteTag = 1ull << 63;

@@ -425,6 +425,11 @@ bool RingWriter::read(uint64_t index, CallRecord* record) const {
   return loadStableSlot(slot(index), record) && record->ringIndex == index;
 }
 
+uint64_t RingWriter::callSiteAt(uint64_t index) const {
+  if (header_ == nullptr) return 0;
+  return std::atomic_ref<uint64_t>(slot(index)->callSite).load(std::memory_order_relaxed);
+}
+
 bool RingWriter::appendDump(std::string_view text) {
   return appendTextBlock(kDumpMagic, text);
 }

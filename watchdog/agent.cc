@@ -276,6 +276,9 @@ void Agent::publishWaits(ProgressSource& source) {
 // Python call sites first seen since the last pass: into the trace file and to the collector.
 void Agent::publishPythonSites() {
   std::vector<trace::PythonSite> sites = resolveNewPythonSites();
+  std::vector<trace::PythonSite> native = nativeSites_.scan(writer_);
+  sites.insert(sites.end(), std::make_move_iterator(native.begin()),
+               std::make_move_iterator(native.end()));
   if (sites.empty()) return;
   std::string text = trace::formatPythonSites(sites);
   writer_.appendSites(text);

@@ -19,6 +19,7 @@
 #include "watchdog/completion.h"
 #include "watchdog/dumper.h"
 #include "watchdog/exchange.h"
+#include "watchdog/native_sites.h"
 #include "watchdog/progress_source.h"
 #include "watchdog/relay_host.h"
 #include "watchdog/sidecar.h"
@@ -126,6 +127,7 @@ class Agent {
   std::map<uint64_t, Alarm> alarms_;      // watchdog thread only
   std::vector<trace::WaitNote> publishedWaits_;  // watchdog thread only
   std::vector<CommProgress> progress_;           // watchdog thread only (allProgress)
+  NativeSites nativeSites_;                      // watchdog thread only
   std::atomic<bool> stopping_{false};
   std::atomic<int> exitStatus_{0};
   std::atomic<bool> exitStatusKnown_{false};

@@ -615,6 +615,30 @@ TEST(DeadRank, AnExitWithAFailureStatusIsSaidAsAFailure) {
   }
 }
 
+// A call whose caller ran no Python frame keeps a return address; the rank's trace describes it
+// as module + offset (a site line numbered 0), and the verdict says that where it had the raw
+// address; in a Python process it adds why there is no line.
+TEST(IssuedAt, ANativeCallSiteIsItsModuleAndOffset) {
+  for (bool python : {false, true}) {
+    auto ranks = world(4);
+    history(ranks, 3);
+    for (int r = 0; r < 4; ++r) {
+      if (r == 2) continue;
+      ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs).callSite =
+          0x7f0000001234;
+    }
+    ranks[0].file().pythonSites.push_back({0, 0x7f0000001234, {"/opt/lib/libframework.so+0x1234"}});
+    if (python) ranks[0].file().pythonSites.push_back({1, 0x7f0000009999, {"train.py:3 main"}});
+    auto traces = files(ranks);
+    Report report = analyze(traces, ended());
+    const Verdict* v = firstIs(report, VerdictKind::kDeadRank, {2});
+    ASSERT_NE(v, nullptr) << text(report);
+    EXPECT_EQ(v->classes[0].call.issuedAt, std::string("libframework.so+0x1234") +
+                                               (python ? " (no Python frame on its thread)" : ""))
+        << text(report);
+  }
+}
+
 // Rank 2 died right after a send its peer received: its own record of the send never saw the
 // completion, but the send is done, so rank 2 waits for nothing and is the dead rank; and its
 // dump says where it was.

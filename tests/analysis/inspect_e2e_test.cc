@@ -57,7 +57,8 @@ std::string normalize(const std::string& text) {
   out = std::regex_replace(out, std::regex("[0-9a-f]{4}\u2026"), "HASH\u2026");
   out = std::regex_replace(out, std::regex("0x[0-9a-f]+"), "ADDR");
   // Source lines (tools/source_lines.h): where the checkout is, and lines that move with edits.
-  out = std::regex_replace(out, std::regex(" at (/[^ :]*/)?([^ /:]+):[0-9]+"), " at PATH/$2:N");
+  out = std::regex_replace(out, std::regex("( at |\u2190 )(/[^ :]*/)?([^ /:]+):[0-9]+"),
+                           "$1PATH/$3:N");
   out =
       std::regex_replace(out, std::regex("[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]+\\.[0-9]{3}"), "TIME");
   out = std::regex_replace(out, std::regex("^Job [^:]+:"), "Job JOB:");

@@ -1,0 +1,62 @@
+#include "watchdog/native_sites.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <string>
+
+#include "watchdog/loaded_modules.h"
+
+namespace ncclwatch::watchdog {
+namespace {
+
+struct ModuleSearch {
+  uintptr_t address = 0;
+  std::string text;
+};
+
+bool findModule(const LoadedModuleView& module, void* context) {
+  auto* search = static_cast<ModuleSearch*>(context);
+  for (int i = 0; i < module.phnum; ++i) {
+    const ElfW(Phdr)& phdr = module.phdrs[i];
+    if (phdr.p_type != PT_LOAD) continue;
+    uintptr_t start = module.bias + phdr.p_vaddr;
+    if (search->address < start || search->address - start >= phdr.p_memsz) continue;
+    char offset[32];
+    std::snprintf(offset, sizeof offset, "+0x%" PRIxPTR, search->address - module.bias);
+    search->text = std::string(module.path) + offset;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string moduleOffsetText(uintptr_t address) {
+  ModuleSearch search{address, {}};
+  forEachLoadedModule(findModule, &search);
+  return search.text;
+}
+
+std::vector<trace::PythonSite> NativeSites::scan(const trace::RingWriter& writer) {
+  std::vector<trace::PythonSite> found;
+  const uint64_t end = writer.nextIndex();
+  const uint64_t capacity = writer.capacity();
+  if (end - next_ > capacity) next_ = end - capacity;  // lapped: the older slots hold newer calls
+  for (; next_ < end; ++next_) {
+    // One word of the slot, not a stable copy of the record: a torn read only describes an
+    // address no record keeps (harmless), and a site missed now comes back with its next call.
+    uint64_t site = writer.callSiteAt(next_);
+    if (site == 0 || trace::isPythonSite(site) || seen_.size() >= kMaxNativeSites) continue;
+    if (!seen_.insert(site).second) continue;
+    std::string text = moduleOffsetText(static_cast<uintptr_t>(site));
+    if (text.empty()) continue;
+    trace::PythonSite line;
+    line.number = trace::kNativeSiteNumber;
+    line.nativeSite = site;
+    line.frames.push_back(std::move(text));
+    found.push_back(std::move(line));
+  }
+  return found;
+}
+
+}  // namespace ncclwatch::watchdog
