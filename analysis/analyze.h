@@ -49,8 +49,11 @@ struct CallDesc {
   // said "reached", since work queued on the stream outside NCCL may still be ahead of it.
   bool startInferred = false;
   uint64_t callSite = 0;  // a return address, or a Python site (trace::isPythonSite)
-  std::string issuedAt;   // the Python line that issued it ("train.py:88 step"), when known
-  int threadId = 0;       // the thread that issued it
+  // The global rank whose record this is: callSite means something in its process only (a
+  // return address, a site number), and a class's call may come from any of its ranks.
+  int callRank = -1;
+  std::string issuedAt;  // the Python line that issued it ("train.py:88 step"), when known
+  int threadId = 0;      // the thread that issued it
   uint64_t commHash =
       0;             // where the class is when it is elsewhere (another comm); else the verdict's
   std::string note;  // "never issued", "process ended", ... when there is no call

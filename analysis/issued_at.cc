@@ -46,11 +46,15 @@ void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files) {
       for (RankClass& rankClass : verdict.classes) {
         CallDesc& call = rankClass.call;
         if (call.callSite == 0 || rankClass.ranks.empty()) continue;
+        // The rank the call's record came from first: its site means something there only.
+        std::vector<int> ranks = rankClass.ranks;
+        if (call.callRank >= 0) ranks.insert(ranks.begin(), call.callRank);
         if (!trace::isPythonSite(call.callSite)) {
-          const trace::TraceFile* file = newestOf(files, job.jobId, rankClass.ranks.front());
           std::string module;
           uint64_t offset = 0;
-          if (file != nullptr && nativeSiteOf(*file, call.callSite, &module, &offset)) {
+          const trace::TraceFile* file =
+              traceDescribing(files, job.jobId, ranks, call.callSite, &module, &offset);
+          if (file != nullptr) {
             char text[32];
             std::snprintf(text, sizeof text, "+0x%" PRIx64, offset);
             // In a Python process, say why there is no line (a C++ thread of the framework).
@@ -63,12 +67,23 @@ void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files) {
           }
           continue;
         }
-        const trace::PythonSite* site = siteOf(files, job.jobId, rankClass.ranks.front(),
-                                               trace::pythonSiteNumber(call.callSite));
+        const trace::PythonSite* site =
+            siteOf(files, job.jobId, ranks.front(), trace::pythonSiteNumber(call.callSite));
         if (site != nullptr) call.issuedAt = trace::issuedAtText(*site);
       }
     }
   }
+}
+
+const trace::TraceFile* traceDescribing(std::span<const trace::TraceFile> files,
+                                        const std::string& job, const std::vector<int>& ranks,
+                                        uint64_t callSite, std::string* module, uint64_t* offset) {
+  constexpr size_t kRanksSearched = 64;
+  for (size_t i = 0; i < ranks.size() && i < kRanksSearched; ++i) {
+    const trace::TraceFile* file = newestOf(files, job, ranks[i]);
+    if (file != nullptr && nativeSiteOf(*file, callSite, module, offset)) return file;
+  }
+  return nullptr;
 }
 
 bool nativeSiteOf(const trace::TraceFile& file, uint64_t callSite, std::string* module,

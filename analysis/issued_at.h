@@ -3,6 +3,8 @@
 // frames) of the class's first rank.
 #pragma once
 #include <span>
+#include <string>
+#include <vector>
 
 #include "analysis/analyze.h"
 #include "trace/ring_reader.h"
@@ -19,5 +21,11 @@ void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files);
 // has none.
 bool nativeSiteOf(const trace::TraceFile& file, uint64_t callSite, std::string* module,
                   uint64_t* offset);
+// The newest trace among those of `ranks` (the first 64) within the job that describes the native
+// `callSite`, with its module and offset: a return address belongs to one process, and a
+// class's call may come from any of its ranks. Null when none does.
+const trace::TraceFile* traceDescribing(std::span<const trace::TraceFile> files,
+                                        const std::string& job, const std::vector<int>& ranks,
+                                        uint64_t callSite, std::string* module, uint64_t* offset);
 
 }  // namespace ncclwatch::analysis

@@ -398,7 +398,9 @@ class JobAnalysis {
     return v;
   }
   CallDesc describe(const Proc& proc, uint32_t index) const {
-    return describeCall(proc.rec(index));
+    CallDesc call = describeCall(proc.rec(index));
+    call.callRank = proc.rank;
+    return call;
   }
   int globalRank(const Comm& comm, int commRank) const {
     int member = comm.byCommRank.find(commRank);

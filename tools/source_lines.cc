@@ -387,10 +387,13 @@ void SourceLines::annotateCallSites(analysis::Report& report,
         }
         auto it = fileOfRank.find(rankClass.ranks.front());
         if (it == fileOfRank.end()) continue;
-        // The rank described the site itself (module + offset): its function and line.
+        // A rank of the class described the site itself (module + offset): its function and line.
         std::string module;
         uint64_t offset = 0;
-        if (analysis::nativeSiteOf(*it->second, call.callSite, &module, &offset)) {
+        std::vector<int> ranks = rankClass.ranks;
+        if (call.callRank >= 0) ranks.insert(ranks.begin(), call.callRank);
+        if (analysis::traceDescribing(files, job.jobId, ranks, call.callSite, &module, &offset) !=
+            nullptr) {
           std::string text = callSiteText(lookup(module, "", offset, false), module);
           if (!text.empty()) {
             call.issuedAt = text;

@@ -639,6 +639,25 @@ TEST(IssuedAt, ANativeCallSiteIsItsModuleAndOffset) {
   }
 }
 
+// A return address belongs to one process: the class's site is found in whichever of its ranks'
+// traces describes it, not only the first rank's (a deadlock's class on another communicator
+// showed a raw address offline for that).
+TEST(IssuedAt, ANativeSiteIsFoundInAnyRankOfTheClass) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (int r = 0; r < 4; ++r) {
+    if (r == 2) continue;
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs).callSite =
+        0x7f0000001234;
+  }
+  ranks[3].file().pythonSites.push_back({0, 0x7f0000001234, {"/opt/lib/libframework.so+0x1234"}});
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = firstIs(report, VerdictKind::kDeadRank, {2});
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->classes[0].call.issuedAt, "libframework.so+0x1234") << text(report);
+}
+
 // Rank 2 died right after a send its peer received: its own record of the send never saw the
 // completion, but the send is done, so rank 2 waits for nothing and is the dead rank; and its
 // dump says where it was.
