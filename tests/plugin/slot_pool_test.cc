@@ -16,9 +16,17 @@ struct TestSlot {
   std::atomic<uint32_t> generation{0};
 };
 
+// A pool's slots are never freed (NCCL's handles may outlive every communicator), so each pool
+// here lives as long as the process, as the plugin's own do (static storage).
+template <size_t Capacity>
+SlotPool<TestSlot, Capacity>& processPool() {
+  static SlotPool<TestSlot, Capacity>* pool = new SlotPool<TestSlot, Capacity>();
+  pool->allocate();
+  return *pool;
+}
+
 TEST(SlotPool, AClaimFindsAFreeSlotFarFromTheCursor) {
-  SlotPool<TestSlot, 1024> pool;
-  pool.allocate();
+  SlotPool<TestSlot, 1024>& pool = processPool<1024>();
   std::vector<TestSlot*> claimed;
   for (size_t i = 0; i < 1024; ++i) {
     TestSlot* slot = pool.claim();
@@ -34,8 +42,7 @@ TEST(SlotPool, AClaimFindsAFreeSlotFarFromTheCursor) {
 }
 
 TEST(SlotPool, AFullPoolAnswersNullAndCountsTheDrop) {
-  SlotPool<TestSlot, 128> pool;
-  pool.allocate();
+  SlotPool<TestSlot, 128>& pool = processPool<128>();
   for (size_t i = 0; i < 128; ++i) ASSERT_NE(pool.claim(), nullptr);
   EXPECT_EQ(pool.claim(), nullptr);
   EXPECT_EQ(pool.claim(), nullptr);
@@ -43,8 +50,7 @@ TEST(SlotPool, AFullPoolAnswersNullAndCountsTheDrop) {
 }
 
 TEST(SlotPool, ThreadsClaimingAndReleasingNeverShareASlot) {
-  SlotPool<TestSlot, 256> pool;
-  pool.allocate();
+  SlotPool<TestSlot, 256>& pool = processPool<256>();
   std::atomic<int> doubleOwned{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
