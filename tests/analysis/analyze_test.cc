@@ -615,18 +615,25 @@ TEST(DeadRank, AnExitWithAFailureStatusIsSaidAsAFailure) {
   }
 }
 
+// Ranks 0, 1 and 3 wait in an all_reduce issued from the native `callSite`, which rank 2, gone,
+// never reached.
+std::vector<Rank> waitingOnRankTwoFrom(uint64_t callSite) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (int r = 0; r < 4; ++r) {
+    if (r == 2) continue;
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs).callSite =
+        callSite;
+  }
+  return ranks;
+}
+
 // A call whose caller ran no Python frame keeps a return address; the rank's trace describes it
 // as module + offset (a site line numbered 0), and the verdict says that where it had the raw
 // address; in a Python process it adds why there is no line.
 TEST(IssuedAt, ANativeCallSiteIsItsModuleAndOffset) {
   for (bool python : {false, true}) {
-    auto ranks = world(4);
-    history(ranks, 3);
-    for (int r = 0; r < 4; ++r) {
-      if (r == 2) continue;
-      ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs).callSite =
-          0x7f0000001234;
-    }
+    auto ranks = waitingOnRankTwoFrom(0x7f0000001234);
     ranks[0].file().pythonSites.push_back({0, 0x7f0000001234, {"/opt/lib/libframework.so+0x1234"}});
     if (python) ranks[0].file().pythonSites.push_back({1, 0x7f0000009999, {"train.py:3 main"}});
     auto traces = files(ranks);
@@ -643,13 +650,7 @@ TEST(IssuedAt, ANativeCallSiteIsItsModuleAndOffset) {
 // traces describes it, not only the first rank's (a deadlock's class on another communicator
 // showed a raw address offline for that).
 TEST(IssuedAt, ANativeSiteIsFoundInAnyRankOfTheClass) {
-  auto ranks = world(4);
-  history(ranks, 3);
-  for (int r = 0; r < 4; ++r) {
-    if (r == 2) continue;
-    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs).callSite =
-        0x7f0000001234;
-  }
+  auto ranks = waitingOnRankTwoFrom(0x7f0000001234);
   ranks[3].file().pythonSites.push_back({0, 0x7f0000001234, {"/opt/lib/libframework.so+0x1234"}});
   auto traces = files(ranks);
   Report report = analyze(traces, ended());
