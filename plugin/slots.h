@@ -164,11 +164,10 @@ class SlotPool {
  private:
   // Slots tried before the free count is consulted (and between consultations).
   static constexpr size_t kProbes = 64;
-  std::atomic<Slot*> slots_{nullptr};
+  std::atomic<Slot*> slots_{nullptr};  // never freed: handles may outlive every comm
   // Free slots, approximately while claims and releases race (a hint when to stop searching;
   // the slots' own `live` decides).
-  std::atomic<ptrdiff_t> free_{
-      static_cast<ptrdiff_t>(Capacity)};  // never freed: handles may outlive every comm
+  std::atomic<ptrdiff_t> free_{static_cast<ptrdiff_t>(Capacity)};
   std::atomic<size_t> cursor_{0};
   std::atomic<uint64_t> dropped_{0};
 };
