@@ -9,30 +9,6 @@
 namespace ncclwatch::analysis {
 namespace {
 
-// The newest trace of `rank` within the job, or null.
-const trace::TraceFile* newestOf(std::span<const trace::TraceFile> files, const std::string& job,
-                                 int rank) {
-  const trace::TraceFile* newest = nullptr;
-  for (const trace::TraceFile& file : files) {
-    if (!file.usable || file.header.rank != rank || trace::jobIdOf(file.header) != job) continue;
-    if (newest == nullptr || file.header.anchorRealtimeNs > newest->header.anchorRealtimeNs) {
-      newest = &file;
-    }
-  }
-  return newest;
-}
-
-// The site `number` in the newest trace of `rank` within the job, or null.
-const trace::PythonSite* siteOf(std::span<const trace::TraceFile> files, const std::string& job,
-                                int rank, uint32_t number) {
-  const trace::TraceFile* newest = newestOf(files, job, rank);
-  if (newest == nullptr) return nullptr;
-  for (const trace::PythonSite& site : newest->pythonSites) {
-    if (site.number == number) return &site;
-  }
-  return nullptr;
-}
-
 std::string baseName(const std::string& path) {
   size_t slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
@@ -40,20 +16,36 @@ std::string baseName(const std::string& path) {
 
 }  // namespace
 
+NewestTraces newestTraces(std::span<const trace::TraceFile> files, const std::string& job) {
+  NewestTraces newest;
+  for (const trace::TraceFile& file : files) {
+    if (!file.usable || trace::jobIdOf(file.header) != job) continue;
+    const trace::TraceFile*& kept = newest[file.header.rank];
+    if (kept == nullptr || file.header.anchorRealtimeNs > kept->header.anchorRealtimeNs) {
+      kept = &file;
+    }
+  }
+  return newest;
+}
+
 void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files) {
   for (JobReport& job : report.jobs) {
+    NewestTraces newest;  // built once a class of this job needs it
     for (Verdict& verdict : job.verdicts) {
       for (RankClass& rankClass : verdict.classes) {
         CallDesc& call = rankClass.call;
         if (call.callSite == 0 || rankClass.ranks.empty()) continue;
+        if (newest.empty()) newest = newestTraces(files, job.jobId);
         // The rank the call's record came from first: its site means something there only.
-        std::vector<int> ranks = rankClass.ranks;
-        if (call.callRank >= 0) ranks.insert(ranks.begin(), call.callRank);
+        std::vector<int> ranks = {call.callRank >= 0 ? call.callRank : rankClass.ranks.front()};
         if (!trace::isPythonSite(call.callSite)) {
+          ranks.insert(ranks.end(), rankClass.ranks.begin(),
+                       rankClass.ranks.begin() + static_cast<std::ptrdiff_t>(
+                                                     std::min<size_t>(rankClass.ranks.size(), 64)));
           std::string module;
           uint64_t offset = 0;
           const trace::TraceFile* file =
-              traceDescribing(files, job.jobId, ranks, call.callSite, &module, &offset);
+              traceDescribing(newest, ranks, call.callSite, &module, &offset);
           if (file != nullptr) {
             char text[32];
             std::snprintf(text, sizeof text, "+0x%" PRIx64, offset);
@@ -67,21 +59,28 @@ void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files) {
           }
           continue;
         }
-        const trace::PythonSite* site =
-            siteOf(files, job.jobId, ranks.front(), trace::pythonSiteNumber(call.callSite));
-        if (site != nullptr) call.issuedAt = trace::issuedAtText(*site);
+        auto found = newest.find(ranks.front());
+        if (found == newest.end()) continue;
+        uint32_t number = trace::pythonSiteNumber(call.callSite);
+        for (const trace::PythonSite& site : found->second->pythonSites) {
+          if (site.number == number) {
+            call.issuedAt = trace::issuedAtText(site);
+            break;
+          }
+        }
       }
     }
   }
 }
 
-const trace::TraceFile* traceDescribing(std::span<const trace::TraceFile> files,
-                                        const std::string& job, const std::vector<int>& ranks,
+const trace::TraceFile* traceDescribing(const NewestTraces& newest, const std::vector<int>& ranks,
                                         uint64_t callSite, std::string* module, uint64_t* offset) {
   constexpr size_t kRanksSearched = 64;
   for (size_t i = 0; i < ranks.size() && i < kRanksSearched; ++i) {
-    const trace::TraceFile* file = newestOf(files, job, ranks[i]);
-    if (file != nullptr && nativeSiteOf(*file, callSite, module, offset)) return file;
+    auto found = newest.find(ranks[i]);
+    if (found != newest.end() && nativeSiteOf(*found->second, callSite, module, offset)) {
+      return found->second;
+    }
   }
   return nullptr;
 }

@@ -4,6 +4,7 @@
 #pragma once
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "analysis/analyze.h"
@@ -21,11 +22,13 @@ void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files);
 // has none.
 bool nativeSiteOf(const trace::TraceFile& file, uint64_t callSite, std::string* module,
                   uint64_t* offset);
-// The newest trace among those of `ranks` (the first 64) within the job that describes the native
-// `callSite`, with its module and offset: a return address belongs to one process, and a
-// class's call may come from any of its ranks. Null when none does.
-const trace::TraceFile* traceDescribing(std::span<const trace::TraceFile> files,
-                                        const std::string& job, const std::vector<int>& ranks,
+// The newest trace of each rank of `job` (a job's ranks, restarted, leave several).
+using NewestTraces = std::unordered_map<int, const trace::TraceFile*>;
+NewestTraces newestTraces(std::span<const trace::TraceFile> files, const std::string& job);
+// The trace among the newest of `ranks` (the first 64) that describes the native `callSite`, with
+// its module and offset: a return address belongs to one process, and a class's call may come
+// from any of its ranks. Null when none does.
+const trace::TraceFile* traceDescribing(const NewestTraces& newest, const std::vector<int>& ranks,
                                         uint64_t callSite, std::string* module, uint64_t* offset);
 
 }  // namespace ncclwatch::analysis

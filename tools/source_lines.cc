@@ -374,6 +374,7 @@ void SourceLines::annotateCallSites(analysis::Report& report,
   std::map<std::string, const trace::TraceFile*> fileOfPath;
   for (const trace::TraceFile& file : files) fileOfPath[file.path] = &file;
   for (analysis::JobReport& job : report.jobs) {
+    analysis::NewestTraces newest;  // built once a class of this job needs it
     std::map<int, const trace::TraceFile*> fileOfRank;
     for (const analysis::ProcessSummary& process : job.processes) {
       auto known = fileOfPath.find(process.path);
@@ -390,10 +391,10 @@ void SourceLines::annotateCallSites(analysis::Report& report,
         // A rank of the class described the site itself (module + offset): its function and line.
         std::string module;
         uint64_t offset = 0;
+        if (newest.empty()) newest = analysis::newestTraces(files, job.jobId);
         std::vector<int> ranks = rankClass.ranks;
         if (call.callRank >= 0) ranks.insert(ranks.begin(), call.callRank);
-        if (analysis::traceDescribing(files, job.jobId, ranks, call.callSite, &module, &offset) !=
-            nullptr) {
+        if (analysis::traceDescribing(newest, ranks, call.callSite, &module, &offset) != nullptr) {
           std::string text = callSiteText(lookup(module, "", offset, false), module);
           if (!text.empty()) {
             call.issuedAt = text;
