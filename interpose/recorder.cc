@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <new>
 #include <span>
@@ -126,8 +127,9 @@ const char* envText(const char* name) {
   return value != nullptr && *value != '\0' ? value : nullptr;
 }
 
-int envRank(const char* first, const char* second, const char* third) {
-  for (const char* name : {first, second, third}) {
+// The first of `names` set, as a number; -1 when none is.
+int envRank(std::initializer_list<const char*> names) {
+  for (const char* name : names) {
     if (const char* text = envText(name)) return std::atoi(text);
   }
   return -1;
@@ -406,9 +408,14 @@ Recorder* Recorder::start() {
   std::string path = directory + "/" + host + "-" + std::to_string(getpid()) + ".ncclwatch";
   auto* state = new State();
   std::string error;
-  trace::ProcessInfo info{envRank("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"),
-                          envRank("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"),
-                          envRank("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"),
+  // Launchers' variables: torchrun and most Python launchers, Open MPI, PMIx (Open MPI 5,
+  // PRRTE), MPICH and Intel MPI (Hydra's PMI), MVAPICH2, Slurm's srun.
+  trace::ProcessInfo info{envRank({"RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
+                                   "MV2_COMM_WORLD_RANK", "SLURM_PROCID"}),
+                          envRank({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                                   "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS"}),
+                          envRank({"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                   "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}),
                           host, jobId()};
   trace::RingOptions options;
   options.capacity =

@@ -46,8 +46,10 @@ std::vector<trace::PythonSite> NativeSites::scan(const trace::RingWriter& writer
     // One word of the slot, not a stable copy of the record: a torn read only describes an
     // address no record keeps (harmless), and a site missed now comes back with its next call.
     uint64_t site = writer.callSiteAt(next_);
-    if (site == 0 || trace::isPythonSite(site) || seen_.size() >= kMaxNativeSites) continue;
-    if (!seen_.insert(site).second) continue;
+    // Calls come in runs from one site (a loop): the last one seen costs no hash lookup.
+    if (site == lastSite_ || site == 0 || trace::isPythonSite(site)) continue;
+    lastSite_ = site;
+    if (seen_.size() >= kMaxNativeSites || !seen_.insert(site).second) continue;
     std::string text = moduleOffsetText(static_cast<uintptr_t>(site));
     if (text.empty()) continue;
     trace::PythonSite line;

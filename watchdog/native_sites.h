@@ -25,7 +25,8 @@ class NativeSites {
   std::vector<trace::PythonSite> scan(const trace::RingWriter& writer);
 
  private:
-  uint64_t next_ = 0;  // ring index scanned up to
+  uint64_t next_ = 0;      // ring index scanned up to
+  uint64_t lastSite_ = 0;  // the site of the last native call scanned
   std::unordered_set<uint64_t> seen_;
 };
 

@@ -248,6 +248,25 @@ TEST(Recording, BcastIsRecordedOnce) {
   EXPECT_EQ(files[0].header.cleanShutdown, 1u);
 }
 
+// Launched by MPICH's or Intel MPI's Hydra (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID), no RANK: the
+// trace still says which rank it is (before, "rank -1" in every verdict).
+TEST(Recording, TheRankComesFromMpiLaunchersVariablesToo) {
+  std::string logs = testsupport::freshDirectory("pmi-rank");
+  testsupport::JobSpec spec = preloaded(NCCLWATCH_BCAST_PROBE, 1, logs);
+  spec.env.push_back({"PMI_RANK", "3"});
+  spec.env.push_back({"PMI_SIZE", "8"});
+  spec.env.push_back({"MPI_LOCALRANKID", "1"});
+  spec.unsetEnv = {"RANK", "WORLD_SIZE", "LOCAL_RANK"};
+  CheckedJob job(spec);
+  ASSERT_TRUE(job.waitExit(30s));
+  ASSERT_EQ(job.exitStatus(0), 0) << job.output(0);
+  std::vector<TraceFile> files = testsupport::readTraceFiles(logs);
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(files[0].header.rank, 3);
+  EXPECT_EQ(files[0].header.world, 8);
+  EXPECT_EQ(files[0].header.localRank, 1);
+}
+
 // ncclCommInitAll in one process (nccl-tests' -g N): NCCL runs the inits on threads of its own,
 // where no wrapper is on the stack. The interposer still records them (once each), and the
 // plugin role must not take that for a statically linked NCCL that bypasses the wrappers.

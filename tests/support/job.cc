@@ -81,6 +81,7 @@ Job::Job(JobSpec spec) : directory_(makeDirectory()) {
         setenv("LD_LIBRARY_PATH", path.c_str(), 1);
       }
       for (auto& [name, value] : spec.env) setenv(name.c_str(), value.c_str(), 1);
+      for (auto& name : spec.unsetEnv) unsetenv(name.c_str());
       std::vector<char*> argv{const_cast<char*>(spec.program.c_str())};
       for (auto& arg : spec.args) argv.push_back(const_cast<char*>(arg.c_str()));
       argv.push_back(nullptr);

@@ -15,7 +15,8 @@ struct JobSpec {
   std::vector<std::string> args;
   int ranks = 1;
   std::vector<std::pair<std::string, std::string>> env;  // added to every rank
-  bool useSim = true;  // put the sim's libraries first on LD_LIBRARY_PATH
+  std::vector<std::string> unsetEnv;  // removed from every rank after that (RANK, ...)
+  bool useSim = true;                 // put the sim's libraries first on LD_LIBRARY_PATH
 };
 
 class Job {
