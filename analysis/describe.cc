@@ -232,12 +232,13 @@ std::string commText(const CommDesc& c) {
 }
 
 std::string whatHappened(const JobReport& job, int64_t nowNs, int64_t lastActivityNs) {
-  int clean = 0, alive = 0;
+  int clean = 0, alive = 0, failedExits = 0;
   // A set, not a list searched per process: a job of 4096 hosts made that 8 M string compares
   // (the collector runs this every pass).
   std::unordered_set<std::string_view> hosts;
   for (const ProcessSummary& p : job.processes) {
     clean += p.cleanShutdown;
+    failedExits += p.cleanShutdown && p.exitStatus && *p.exitStatus != 0;
     alive += p.alive;
     hosts.insert(p.host);
   }
@@ -250,11 +251,18 @@ std::string whatHappened(const JobReport& job, int64_t nowNs, int64_t lastActivi
   if (alive > 0) {
     text += std::to_string(alive) + " still running, last NCCL activity " +
             secondsText(nowNs - lastActivityNs) + " ago. ";
-  } else if (clean == n) {
+  } else if (clean == n && failedExits == 0) {
     text += "Every process ended cleanly. ";
+  } else if (clean == n) {
+    // Through exit(), but some with a failure status (Python after an uncaught exception).
+    text += "Every process ended through exit(), " + std::to_string(failedExits) +
+            " with a non-zero status. ";
   } else {
     text += std::to_string(n - clean) + " ended without a clean shutdown (killed or crashed), " +
             "last NCCL activity at " + wallText(lastActivityNs) + ". ";
+    if (failedExits > 0) {
+      text += std::to_string(failedExits) + " exited with a non-zero status. ";
+    }
   }
   int errors = 0;
   const Verdict* first = nullptr;

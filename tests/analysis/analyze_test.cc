@@ -607,6 +607,8 @@ TEST(DeadRank, AnExitWithAFailureStatusIsSaidAsAFailure) {
           << v->explanation;
       EXPECT_NE(v->classes[1].call.note.find("exited with status 1"), std::string::npos)
           << v->classes[1].call.note;
+      EXPECT_NE(text(report).find("1 exited with a non-zero status"), std::string::npos)
+          << text(report);
     } else {
       EXPECT_NE(v->explanation.find("ended normally"), std::string::npos) << v->explanation;
       EXPECT_NE(v->classes[1].call.note.find("called exit 0"), std::string::npos)
