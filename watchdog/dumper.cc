@@ -217,8 +217,15 @@ std::string describeDump(const trace::Dump& dump, const ProcessLabel& label, boo
       shownThreads.push_back(thread.tid);
     }
   }
-  // Python: each thread's innermost frames on one line, the place a user looks first.
+  // Python: each thread's innermost frames on one line, the place a user looks first. Threads
+  // with no Python frame (a framework's C++ threads that once took the GIL, like PyTorch's
+  // autograd threads) are counted, not listed: a line each with nothing on it was noise.
+  size_t withoutFrames = 0;
   for (const trace::DumpPythonThread& thread : dump.pythonThreads) {
+    if (thread.frames.empty()) {
+      ++withoutFrames;
+      continue;
+    }
     std::string frames;
     for (size_t i = 0; i < thread.frames.size() && i < 3; ++i) {
       const trace::DumpPythonFrame& frame = thread.frames[i];
@@ -229,6 +236,11 @@ std::string describeDump(const trace::Dump& dump, const ProcessLabel& label, boo
     }
     std::snprintf(line, sizeof line, "    python thread %" PRIx64 "%s: %s\n", thread.threadId,
                   thread.current ? " (current)" : "", frames.c_str());
+    out += line;
+  }
+  if (withoutFrames > 0) {
+    std::snprintf(line, sizeof line, "    %zu more Python thread%s with no Python frame\n",
+                  withoutFrames, withoutFrames == 1 ? "" : "s");
     out += line;
   }
   size_t answered = 0;

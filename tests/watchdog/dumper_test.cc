@@ -97,6 +97,30 @@ TEST(Dumper, StderrBlockSaysWhereAndWhy) {
   EXPECT_NE(block.find("written to /t/x"), std::string::npos) << block;
 }
 
+// A Python thread with frames gets its line; those with none (a framework's C++ threads that
+// once took the GIL) are counted on one.
+TEST(Dumper, StderrBlockListsOnlyPythonThreadsWithFrames) {
+  ncclwatch::trace::Dump dump;
+  dump.trigger = "collector";
+  dump.reason = "mismatch";
+  ncclwatch::trace::DumpPythonThread main;
+  main.threadId = 0x7f00;
+  main.current = true;
+  main.frames.push_back({"/job/train.py", 42, "step"});
+  dump.pythonThreads.push_back(main);
+  for (uint64_t id : {0x7f01, 0x7f02}) {
+    ncclwatch::trace::DumpPythonThread empty;
+    empty.threadId = id;
+    dump.pythonThreads.push_back(empty);
+  }
+  dump.pythonNote = "CPython's _Py_DumpTracebackThreads";
+  std::string block = ncclwatch::watchdog::describeDump(dump, ProcessLabel{0, 1, "/t/x"}, true);
+  EXPECT_NE(block.find("python thread 7f00 (current): step (train.py:42)"), std::string::npos)
+      << block;
+  EXPECT_EQ(block.find("python thread 7f01"), std::string::npos) << block;
+  EXPECT_NE(block.find("2 more Python threads with no Python frame"), std::string::npos) << block;
+}
+
 TEST(Triggers, ARequestWithoutAWatchdogFailsAtOnce) {
   auto start = std::chrono::steady_clock::now();
   EXPECT_FALSE(ncclwatch::watchdog::Triggers::requestAndWait(2000));
