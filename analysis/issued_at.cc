@@ -50,12 +50,14 @@ void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files) {
             char text[32];
             std::snprintf(text, sizeof text, "+0x%" PRIx64, offset);
             // In a Python process, say why there is no line (a C++ thread of the framework).
-            bool python = std::any_of(file->pythonSites.begin(), file->pythonSites.end(),
-                                      [](const trace::PythonSite& site) {
-                                        return site.number != trace::kNativeSiteNumber;
-                                      });
-            call.issuedAt =
-                baseName(module) + text + (python ? " (no Python frame on its thread)" : "");
+            bool python = runsPython(*file);
+            std::string thread;
+            nativeSiteOf(*file, call.callSite, &module, &offset, &thread);
+            call.issuedAt = baseName(module) + text;
+            if (python) {
+              call.issuedAt += " (no Python frame on its thread" +
+                               (thread.empty() ? std::string() : " " + thread) + ")";
+            }
           }
           continue;
         }
@@ -85,8 +87,14 @@ const trace::TraceFile* traceDescribing(const NewestTraces& newest, const std::v
   return nullptr;
 }
 
+bool runsPython(const trace::TraceFile& file) {
+  return std::any_of(
+      file.pythonSites.begin(), file.pythonSites.end(),
+      [](const trace::PythonSite& site) { return site.number != trace::kNativeSiteNumber; });
+}
+
 bool nativeSiteOf(const trace::TraceFile& file, uint64_t callSite, std::string* module,
-                  uint64_t* offset) {
+                  uint64_t* offset, std::string* thread) {
   for (const trace::PythonSite& site : file.pythonSites) {
     if (site.number != trace::kNativeSiteNumber || site.nativeSite != callSite ||
         site.frames.empty()) {
@@ -99,6 +107,12 @@ bool nativeSiteOf(const trace::TraceFile& file, uint64_t callSite, std::string* 
     *offset = std::strtoull(text.c_str() + plus + 3, &end, 16);
     if (end == text.c_str() + plus + 3 || *end != '\0') return false;
     *module = text.substr(0, plus);
+    if (thread != nullptr) {
+      thread->clear();
+      if (site.frames.size() > 1 && site.frames[1].starts_with(trace::kNativeSiteThreadPrefix)) {
+        *thread = site.frames[1].substr(trace::kNativeSiteThreadPrefix.size());
+      }
+    }
     return true;
   }
   return false;

@@ -20,8 +20,11 @@ void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files);
 
 // The module path and offset of the native site line for `callSite` in `file`; false when it
 // has none.
+// Whether the process ran Python (its trace has Python sites).
+bool runsPython(const trace::TraceFile& file);
+// `thread`, when given: the name of the thread of the site's first call ("" when unknown).
 bool nativeSiteOf(const trace::TraceFile& file, uint64_t callSite, std::string* module,
-                  uint64_t* offset);
+                  uint64_t* offset, std::string* thread = nullptr);
 // The newest trace of each rank of `job` (a job's ranks, restarted, leave several).
 using NewestTraces = std::unordered_map<int, const trace::TraceFile*>;
 NewestTraces newestTraces(std::span<const trace::TraceFile> files, const std::string& job);

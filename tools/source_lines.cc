@@ -394,9 +394,16 @@ void SourceLines::annotateCallSites(analysis::Report& report,
         if (newest.empty()) newest = analysis::newestTraces(files, job.jobId);
         std::vector<int> ranks = rankClass.ranks;
         if (call.callRank >= 0) ranks.insert(ranks.begin(), call.callRank);
-        if (analysis::traceDescribing(newest, ranks, call.callSite, &module, &offset) != nullptr) {
+        if (const trace::TraceFile* described =
+                analysis::traceDescribing(newest, ranks, call.callSite, &module, &offset)) {
           std::string text = callSiteText(lookup(module, "", offset, false), module);
           if (!text.empty()) {
+            // In a Python process, the thread it came from (no Python frame on it).
+            std::string thread;
+            analysis::nativeSiteOf(*described, call.callSite, &module, &offset, &thread);
+            if (!thread.empty() && analysis::runsPython(*described)) {
+              text += " on thread " + thread;
+            }
             call.issuedAt = text;
             ++stats_.callSites;
           }

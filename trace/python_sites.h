@@ -18,9 +18,11 @@ struct PythonSite {
 };
 
 // Site lines numbered 0 describe a native call site (a record whose caller ran no Python frame):
-// nativeSite is the return address, and the one frame "path/of/module.so+0x1a2b", its module and
-// offset (watchdog/native_sites.h); the CLI finds the function and line from the binary.
+// nativeSite is the return address, the first frame "path/of/module.so+0x1a2b", its module and
+// offset (watchdog/native_sites.h), and a second one, when known, "thread NAME": the thread of
+// the site's first call. The CLI finds the function and line from the binary.
 inline constexpr uint32_t kNativeSiteNumber = 0;
+inline constexpr std::string_view kNativeSiteThreadPrefix = "thread ";
 
 // Records whose callSite has this bit carry a Python site number in their low 32 bits
 // (user-space return addresses never have it).

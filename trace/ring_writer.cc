@@ -425,9 +425,21 @@ bool RingWriter::read(uint64_t index, CallRecord* record) const {
   return loadStableSlot(slot(index), record) && record->ringIndex == index;
 }
 
-uint64_t RingWriter::callSiteAt(uint64_t index) const {
-  if (header_ == nullptr) return 0;
-  return std::atomic_ref<uint64_t>(slot(index)->callSite).load(std::memory_order_relaxed);
+void RingWriter::callerAt(uint64_t index, uint64_t* callSite, int32_t* threadId) const {
+  *callSite = 0;
+  *threadId = 0;
+  if (header_ == nullptr) return;
+  // Whole words, as storeBody writes them: a narrower atomic load inside a word another thread
+  // stores whole would be a mixed-size access.
+  static_assert(offsetof(CallRecord, callSite) % 8 == 0);
+  constexpr size_t kThreadWord = offsetof(CallRecord, threadId) / 8;
+  constexpr size_t kThreadShift = offsetof(CallRecord, threadId) % 8 * 8;
+  static_assert(kThreadWord < kBodyWords && kThreadShift <= 32);
+  uint64_t* body = words(slot(index));
+  *callSite = std::atomic_ref<uint64_t>(body[offsetof(CallRecord, callSite) / 8])
+                  .load(std::memory_order_relaxed);
+  uint64_t word = std::atomic_ref<uint64_t>(body[kThreadWord]).load(std::memory_order_relaxed);
+  *threadId = static_cast<int32_t>(static_cast<uint32_t>(word >> kThreadShift));
 }
 
 bool RingWriter::appendDump(std::string_view text) {

@@ -179,9 +179,10 @@ class RingWriter {
   const RingHeader* header() const { return header_; }
   // The record at ring `index` as it stands, if the slot still holds it (a stable copy).
   bool read(uint64_t index, CallRecord* record) const;
-  // The callSite word of ring index `index`'s slot as it stands (one relaxed load, no stable
-  // copy: the slot may hold another index or be mid-write). 0 before the ring is open.
-  uint64_t callSiteAt(uint64_t index) const;
+  // The callSite and threadId of ring index `index`'s slot as they stand (relaxed loads of their
+  // words, no stable copy: the slot may hold another index or be mid-write). Zeros before the
+  // ring is open.
+  void callerAt(uint64_t index, uint64_t* callSite, int32_t* threadId) const;
 
   // Continuous mode: appends the records not yet persisted to segments after the ring
   // (pwrite: the file grows) and returns how many records it wrote; 0 in ring mode. Call it

@@ -29,6 +29,22 @@ bool findModule(const LoadedModuleView& module, void* context) {
   return true;
 }
 
+// /proc/self/task/<tid>/comm without its newline; "" when the thread is gone.
+std::string threadName(int32_t tid) {
+  if (tid <= 0) return "";
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/comm", tid);
+  FILE* file = std::fopen(path, "re");
+  if (file == nullptr) return "";
+  char name[32] = {};
+  bool read = std::fgets(name, sizeof name, file) != nullptr;
+  std::fclose(file);
+  if (!read) return "";
+  std::string text(name);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  return text;
+}
+
 }  // namespace
 
 std::string moduleOffsetText(uintptr_t address) {
@@ -45,7 +61,9 @@ std::vector<trace::PythonSite> NativeSites::scan(const trace::RingWriter& writer
   for (; next_ < end; ++next_) {
     // One word of the slot, not a stable copy of the record: a torn read only describes an
     // address no record keeps (harmless), and a site missed now comes back with its next call.
-    uint64_t site = writer.callSiteAt(next_);
+    uint64_t site = 0;
+    int32_t thread = 0;
+    writer.callerAt(next_, &site, &thread);
     // Calls come in runs from one site (a loop): the last one seen costs no hash lookup.
     if (site == lastSite_ || site == 0 || trace::isPythonSite(site)) continue;
     lastSite_ = site;
@@ -56,6 +74,10 @@ std::vector<trace::PythonSite> NativeSites::scan(const trace::RingWriter& writer
     line.number = trace::kNativeSiteNumber;
     line.nativeSite = site;
     line.frames.push_back(std::move(text));
+    // The thread of its first call, by name: a framework's threads say what they do
+    // (pt_autograd_0: backward, where DDP's reducer all-reduces).
+    std::string name = threadName(thread);
+    if (!name.empty()) line.frames.push_back(std::string(trace::kNativeSiteThreadPrefix) + name);
     found.push_back(std::move(line));
   }
   return found;

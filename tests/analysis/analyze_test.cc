@@ -636,14 +636,16 @@ std::vector<Rank> waitingOnRankTwoFrom(uint64_t callSite) {
 TEST(IssuedAt, ANativeCallSiteIsItsModuleAndOffset) {
   for (bool python : {false, true}) {
     auto ranks = waitingOnRankTwoFrom(0x7f0000001234);
-    ranks[0].file().pythonSites.push_back({0, 0x7f0000001234, {"/opt/lib/libframework.so+0x1234"}});
+    ranks[0].file().pythonSites.push_back(
+        {0, 0x7f0000001234, {"/opt/lib/libframework.so+0x1234", "thread pt_autograd_0"}});
     if (python) ranks[0].file().pythonSites.push_back({1, 0x7f0000009999, {"train.py:3 main"}});
     auto traces = files(ranks);
     Report report = analyze(traces, ended());
     const Verdict* v = firstIs(report, VerdictKind::kDeadRank, {2});
     ASSERT_NE(v, nullptr) << text(report);
-    EXPECT_EQ(v->classes[0].call.issuedAt, std::string("libframework.so+0x1234") +
-                                               (python ? " (no Python frame on its thread)" : ""))
+    EXPECT_EQ(v->classes[0].call.issuedAt,
+              std::string("libframework.so+0x1234") +
+                  (python ? " (no Python frame on its thread pt_autograd_0)" : ""))
         << text(report);
   }
 }

@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <string>
 
@@ -20,7 +24,14 @@ trace::CallRecord callFrom(uint64_t site) {
   trace::CallRecord record{};
   record.op = trace::OpKind::kAllReduce;
   record.callSite = site;
+  record.threadId = static_cast<int32_t>(syscall(SYS_gettid));
   return record;
+}
+
+std::string thisThreadsName() {
+  char name[32] = {};
+  pthread_getname_np(pthread_self(), name, sizeof name);
+  return name;
 }
 
 TEST(NativeSites, EachNewSiteIsDescribedOnceByModuleAndOffset) {
@@ -39,10 +50,12 @@ TEST(NativeSites, EachNewSiteIsDescribedOnceByModuleAndOffset) {
   ASSERT_EQ(found.size(), 1u);
   EXPECT_EQ(found[0].number, trace::kNativeSiteNumber);
   EXPECT_EQ(found[0].nativeSite, site);
-  ASSERT_EQ(found[0].frames.size(), 1u);
-  // This test binary, at the offset of the return address from its load bias.
+  ASSERT_EQ(found[0].frames.size(), 2u);
+  // This test binary, at the offset of the return address from its load bias; then the thread
+  // of the site's first call.
   EXPECT_NE(found[0].frames[0].find("native_sites_test+0x"), std::string::npos)
       << found[0].frames[0];
+  EXPECT_EQ(found[0].frames[1], "thread " + thisThreadsName());
   writer.append(callFrom(site));
   EXPECT_TRUE(sites.scan(writer).empty()) << "described twice";
   // A burst that laps the ring: the newest ring's worth is scanned, the new site in it found.

@@ -90,10 +90,11 @@ TEST(PythonSites, OffByTheSettingAndOutsidePython) {
                                                  "timeout 60 python3 " + kScript);
   ASSERT_EQ(out.status, 0) << out.text;
   for (const auto& file : testsupport::readTraceFiles(logs)) {
-    // Only native sites (number 0, module + offset: watchdog/native_sites.h), no Python one.
+    // Only native sites (number 0, module + offset, then the thread: watchdog/native_sites.h),
+    // no Python one.
     for (const auto& site : file.pythonSites) {
       EXPECT_EQ(site.number, ncclwatch::trace::kNativeSiteNumber);
-      ASSERT_EQ(site.frames.size(), 1u);
+      ASSERT_GE(site.frames.size(), 1u);
       EXPECT_NE(site.frames[0].find("+0x"), std::string::npos) << site.frames[0];
     }
     for (const auto& record : file.records) {
