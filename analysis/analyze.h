@@ -90,6 +90,9 @@ struct Verdict {
   std::string explanation;   // one line a user can act on
   bool primary = true;       // false: a consequence of another verdict (see explanation)
   Effect effect = Effect::kHang;
+  // dead_rank only: the culprit's process is still running, silent (its headline says so: the
+  // kind's name alone reads as a crash).
+  bool culpritAlive = false;
   // How sure the analysis is (1: the records show it; lower when records were lost, ranks have
   // no trace, the verdict rests on timing alone, or completion was not tracked for its calls),
   // and each reason it is less sure, in words.

@@ -159,6 +159,7 @@ void JobAnalysis::checkDeadAndMissing() {
     v.classes.push_back(std::move(waiting));
     v.classes.push_back(std::move(dead));
     v.culprits = {proc.rank};
+    v.culpritAlive = proc.alive;
     v.divergenceNs = proc.lastActivity;
     if (failedExit && !proc.alive) {
       v.explanation = "rank " + std::to_string(proc.rank) + " failed (exit status " +

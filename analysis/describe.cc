@@ -316,6 +316,7 @@ void printVerdictText(const Verdict& v, std::ostream& out, const TextStyle& styl
   }
   out << "[ncclwatch] " << on << kind << off;
   if (v.effect == Effect::kSilentDataCorruption) out << " (silent data corruption)";
+  if (v.kind == VerdictKind::kDeadRank && v.culpritAlive) out << " (alive but silent)";
   if (v.comm.hash != 0) out << " on comm " << commText(v.comm);
   if (v.seq != 0) out << " at call #" << v.seq;
   if (!v.fields.empty()) {

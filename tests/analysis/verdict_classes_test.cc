@@ -378,6 +378,8 @@ TEST(Confidence, AVerdictOnTimingAloneIsMediumAndSaysWhy) {
   EXPECT_TRUE(contains(v->doubts[0], "timing alone")) << v->doubts[0];
   EXPECT_TRUE(contains(text(report), "confidence medium")) << text(report);
   EXPECT_TRUE(contains(verdictJson(*v, "j", 0), "\"confidence_level\":\"medium\""));
+  // The headline says the rank is alive: DEAD_RANK alone reads as a crash.
+  EXPECT_TRUE(contains(text(report), "DEAD_RANK (alive but silent) on comm")) << text(report);
 }
 
 TEST(Confidence, LostRecordsUntracedRanksAndUntrackedCallsLowerItAndTheSummarySaysWhere) {
