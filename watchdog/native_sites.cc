@@ -59,8 +59,9 @@ std::vector<trace::PythonSite> NativeSites::scan(const trace::RingWriter& writer
   const uint64_t capacity = writer.capacity();
   if (end - next_ > capacity) next_ = end - capacity;  // lapped: the older slots hold newer calls
   for (; next_ < end; ++next_) {
-    // One word of the slot, not a stable copy of the record: a torn read only describes an
-    // address no record keeps (harmless), and a site missed now comes back with its next call.
+    // Two words of the slot, not a stable copy of the record: a torn read only describes an
+    // address no record keeps, or names another thread (harmless); a site that was in the slot
+    // overwritten before the scan comes back with its next call.
     uint64_t site = 0;
     int32_t thread = 0;
     writer.callerAt(next_, &site, &thread);
