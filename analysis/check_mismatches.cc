@@ -394,6 +394,9 @@ void JobAnalysis::checkMismatches(Comm& comm) {
     }
     return "";
   };
+  // A rank at teardown is missing from the call, not a call with another op: no fields differ
+  // (docs/verdicts.md: fields are a mismatch's), and "(op differ)" in its headline misled.
+  if (teardown) v.fields.clear();
   if (teardown && teardownOp == OpKind::kAbort) {
     v.kind = VerdictKind::kMissing;
     v.explanation = who + " aborted the communicator (ncclCommAbort) where " + others +

@@ -204,6 +204,9 @@ TEST(EarlyExit, DestroyAndAbortWhileOthersWaitAreMissingWithTheirOwnWords) {
     EXPECT_TRUE(contains(v->explanation, teardown == OpKind::kAbort ? "aborted the communicator"
                                                                     : "reached teardown (Destroy)"))
         << v->explanation;
+    // Missing, not a call with another op: no "(op differ)" in its headline.
+    EXPECT_TRUE(v->fields.empty()) << text(report);
+    EXPECT_FALSE(contains(text(report), "differ)")) << text(report);
   }
 }
 
