@@ -220,6 +220,11 @@ std::string readableNames(std::string_view text) {
   return out;
 }
 
+std::string_view baseName(std::string_view path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string_view::npos ? path : path.substr(slash + 1);
+}
+
 std::string commText(const CommDesc& c) {
   std::string text = shortHash(c.hash) + "(";
   if (!c.name.empty()) {

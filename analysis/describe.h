@@ -22,6 +22,8 @@ std::string commText(const CommDesc& c);  // "9f3a…(world, 8 ranks)"
 // ("std::chrono::duration<…>"), parameter lists longer than 60 characters as "(…)". JSON keeps
 // the full names.
 std::string readableNames(std::string_view text);
+// The last component of a path ("libtorch_cuda.so" of ".../lib/libtorch_cuda.so").
+std::string_view baseName(std::string_view path);
 
 // The paragraph that opens a report: who ran, how it ended, what went wrong first.
 std::string whatHappened(const JobReport& job, int64_t nowNs, int64_t lastActivityNs);

@@ -6,15 +6,9 @@
 #include <cstdlib>
 #include <string>
 
+#include "analysis/describe.h"
+
 namespace ncclwatch::analysis {
-namespace {
-
-std::string baseName(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-}  // namespace
 
 NewestTraces newestTraces(std::span<const trace::TraceFile> files, const std::string& job) {
   NewestTraces newest;
@@ -36,25 +30,18 @@ void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files) {
         CallDesc& call = rankClass.call;
         if (call.callSite == 0 || rankClass.ranks.empty()) continue;
         if (newest.empty()) newest = newestTraces(files, job.jobId);
-        // The rank the call's record came from first: its site means something there only.
-        std::vector<int> ranks = {call.callRank >= 0 ? call.callRank : rankClass.ranks.front()};
+        std::vector<int> ranks = siteRanks(rankClass);
         if (!trace::isPythonSite(call.callSite)) {
-          ranks.insert(ranks.end(), rankClass.ranks.begin(),
-                       rankClass.ranks.begin() + static_cast<std::ptrdiff_t>(
-                                                     std::min<size_t>(rankClass.ranks.size(), 64)));
-          std::string module;
+          std::string module, thread;
           uint64_t offset = 0;
           const trace::TraceFile* file =
-              traceDescribing(newest, ranks, call.callSite, &module, &offset);
+              traceDescribing(newest, ranks, call.callSite, &module, &offset, &thread);
           if (file != nullptr) {
             char text[32];
             std::snprintf(text, sizeof text, "+0x%" PRIx64, offset);
+            call.issuedAt = std::string(baseName(module)) + text;
             // In a Python process, say why there is no line (a C++ thread of the framework).
-            bool python = runsPython(*file);
-            std::string thread;
-            nativeSiteOf(*file, call.callSite, &module, &offset, &thread);
-            call.issuedAt = baseName(module) + text;
-            if (python) {
+            if (runsPython(*file)) {
               call.issuedAt += " (no Python frame on its thread" +
                                (thread.empty() ? std::string() : " " + thread) + ")";
             }
@@ -75,12 +62,22 @@ void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files) {
   }
 }
 
-const trace::TraceFile* traceDescribing(const NewestTraces& newest, const std::vector<int>& ranks,
-                                        uint64_t callSite, std::string* module, uint64_t* offset) {
+std::vector<int> siteRanks(const RankClass& rankClass) {
   constexpr size_t kRanksSearched = 64;
-  for (size_t i = 0; i < ranks.size() && i < kRanksSearched; ++i) {
-    auto found = newest.find(ranks[i]);
-    if (found != newest.end() && nativeSiteOf(*found->second, callSite, module, offset)) {
+  std::vector<int> ranks;
+  if (rankClass.call.callRank >= 0) ranks.push_back(rankClass.call.callRank);
+  for (size_t i = 0; i < rankClass.ranks.size() && ranks.size() < kRanksSearched; ++i) {
+    ranks.push_back(rankClass.ranks[i]);
+  }
+  return ranks;
+}
+
+const trace::TraceFile* traceDescribing(const NewestTraces& newest, const std::vector<int>& ranks,
+                                        uint64_t callSite, std::string* module, uint64_t* offset,
+                                        std::string* thread) {
+  for (int rank : ranks) {
+    auto found = newest.find(rank);
+    if (found != newest.end() && nativeSiteOf(*found->second, callSite, module, offset, thread)) {
       return found->second;
     }
   }

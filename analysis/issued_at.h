@@ -18,20 +18,24 @@ namespace ncclwatch::analysis {
 // (tools/source_lines.h).
 void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files);
 
-// The module path and offset of the native site line for `callSite` in `file`; false when it
-// has none.
 // Whether the process ran Python (its trace has Python sites).
 bool runsPython(const trace::TraceFile& file);
-// `thread`, when given: the name of the thread of the site's first call ("" when unknown).
+// The module path and offset of the native site line for `callSite` in `file`; false when it
+// has none. `thread`, when given: the name of the thread of the site's first call ("" when
+// unknown).
 bool nativeSiteOf(const trace::TraceFile& file, uint64_t callSite, std::string* module,
                   uint64_t* offset, std::string* thread = nullptr);
 // The newest trace of each rank of `job` (a job's ranks, restarted, leave several).
 using NewestTraces = std::unordered_map<int, const trace::TraceFile*>;
 NewestTraces newestTraces(std::span<const trace::TraceFile> files, const std::string& job);
-// The trace among the newest of `ranks` (the first 64) that describes the native `callSite`, with
-// its module and offset: a return address belongs to one process, and a class's call may come
-// from any of its ranks. Null when none does.
+// Where a class's call site is looked up, in order: the rank its record came from (a return
+// address or a Python site number means something in its own process only), then the class's
+// ranks; 64 at most.
+std::vector<int> siteRanks(const RankClass& rankClass);
+// The trace among the newest of `ranks` that describes the native `callSite`, with its module,
+// offset and (when given) thread, as nativeSiteOf. Null when none does.
 const trace::TraceFile* traceDescribing(const NewestTraces& newest, const std::vector<int>& ranks,
-                                        uint64_t callSite, std::string* module, uint64_t* offset);
+                                        uint64_t callSite, std::string* module, uint64_t* offset,
+                                        std::string* thread = nullptr);
 
 }  // namespace ncclwatch::analysis

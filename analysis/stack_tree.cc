@@ -20,11 +20,6 @@ std::string hexText(uint64_t value) {
   return buffer;
 }
 
-std::string_view baseName(std::string_view path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string_view::npos ? path : path.substr(slash + 1);
-}
-
 // Builds a prefix tree over interned frame keys. Ranks must be added in ascending order, so
 // that each node's rank list stays sorted by appending.
 class TreeBuilder {

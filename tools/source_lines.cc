@@ -10,6 +10,7 @@
 #include <string_view>
 #include <utility>
 
+#include "analysis/describe.h"
 #include "analysis/issued_at.h"
 #include "trace/python_sites.h"
 
@@ -363,9 +364,7 @@ std::string callSiteText(const SourceLookup& found, const std::string& module) {
             (site.function.empty() ? "" : " " + site.function) + (site.inlined ? " (inlined)" : "");
   }
   if (!text.empty() || found.frames.empty() || found.frames.front().function.empty()) return text;
-  size_t slash = module.rfind('/');
-  return found.frames.front().function + " (" +
-         (slash == std::string::npos ? module : module.substr(slash + 1)) + ")";
+  return found.frames.front().function + " (" + std::string(analysis::baseName(module)) + ")";
 }
 }  // namespace
 
@@ -389,18 +388,14 @@ void SourceLines::annotateCallSites(analysis::Report& report,
         auto it = fileOfRank.find(rankClass.ranks.front());
         if (it == fileOfRank.end()) continue;
         // A rank of the class described the site itself (module + offset): its function and line.
-        std::string module;
+        std::string module, thread;
         uint64_t offset = 0;
         if (newest.empty()) newest = analysis::newestTraces(files, job.jobId);
-        std::vector<int> ranks = rankClass.ranks;
-        if (call.callRank >= 0) ranks.insert(ranks.begin(), call.callRank);
-        if (const trace::TraceFile* described =
-                analysis::traceDescribing(newest, ranks, call.callSite, &module, &offset)) {
+        if (const trace::TraceFile* described = analysis::traceDescribing(
+                newest, analysis::siteRanks(rankClass), call.callSite, &module, &offset, &thread)) {
           std::string text = callSiteText(lookup(module, "", offset, false), module);
           if (!text.empty()) {
             // In a Python process, the thread it came from (no Python frame on it).
-            std::string thread;
-            analysis::nativeSiteOf(*described, call.callSite, &module, &offset, &thread);
             if (!thread.empty() && analysis::runsPython(*described)) {
               text += " on thread " + thread;
             }
