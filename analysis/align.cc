@@ -26,7 +26,7 @@ uint32_t JobAnalysis::waitPoint(int p) const {
   known = kNone;
   if (!proc.pending) return known;  // nothing pending at all (its progress says)
   // Every record before the first pending one is finished: the scan starts there.
-  for (uint32_t i = proc.progress->firstPendingPosition(); i < proc.file->records.size(); ++i) {
+  for (uint32_t i = proc.progress->firstPendingPosition(); i < proc.records.size(); ++i) {
     if (isPending(proc.rec(i)) && !impliedDone(p, i)) return known = i;
   }
   return known;
@@ -246,7 +246,7 @@ void JobAnalysis::alignProc(int p, std::span<const char> alignedSlots, AlignScra
   std::vector<uint64_t>& p2pSum = scratch.p2pSum;
   p2pSum.assign(mine.size(), 0);
   RecentTwo<int> recentSlots;  // the last two communicators' slots
-  const auto& records = proc.file->records;
+  const trace::RecordRange records = proc.records;
   for (uint32_t i = 0; i < records.size(); ++i) {
     const CallRecord& r = records[i];
     if (!isSequenced(r)) continue;

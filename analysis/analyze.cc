@@ -395,6 +395,7 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
       const trace::TraceFile* file = list[at];
       Proc proc;
       proc.file = file;
+      proc.records = file->records.range();
       proc.rank = file->header.rank;
       int attempt = attemptOf[at];
       proc.toWall = file->header.anchorRealtimeNs - file->header.anchorMonotonicNs;

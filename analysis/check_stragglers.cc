@@ -47,16 +47,20 @@ StragglerTally JobAnalysis::tallyStragglers(const Comm& comm) const {
                    arrivals.assign(hi - lo + 1, Arrivals{});
                    for (size_t mi = begin; mi < end; ++mi) {
                      const Member& m = comm.members[mi];
+                     // Read once a member: the stores into `arrivals` below would otherwise
+                     // make the compiler reload them at every ordinal.
+                     const Proc& proc = procs_[m.proc];
+                     const trace::RecordRange records = proc.records;
                      for (uint64_t k = lo; k <= hi; ++k) {
                        Arrivals& a = arrivals[k - lo];
                        if (!a.ok) continue;
                        uint32_t i = m.at(k);
-                       const CallRecord* r = i == kNone ? nullptr : &procs_[m.proc].rec(i);
+                       const CallRecord* r = i == kNone ? nullptr : &records[i];
                        if (r == nullptr || !trace::isCollective(r->op)) {
                          a.ok = false;
                          continue;
                        }
-                       int64_t t = procs_[m.proc].wall(r->issueNs);
+                       int64_t t = proc.wall(r->issueNs);
                        if (t > a.first) {
                          a.second = a.first;
                          a.first = t;

@@ -80,7 +80,7 @@ void ProcessProgress::rebuild(const trace::TraceFile& file) {
 }
 
 void ProcessProgress::rebuildFrom(std::span<const trace::CommInfo> comms,
-                                  std::span<const CallRecord> records) {
+                                  trace::RecordRange records) {
   ++rebuilds_;
   // The memberships: each hash once, in table order (as JobAnalysis::buildComms takes them).
   memberCount_ = 0;
@@ -138,25 +138,26 @@ void ProcessProgress::rebuildFrom(std::span<const trace::CommInfo> comms,
 }
 
 void ProcessProgress::appended(const trace::TraceFile& file) {
-  const CallRecord& r = file.records.back();
+  const trace::RecordRange records = file.records.range();
+  const CallRecord& r = records.back();
   // Anything but the window this state follows plus one record at its end: from scratch. (A
   // changed communicator table is seen by the pass, in follows(): not looked at per record.)
-  bool oneMore = built_ && records_ + 1 == file.records.size() &&
-                 (records_ == 0 || (file.records.front().ringIndex == firstRing_ &&
-                                    file.records[records_ - 1].ringIndex == lastRing_));
+  bool oneMore = built_ && records_ + 1 == records.size() &&
+                 (records_ == 0 || (records.front().ringIndex == firstRing_ &&
+                                    records[records_ - 1].ringIndex == lastRing_));
   if (!oneMore) {
     rebuild(file);
     return;
   }
   ascending_ &= records_ == 0 || r.ringIndex > lastRing_;
-  add(r, static_cast<uint32_t>(records_), file.records.size());
+  add(r, static_cast<uint32_t>(records_), records.size());
   if (records_ == 0) firstRing_ = r.ringIndex;
   ++records_;
   lastRing_ = r.ringIndex;
 }
 
 bool ProcessProgress::droppingFront(const trace::TraceFile& file, size_t count) {
-  std::span<const CallRecord> records(file.records);
+  trace::RecordRange records = file.records.range();
   count = std::min(count, records.size());
   if (count == 0 && follows(file)) return true;
   if (follows(file) && trimFront(records.first(count), records.subspan(count))) return true;
@@ -177,8 +178,7 @@ bool ProcessProgress::droppingFront(const trace::TraceFile& file, size_t count) 
 // have held it, and the seq before its first call in R (0 now), which is its completedSeq when
 // that call is its pending head. And for the process, D's counts and the positions of its
 // pending calls, which all are in R.
-bool ProcessProgress::trimFront(std::span<const CallRecord> dropped,
-                                std::span<const CallRecord> kept) {
+bool ProcessProgress::trimFront(trace::RecordRange dropped, trace::RecordRange kept) {
   if (kept.empty() || !ascending_) return false;
   for (size_t s = 0; s < memberCount_; ++s) {
     if (members_[s].farJump || members_[s].irregular) return false;

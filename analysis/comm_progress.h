@@ -144,11 +144,9 @@ class ProcessProgress {
   uint64_t trims() const { return trims_; }  // droppingFront calls done without a rebuild
 
  private:
-  void rebuildFrom(std::span<const trace::CommInfo> comms,
-                   std::span<const trace::CallRecord> records);
+  void rebuildFrom(std::span<const trace::CommInfo> comms, trace::RecordRange records);
   // droppingFront without a rebuild; false (nothing changed) when that would not be exact.
-  bool trimFront(std::span<const trace::CallRecord> dropped,
-                 std::span<const trace::CallRecord> kept);
+  bool trimFront(trace::RecordRange dropped, trace::RecordRange kept);
   void countFacts(const trace::CallRecord& record, bool pending, int sign);
   void add(const trace::CallRecord& record, uint32_t position, size_t windowSize);
   // Marks the pending record at `ringIndex` finished; false if it is not in the list.

@@ -91,6 +91,9 @@ inline uint64_t alignKey(const CallRecord& r) {
 // One process (one rank's ring file) of the job.
 struct Proc {
   const trace::TraceFile* file = nullptr;
+  // file->records, read through here: the window's ring (base, capacity, oldest slot) next to
+  // the other facts a pass reads, instead of behind the file's pointer at every record.
+  trace::RecordRange records;
   int rank = -1;
   int64_t toWall = 0;  // add to a record time (CLOCK_MONOTONIC) for CLOCK_REALTIME
   bool alive = false;
@@ -106,7 +109,7 @@ struct Proc {
   uint64_t shed = 0;        // of which left untracked for want of a free CUDA event
   bool anyTracked = false;  // whether any of them had its completion tracked
   const ProcessProgress* progress = nullptr;  // kept on arrival (comm_progress.h)
-  const CallRecord& rec(uint32_t i) const { return file->records[i]; }
+  const CallRecord& rec(uint32_t i) const { return records[i]; }
   int64_t wall(int64_t t) const { return t == 0 ? 0 : t + toWall; }
 };
 

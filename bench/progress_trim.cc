@@ -23,6 +23,7 @@ using ncclwatch::analysis::ProcessProgress;
 using ncclwatch::trace::CallRecord;
 using ncclwatch::trace::OpKind;
 using ncclwatch::trace::RecordState;
+using ncclwatch::trace::RecordWindow;
 using ncclwatch::trace::TraceFile;
 
 using ncclwatch::bench::processCpuSeconds;
@@ -58,7 +59,7 @@ struct Job {
   void round(int64_t nowNs) {
     for (size_t p = 0; p < processes.size(); ++p) {
       Process& process = processes[p];
-      std::vector<CallRecord>& records = process.file.records;
+      RecordWindow& records = process.file.records;
       for (size_t i = 0; i < kFrame; ++i) {
         bool world = process.next % 2 == 0;
         CallRecord r{};

@@ -32,7 +32,7 @@ struct Options {
   size_t maxAgents = 8192;
   // Call records kept for analysis, shared by the job's ranks: each keeps the newest
   // maxRecords / world of its calls, between kMinWindow and kMaxWindow (collect_triage.h; 128
-  // bytes each, plus trimSlack). 512 Ki records (64 MiB, 96 MiB with the slack) keep a
+  // bytes each, plus trimSlack). 512 Ki records (64 MiB, 80 MiB with the slack) keep a
   // 4096-rank collector within 150 MiB (docs/scale.md); a job of up to 1024 ranks keeps 512
   // calls or more a rank.
   size_t maxRecords = 1u << 19;

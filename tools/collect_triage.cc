@@ -176,7 +176,7 @@ int Triage::hello(size_t connection, const wire::Hello& hello) {
 // Keeps the newest copy of each ring index, the newest `window` indices of the process.
 void Triage::store(size_t index, const trace::CallRecord& record) {
   Process& process = processes_[index];
-  std::vector<trace::CallRecord>& records = files_[index].records;
+  trace::RecordWindow& records = files_[index].records;
   size_t before = records.size();
   analysis_.touch(record.commHash);  // the next pass redoes this communicator
   int64_t wall = analysis::latestTime(record);
@@ -233,7 +233,7 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
     }
   }
   if (appended) analysis_.appended(index, files_[index]);
-  // Trim in steps of the slack: each record is moved window / slack times (twice) at most.
+  // Trim in steps of the slack (a quarter window): the progress trims once for that many records.
   const size_t slack = trimSlack(process.window), reserved = process.window + slack + 1;
   if (records.size() > std::max(process.trimAt, process.window + slack)) {
     size_t drop = records.size() - process.window;
@@ -264,13 +264,10 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
       counters_.progressTrims = analysis_.stats().progressTrims;
       counters_.progressTrimRebuilds = analysis_.stats().progressTrimRebuilds;
     }
-    records.erase(records.begin(), records.begin() + static_cast<std::ptrdiff_t>(drop));
+    records.dropFront(drop);  // a ring's front: nothing moves
     // A window that grew while held goes back to its reserve once trimmed to its size.
     if (records.capacity() > reserved && records.size() <= process.window) {
-      std::vector<trace::CallRecord> fresh;
-      fresh.reserve(reserved);
-      fresh.assign(records.begin(), records.end());
-      records.swap(fresh);
+      records.setCapacity(reserved);
       heldCapacity_ -= process.heldCapacity;
       process.heldCapacity = 0;
     }
@@ -284,7 +281,7 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
       std::memory_order_relaxed);
 }
 
-bool Triage::roomToHold(Process& process, std::vector<trace::CallRecord>& records, size_t appends) {
+bool Triage::roomToHold(Process& process, trace::RecordWindow& records, size_t appends) {
   size_t needed = records.size() + appends + 1;
   if (needed <= records.capacity()) return true;
   // Half again each time, up to what the cap allows: few copies, and a window held only a little
@@ -302,8 +299,7 @@ bool Triage::roomToHold(Process& process, std::vector<trace::CallRecord>& record
   return true;
 }
 
-size_t Triage::droppable(const std::vector<trace::CallRecord>& records, size_t drop,
-                         size_t window) {
+size_t Triage::droppable(const trace::RecordWindow& records, size_t drop, size_t window) {
   const int largestHeld =
       static_cast<int>(std::min<size_t>(largestHeldComm(options_.maxRecords, window), INT_MAX));
   // A window's records alternate between a few communicators (a tensor-parallel one and the

@@ -37,11 +37,13 @@ namespace ncclwatch::collect {
 // 4096-rank collector then took 160 MiB of windows alone (docs/scale.md).
 constexpr size_t kMinWindow = 128;
 constexpr size_t kMaxWindow = 65536;
-// What a window may grow past its size before it is trimmed back to it (Triage::store): a trim
-// moves the window's records to its front, so each record is moved window / slack times. Half a
-// window: twice (with a quarter, four times: 8% of the collector's time at 4096 ranks).
+// What a window may grow past its size before it is trimmed back to it (Triage::store). A trim
+// moves no record (the window is a ring, trace/record_window.h); what it costs is the progress's
+// own trim (ProcessProgress::droppingFront) and the held check, per trim. A quarter window: the
+// slack's memory is a sixth of the windows' (it was half a window while each trim moved the
+// window, each record twice; docs/scale.md, session 19).
 constexpr size_t trimSlack(size_t window) {
-  return window / 2;
+  return window / 4;
 }
 // How far a window may grow while it keeps a call that a verdict still needs (Triage::store): a
 // collective that not every member has reported yet, or a divergence until its verdict is said.
@@ -204,10 +206,10 @@ class Triage : public FrameSink {
   std::map<uint64_t, uint64_t> heldDivergences_;
   // How many of the `drop` oldest records of a window may go: those before the first call a
   // verdict still needs (heldWindowCap).
-  size_t droppable(const std::vector<trace::CallRecord>& records, size_t drop, size_t window);
+  size_t droppable(const trace::RecordWindow& records, size_t drop, size_t window);
   // Whether a held window has room for the appends until its next trim, grown (explicitly, not
   // by the vector's doubling) within heldRecordBudget; false when the budget is spent.
-  bool roomToHold(Process& process, std::vector<trace::CallRecord>& records, size_t appends);
+  bool roomToHold(Process& process, trace::RecordWindow& records, size_t appends);
   size_t heldCapacity_ = 0;      // records of capacity beyond the reserves, all windows together
   int64_t lastFirstCostNs_ = 0;  // the cost of the last pass over those alone
   int64_t nextAdoptNs_ = 0;

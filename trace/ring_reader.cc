@@ -93,7 +93,7 @@ uint64_t resync(std::span<const std::byte> bytes, uint64_t from) {
 
 // Records [0, count) of the segment whose records start at `recordsAt`, checked one by one.
 void takeSegmentRecords(TraceFile& file, std::span<const std::byte> bytes, uint64_t recordsAt,
-                        uint64_t firstIndex, uint64_t count, std::vector<CallRecord>& out) {
+                        uint64_t firstIndex, uint64_t count, RecordWindow& out) {
   for (uint64_t i = 0; i < count; ++i) {
     uint64_t offset = recordsAt + i * sizeof(CallRecord);
     CallRecord record;
@@ -209,7 +209,7 @@ uint64_t readSites(TraceFile& file, std::span<const std::byte> bytes, uint64_t p
 // The blocks from `start` to the end of the file: segments (continuous mode only) and dumps. Bad
 // ones are named and skipped; a truncated last one gives the records it holds in full.
 void readSegments(TraceFile& file, std::span<const std::byte> bytes, uint64_t start,
-                  std::vector<CallRecord>& out, bool segmentsExpected = true) {
+                  RecordWindow& out, bool segmentsExpected = true) {
   uint64_t size = bytes.size();
   uint64_t pos = start;
   bool truncated = false;
@@ -288,7 +288,7 @@ void readSegments(TraceFile& file, std::span<const std::byte> bytes, uint64_t st
 }
 
 // One record per ring index, in order; of several, the last in `records` wins.
-void keepNewest(std::vector<CallRecord>& records) {
+void keepNewest(RecordWindow& records) {
   std::stable_sort(records.begin(), records.end(), [](const CallRecord& a, const CallRecord& b) {
     return a.ringIndex < b.ringIndex;
   });
@@ -373,6 +373,8 @@ TraceFile parseTrace(std::span<const std::byte> bytes, const std::string& path) 
   readWaits(bytes, file);
 
   const std::byte* slots = bytes.data() + kRingHeaderBytes;
+  RecordWindow ringCopies;
+  ringCopies.reserve(file.slotsPresent);
   for (uint64_t i = 0; i < file.slotsPresent; ++i) {
     const std::byte* slot = slots + i * sizeof(CallRecord);
     uint64_t offset = kRingHeaderBytes + i * sizeof(CallRecord);
@@ -390,21 +392,22 @@ TraceFile parseTrace(std::span<const std::byte> bytes, const std::string& path) 
       problem(file, offset, "slot " + std::to_string(i) + ": " + invalid);
       continue;
     }
-    file.records.push_back(record);
+    ringCopies.push_back(record);
   }
-  file.ringRecords = file.records.size();
+  file.ringRecords = ringCopies.size();
   uint64_t ringEnd = kRingHeaderBytes + capacity * sizeof(CallRecord);
   if (!file.continuous) {
-    keepNewest(file.records);
+    keepNewest(ringCopies);
+    file.records = std::move(ringCopies);
     // Dumps follow the ring in ring mode too.
     if (capacityValid && bytes.size() > ringEnd) {
-      std::vector<CallRecord> none;
+      RecordWindow none;
       readSegments(file, bytes, ringEnd, none, false);
     }
     return file;
   }
 
-  std::vector<CallRecord> all;
+  RecordWindow all;
   if (!capacityValid) {
     problem(file, ringEnd,
             "segments not read: the ring's capacity, hence their offset, is unknown");
@@ -412,7 +415,8 @@ TraceFile parseTrace(std::span<const std::byte> bytes, const std::string& path) 
     readSegments(file, bytes, ringEnd, all);
   }
   // The ring's copies go last: of two copies of one record, the ring's is the newer.
-  all.insert(all.end(), file.records.begin(), file.records.end());
+  all.reserve(all.size() + ringCopies.size());
+  for (const CallRecord& record : ringCopies) all.push_back(record);
   keepNewest(all);
   file.records = std::move(all);
   uint64_t end = h.nextIndex;

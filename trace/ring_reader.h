@@ -10,6 +10,7 @@
 
 #include "trace/dump.h"
 #include "trace/python_sites.h"
+#include "trace/record_window.h"
 #include "trace/ring_format.h"
 
 namespace ncclwatch::trace {
@@ -26,7 +27,7 @@ struct TraceFile {
   std::vector<CommInfo> comms;
   // Valid records, in ring-index (issue) order, one per ring index: in continuous mode those of
   // the segments and of the ring together (the ring's copy wins: it is the newer).
-  std::vector<CallRecord> records;
+  RecordWindow records;
   uint64_t slotsPresent = 0;  // slots fully inside the file
   uint64_t emptySlots = 0;    // never written
   uint64_t ringRecords = 0;   // valid records read from the slots

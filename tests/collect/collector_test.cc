@@ -315,12 +315,13 @@ TEST_F(CollectorTest, EachRankKeepsABoundedWindowOfItsCalls) {
   }
   ASSERT_TRUE(eventually([&] { return collector_.counters().records.load() == kCalls; }));
   EXPECT_GE(collector_.counters().recordsHeld.load(), 128u);
-  EXPECT_LE(collector_.counters().recordsHeld.load(), 192u);  // the window and its trim slack
+  EXPECT_LE(collector_.counters().recordsHeld.load(), 160u);  // the window and its trim slack
   close(agent);
   // Each trim dropped its records from the progress kept on arrival, none rebuilt it: a trim
-  // at the 193rd call and every 65 calls after (counted as they happen; stopped, all are in).
+  // at the 161st call (window 128, slack a quarter of it) and every 33 calls after (counted as
+  // they happen; stopped, all are in).
   collector_.stop();
-  EXPECT_EQ(collector_.counters().progressTrims.load(), 1 + (kCalls - 193) / 65);
+  EXPECT_EQ(collector_.counters().progressTrims.load(), 1 + (kCalls - 161) / 33);
   EXPECT_EQ(collector_.counters().progressTrimRebuilds.load(), 0u);
 }
 

@@ -26,7 +26,7 @@ struct Tail {
   uint8_t next() { return left > 0 ? data[--left] : 0; }
 };
 
-void perturb(std::vector<CallRecord>& records, Tail& tail) {
+void perturb(ncclwatch::trace::RecordWindow& records, Tail& tail) {
   if (records.empty()) return;
   CallRecord& r = records[tail.next() % records.size()];
   switch (tail.next() % 5) {
