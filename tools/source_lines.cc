@@ -385,7 +385,10 @@ void SourceLines::annotateCallSites(analysis::Report& report,
         if (call.callSite == 0 || trace::isPythonSite(call.callSite) || rankClass.ranks.empty()) {
           continue;
         }
-        auto it = fileOfRank.find(rankClass.ranks.front());
+        // The rank the class's call was read from: a return address means something only in
+        // its own process (another rank's modules may load elsewhere).
+        auto it = fileOfRank.find(call.callRank >= 0 ? call.callRank : rankClass.ranks.front());
+        if (it == fileOfRank.end()) it = fileOfRank.find(rankClass.ranks.front());
         if (it == fileOfRank.end()) continue;
         // A rank of the class described the site itself (module + offset): its function and line.
         std::string module, thread;

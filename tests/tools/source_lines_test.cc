@@ -220,6 +220,46 @@ TEST(SourceLines, ChangedBinarySaysSoAndShowsNoLine) {
                              "disk): its frames have no source lines\n");
 }
 
+// A verdict's call read from rank 1, whose trace has no site line for it: its line comes from
+// rank 1's own load address of the binary, not from the class's first rank's, where the same
+// binary loaded elsewhere (ASLR: the return address means nothing in rank 0's process).
+TEST(SourceLines, ACallSiteIsLookedUpInTheProcessItCameFrom) {
+  Self s = self();
+  ASSERT_FALSE(s.buildId.empty());
+  uintptr_t pc = knownFunction();
+  auto traceOf = [&](int rank, uint64_t bias) {
+    ncclwatch::trace::TraceFile file;
+    file.path = "/traces/rank" + std::to_string(rank);
+    file.header.rank = rank;
+    ncclwatch::trace::DumpThread thread;
+    thread.tid = 1;
+    // The dump's frame of main() in that process: its pc and module offset give the bias.
+    thread.frames.push_back(dumpFrame(bias + 0x1000, "main", s.path, 0x1000, s.buildId));
+    ncclwatch::trace::Dump dump;
+    dump.threads.push_back(thread);
+    file.dumps.push_back(dump);
+    return file;
+  };
+  std::vector<ncclwatch::trace::TraceFile> files{traceOf(0, s.bias + 0x7000000),
+                                                 traceOf(1, s.bias)};
+  ncclwatch::analysis::Report report;
+  ncclwatch::analysis::JobReport& job = report.jobs.emplace_back();
+  for (const auto& file : files) {
+    ncclwatch::analysis::ProcessSummary& process = job.processes.emplace_back();
+    process.path = file.path;
+    process.rank = file.header.rank;
+  }
+  ncclwatch::analysis::RankClass& both = job.verdicts.emplace_back().classes.emplace_back();
+  both.ranks = {0, 1};
+  both.call.callSite = pc;
+  both.call.callRank = 1;
+  SourceLines lines(NCCLWATCH_SOURCE_DIR);
+  lines.annotateCallSites(report, files);
+  EXPECT_NE(both.call.issuedAt.find(kThisFile + ":" + std::to_string(lineOfKnownCall)),
+            std::string::npos)
+      << both.call.issuedAt;
+}
+
 TEST(SourceLines, MissingOrPseudoModuleHasNoLine) {
   SourceLines lines;
   std::string garbage = testing::TempDir() + "/source_lines_not_elf";
