@@ -12,9 +12,10 @@
 // start and completion times), without the records issued from then on.
 //
 // An abort ends a hang when the aborting process had a call of its own on that communicator
-// still unfinished (issued before the abort and not completed before it): a rank that aborts a
-// communicator it has nothing pending on, while the others wait, is the local-abort bug the
-// teardown verdict names, and is left as it is.
+// still unfinished (a call it aborted, a split in flight, a call that failed only after it)
+// that no other rank completed: a rank that aborts a communicator it has nothing pending on, or
+// whose aborted calls its peers went on to complete, while the others wait, is the local-abort
+// bug the teardown verdict names, and is left as it is.
 #pragma once
 #include <cstdint>
 #include <string>

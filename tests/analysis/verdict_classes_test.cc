@@ -545,4 +545,27 @@ TEST(AfterAbort, AnAbortThatEndedNothingOfItsOwnIsLeftAsItIs) {
   EXPECT_EQ(traces[2].records.size(), 5u);
 }
 
+// Rank 2 aborts the world right after issuing its last collectives, which the others complete
+// (tests/scenarios' abort_comm): the calls its abort ended were no hang, and the abort is the
+// bug; read as before it, rank 2 looked gone while the others waited.
+TEST(AfterAbort, AnAbortOfCallsThePeersCompletedIsLeftAsItIs) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (auto& record : ranks[2].file().records) {
+    record.state = RecordState::kAborted;
+    record.startNs = 0;
+    record.completeNs = 11 * kMs;
+  }
+  ranks[2].call(kWorld, OpKind::kAbort, 0, RecordState::kCompleted, 10 * kMs);
+  for (int r : {0, 1, 3}) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 12 * kMs);
+  }
+  auto traces = files(ranks);
+  EXPECT_TRUE(rollBackToBeforeAborts(traces).empty());
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMissing, {2});
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(contains(v->explanation, "aborted the communicator")) << v->explanation;
+}
+
 }  // namespace
