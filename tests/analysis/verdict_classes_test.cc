@@ -260,6 +260,34 @@ TEST(P2p, ASizeMismatchNamesTheSideWhoseSizeNoOtherTransferUses) {
   EXPECT_EQ(v->fields, std::vector<std::string>{"count"});
 }
 
+// dist.gather where rank 3 sends its part to rank 1 (its dst) and the others to rank 0: rank 0
+// waits for rank 3's part, rank 3's send waits for a receive rank 1 never posts. Ranks 1 and 2
+// went on to the next step: its all_reduce waits for ranks 0 and 3, and their next sends to
+// rank 0 are queued behind it. Those sends named rank 0 beside rank 3 ("no one rank is in all of
+// them: check the peers of ranks 0-1").
+TEST(P2p, SendsQueuedBehindAPendingCallAreNotUnmatched) {
+  auto ranks = world(4);
+  history(ranks, 2);
+  for (int from = 1; from < 4; ++from) {
+    ranks[0]
+        .call(kWorld, OpKind::kRecv, 4, RecordState::kStarted, 10 * kMs, kF32, kSum, from)
+        .flags |= ncclwatch::trace::kRecordInGroup;
+  }
+  for (int r : {1, 2}) {
+    ranks[r].call(kWorld, OpKind::kSend, 4, RecordState::kCompleted, 10 * kMs, kF32, kSum, 0);
+    ranks[r].call(kWorld, OpKind::kAllReduce, 16, RecordState::kStarted, 11 * kMs);
+    ranks[r].call(kWorld, OpKind::kSend, 4, RecordState::kIssued, 12 * kMs, kF32, kSum, 0);
+  }
+  ranks[3].call(kWorld, OpKind::kSend, 4, RecordState::kStarted, 10 * kMs, kF32, kSum, 1);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  ASSERT_FALSE(primaries(report).empty()) << text(report);
+  const Verdict* v = primaries(report)[0];
+  EXPECT_EQ(v->kind, VerdictKind::kUnmatchedP2p) << text(report);
+  EXPECT_EQ(v->culprits, std::vector<int>{3}) << text(report);
+  EXPECT_EQ(v->classes.size(), 2u) << text(report);  // rank 3's send, rank 0's receive
+}
+
 // ----- silent data corruption; substitution against insertion -----
 
 // Every rank makes `calls` AllReduces (sum, completed); rank 0 uses `redop`/`dtype` at call 6,
