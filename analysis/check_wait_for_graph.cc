@@ -251,6 +251,25 @@ void JobAnalysis::checkGraph() {
       v.classes.push_back(std::move(rc));
     }
     std::sort(culprits.begin(), culprits.end());
+    // A tie (two groups sharing ranks 0 and 1, each rank in the other group's call: as few
+    // peers reached one as the other) is decided by the order each rank kept until then: the
+    // one whose pending call is one it never made at this point before changed its order; the
+    // other kept its own. Both named said "ranks 0-1 issued its calls in a different order".
+    bool brokeOrder = false;
+    if (culprits.size() > 1) {
+      std::vector<int> broke;
+      for (int p : scc) {
+        if (std::binary_search(culprits.begin(), culprits.end(), procs_[p].rank) &&
+            brokeItsOwnOrder(p)) {
+          broke.push_back(procs_[p].rank);
+        }
+      }
+      std::sort(broke.begin(), broke.end());
+      if (!broke.empty() && broke.size() < culprits.size()) {
+        culprits = std::move(broke);
+        brokeOrder = true;
+      }
+    }
     v.culprits = culprits;
     v.divergenceNs = divergence;
     // classes in rank order, so that the text does not depend on hash values
@@ -263,13 +282,19 @@ void JobAnalysis::checkGraph() {
                " in " + trace::opName(rc.call.op) + " #" + std::to_string(rc.call.seq) + " on " +
                shortHash(rc.call.commHash);
     }
-    std::string who = (culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(culprits);
+    const bool one = culprits.size() == 1;
+    std::string who = (one ? "rank " : "ranks ") + formatRanks(culprits);
     v.explanation = "a wait-for cycle across communicators (" + cycle +
                     "): each waits for a call the other has queued behind its own on one "
                     "stream; " +
                     who +
-                    " issued its calls in a different order than its peers: "
-                    "issue them in the same order on every rank";
+                    (brokeOrder ? std::string(" broke the order of calls it kept until here (its "
+                                              "call here is one it never made at this point "
+                                              "before)")
+                                : " issued " + std::string(one ? "its" : "their") +
+                                      " calls in a different order than " +
+                                      (one ? "its" : "their") + " peers") +
+                    ": issue them in the same order on every rank";
     verdicts_.push_back(std::move(v));
   }
   // Stuck: every member holds the same call at the head of its stream and none completed it.

@@ -20,18 +20,6 @@ std::string hex(uint64_t value) {
   return text;
 }
 
-std::string wallText(int64_t ns) {
-  if (ns <= 0) return "unknown";
-  time_t seconds = static_cast<time_t>(ns / 1'000'000'000);
-  struct tm tm {};
-  localtime_r(&seconds, &tm);
-  char text[64];
-  std::snprintf(text, sizeof text, "%04d-%02d-%02d %02d:%02d:%02d.%03d", tm.tm_year + 1900,
-                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                static_cast<int>(ns / 1'000'000 % 1000));
-  return text;
-}
-
 std::string secondsText(int64_t ns) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f s", ns / 1e9);
@@ -150,6 +138,18 @@ std::string callText(const CallDesc& call) {
   } else if (call.op == trace::OpKind::kSplit) {
     text += " color=" + std::to_string(call.rootOrPeer);
   }
+  return text;
+}
+
+std::string wallText(int64_t ns) {
+  if (ns <= 0) return "unknown";
+  time_t seconds = static_cast<time_t>(ns / 1'000'000'000);
+  struct tm tm {};
+  localtime_r(&seconds, &tm);
+  char text[64];
+  std::snprintf(text, sizeof text, "%04d-%02d-%02d %02d:%02d:%02d.%03d", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<int>(ns / 1'000'000 % 1000));
   return text;
 }
 

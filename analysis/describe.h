@@ -16,6 +16,7 @@ std::string redopText(int redop);  // sum, prod, max, min, avg, premulsum
 std::string callText(const CallDesc& call);
 std::string hashText(uint64_t hash);      // 16 hex digits
 std::string shortHash(uint64_t hash);     // "9f3a…"
+std::string wallText(int64_t ns);         // "2026-11-22 19:06:00.134" (local time), "unknown"
 std::string commText(const CommDesc& c);  // "9f3a…(world, 8 ranks)"
 // C++ names as a verdict's text lines print them: ABI tags ("[abi:cxx11]") dropped, the
 // template arguments of a std:: template longer than 24 characters shown as "<…>"

@@ -590,9 +590,11 @@ void Recorder::forget(ncclComm_t comm) {
 namespace {
 
 // The result lands before the state: continuous mode persists a record once its state is final.
+// The time it failed is its completion time: a split that fails because its parent was aborted
+// under it then reads as one unfinished until that abort (analysis/before_aborts.h).
 void markFailed(trace::RingWriter& writer, uint64_t index, ncclResult_t result) {
   writer.updateResult(index, static_cast<int32_t>(result));
-  writer.updateState(index, trace::RecordState::kFailed, 0, 0);
+  writer.updateState(index, trace::RecordState::kFailed, 0, trace::FastClock::nowNs());
 }
 
 bool tracksCompletion(trace::OpKind op) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "analysis/analyze.h"
+#include "analysis/before_aborts.h"
 #include "analysis/describe.h"
 #include "load.h"
 #include "source_lines.h"
@@ -79,6 +80,8 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
   analysisOptions.quietNs = static_cast<int64_t>(options.quietSeconds * 1e9);
   cli::SourceLines lines(cli::SourceLines::workingDirectory());
   lines.annotateDumps(files);
+  // A hang that an abort ended is analysed as it was before the abort (before_aborts.h).
+  std::vector<analysis::RolledBack> rolledBack = analysis::rollBackToBeforeAborts(files);
   analysis::Report report = analysis::analyze(files, analysisOptions);
   lines.annotateCallSites(report, files);
   lines.printNotes("inspect", err);
@@ -94,6 +97,9 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
     analysis::TextStyle style;
     style.colour = cli::useColour(options.colour, STDOUT_FILENO);
     printLiveVerdicts(options.directory, out);
+    for (const analysis::RolledBack& rolled : rolledBack) {
+      out << analysis::rolledBackText(rolled) << "\n\n";
+    }
     analysis::printText(report, out, style);
   }
   return report.hasFindings() ? 1 : 0;

@@ -8,6 +8,7 @@
 #include <map>
 #include <sstream>
 
+#include "analysis/before_aborts.h"
 #include "analysis/describe.h"
 #include "analysis/stack_tree.h"
 #include "source_lines.h"
@@ -449,6 +450,7 @@ int run(const Options& options, std::ostream& err) {
   analysisOptions.quietNs = static_cast<int64_t>(options.quietSeconds * 1e9);
   cli::SourceLines lines(cli::SourceLines::workingDirectory());
   lines.annotateDumps(files);
+  analysis::rollBackToBeforeAborts(files);  // the hang an abort ended, as it was (inspect's)
   analysis::Report report = analysis::analyze(files, analysisOptions);
   lines.annotateCallSites(report, files);
   lines.printNotes("report", err);

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "analysis/analyze.h"
+#include "analysis/before_aborts.h"
 #include "analysis/stack_tree.h"
 #include "load.h"
 #include "source_lines.h"
@@ -29,6 +30,7 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
   analysis::Options analysisOptions;
   analysisOptions.threads = analysis::defaultAnalysisThreads();
   analysisOptions.quietNs = static_cast<int64_t>(options.quietSeconds * 1e9);
+  analysis::rollBackToBeforeAborts(files);  // the hang an abort ended, as it was (inspect's)
   analysis::Report report = analysis::analyze(files, analysisOptions);
   analysis::StackReport stacks = analysis::stackReport(files, report, stackOptions);
   if (options.json) {

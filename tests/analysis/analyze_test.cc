@@ -570,6 +570,41 @@ TEST(Deadlock, OppositeOrderOnOneStream) {
   EXPECT_EQ(job.verdicts[0].kind, VerdictKind::kDeadlock);
 }
 
+// Two groups share ranks 0 and 1 (A = {0,1,2}, B = {0,1,3}); every rank reduces in A, then B,
+// until rank 1 takes B first (its groups iterated from a set). Ranks 0 and 1 each wait in a call
+// as many peers reached: the tie named both ("ranks 0-1 issued its calls in a different order");
+// rank 1 alone left the order it kept until then.
+TEST(Deadlock, TwoGroupsSharingTwoRanksNameTheRankThatChangedItsOrder) {
+  std::vector<Rank> ranks;
+  const int inA[] = {0, 1, 2, -1}, inB[] = {0, 1, -1, 2};
+  for (int r = 0; r < 4; ++r) {
+    ranks.emplace_back(r, 4);
+    ranks[r].comm(kWorld, 4, r);
+    if (inA[r] >= 0) ranks[r].comm(kA, 3, inA[r], kWorld, 0);
+    if (inB[r] >= 0) ranks[r].comm(kB, 3, inB[r], kWorld, 0);
+  }
+  for (int step = 0; step < 2; ++step) {
+    for (int r = 0; r < 4; ++r) {
+      int64_t at = (step + 1) * kMs;
+      if (inA[r] >= 0) ranks[r].call(kA, OpKind::kAllReduce, 8, RecordState::kCompleted, at);
+      if (inB[r] >= 0) ranks[r].call(kB, OpKind::kAllReduce, 8, RecordState::kCompleted, at);
+    }
+  }
+  ranks[0].call(kA, OpKind::kAllReduce, 8, RecordState::kStarted, 3 * kMs);
+  ranks[0].call(kB, OpKind::kAllReduce, 8, RecordState::kIssued, 3 * kMs);
+  ranks[1].call(kB, OpKind::kAllReduce, 8, RecordState::kStarted, 3 * kMs);
+  ranks[1].call(kA, OpKind::kAllReduce, 8, RecordState::kIssued, 3 * kMs);
+  ranks[2].call(kA, OpKind::kAllReduce, 8, RecordState::kStarted, 3 * kMs);
+  ranks[3].call(kB, OpKind::kAllReduce, 8, RecordState::kStarted, 3 * kMs);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = firstIs(report, VerdictKind::kDeadlock, {1});
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_NE(v->explanation.find("rank 1 broke the order of calls it kept until here"),
+            std::string::npos)
+      << v->explanation;
+}
+
 TEST(DeadRank, ProcessGoneWhileOthersWait) {
   auto ranks = world(4);
   history(ranks, 3);

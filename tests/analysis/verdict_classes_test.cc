@@ -1,13 +1,14 @@
 // The verdict classes of issue 14 on synthetic traces: errors as findings, a rank that ends
 // normally while others wait, the smallest culprit set of unmatched sends and receives, silent
 // data corruption, substitution against insertion, ties in 2-rank communicators, confidence and
-// evidence gaps, and ncclCommShrink's excluded ranks.
+// evidence gaps, ncclCommShrink's excluded ranks, and a hang an abort ended.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <sstream>
 
 #include "analysis/analyze.h"
+#include "analysis/before_aborts.h"
 #include "analysis/describe.h"
 #include "synthetic.h"
 
@@ -259,6 +260,34 @@ TEST(P2p, ASizeMismatchNamesTheSideWhoseSizeNoOtherTransferUses) {
   EXPECT_EQ(v->fields, std::vector<std::string>{"count"});
 }
 
+// dist.gather where rank 3 sends its part to rank 1 (its dst) and the others to rank 0: rank 0
+// waits for rank 3's part, rank 3's send waits for a receive rank 1 never posts. Ranks 1 and 2
+// went on to the next step: its all_reduce waits for ranks 0 and 3, and their next sends to
+// rank 0 are queued behind it. Those sends named rank 0 beside rank 3 ("no one rank is in all of
+// them: check the peers of ranks 0-1").
+TEST(P2p, SendsQueuedBehindAPendingCallAreNotUnmatched) {
+  auto ranks = world(4);
+  history(ranks, 2);
+  for (int from = 1; from < 4; ++from) {
+    ranks[0]
+        .call(kWorld, OpKind::kRecv, 4, RecordState::kStarted, 10 * kMs, kF32, kSum, from)
+        .flags |= ncclwatch::trace::kRecordInGroup;
+  }
+  for (int r : {1, 2}) {
+    ranks[r].call(kWorld, OpKind::kSend, 4, RecordState::kCompleted, 10 * kMs, kF32, kSum, 0);
+    ranks[r].call(kWorld, OpKind::kAllReduce, 16, RecordState::kStarted, 11 * kMs);
+    ranks[r].call(kWorld, OpKind::kSend, 4, RecordState::kIssued, 12 * kMs, kF32, kSum, 0);
+  }
+  ranks[3].call(kWorld, OpKind::kSend, 4, RecordState::kStarted, 10 * kMs, kF32, kSum, 1);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  ASSERT_FALSE(primaries(report).empty()) << text(report);
+  const Verdict* v = primaries(report)[0];
+  EXPECT_EQ(v->kind, VerdictKind::kUnmatchedP2p) << text(report);
+  EXPECT_EQ(v->culprits, std::vector<int>{3}) << text(report);
+  EXPECT_EQ(v->classes.size(), 2u) << text(report);  // rank 3's send, rank 0's receive
+}
+
 // ----- silent data corruption; substitution against insertion -----
 
 // Every rank makes `calls` AllReduces (sum, completed); rank 0 uses `redop`/`dtype` at call 6,
@@ -434,6 +463,137 @@ TEST(Shrink, TheExcludedRankDestroyingTheParentIsNoDivergence) {
   auto traces = files(ranks);
   Report report = analyze(traces, ended());
   EXPECT_TRUE(primaries(report).empty()) << text(report);
+}
+
+// ----- a hang an abort ended -----
+
+// Each rank's abort of the world at `abortMs + rank`, ending its own pending calls there (what
+// `ncclwatch run --abort`, NCCLWATCH_ON_HANG=abort and PyTorch's watchdog at its timeout do): the
+// calls it ended read "aborted", completed at the abort.
+void abortEach(std::vector<Rank>& ranks, int64_t abortMs) {
+  for (Rank& r : ranks) {
+    int64_t at = (abortMs + r.file().header.rank) * kMs;
+    for (auto& record : r.file().records) {
+      if (record.state != RecordState::kStarted && record.state != RecordState::kIssued) continue;
+      record.state = RecordState::kAborted;
+      record.completeNs = at + kMs;
+    }
+    r.call(kWorld, OpKind::kAbort, 0, RecordState::kCompleted, at);
+  }
+}
+
+// broadcast_object_list on a rank whose list is longer (its sizes tensor has 2 elements): the
+// root goes on to broadcast the object's bytes, the others wait in the sizes, and `run --abort`
+// ends it. The aborts then come at another call on the root than on the others; read as they
+// were left, the root's abort looked like a call the others never made ("rank 1 is gone while
+// the others wait for it in #5", an init hang).
+TEST(AfterAbort, TheHangAnAbortEndedIsReadAsItWasBeforeTheAbort) {
+  auto ranks = world(4);
+  history(ranks, 2);
+  for (int r = 0; r < 4; ++r) {
+    ranks[r].call(kWorld, OpKind::kBroadcast, r == 2 ? 2 : 1, RecordState::kStarted, 10 * kMs, kF32,
+                  kSum, 0);
+  }
+  ranks[0].call(kWorld, OpKind::kBroadcast, 29, RecordState::kIssued, 11 * kMs, kF32, kSum, 0);
+  abortEach(ranks, 600);
+  auto traces = files(ranks);
+  std::vector<RolledBack> rolled = rollBackToBeforeAborts(traces);
+  ASSERT_EQ(rolled.size(), 1u);
+  EXPECT_EQ(rolled[0].rank, 0);
+  EXPECT_EQ(rolled[0].comm, kWorld);
+  EXPECT_EQ(rolled[0].left, 4u);    // the four aborts
+  EXPECT_EQ(rolled[0].undone, 5u);  // the five calls they ended
+  EXPECT_TRUE(contains(rolledBackText(rolled[0]), "just before rank 0 aborted comm 0000\u2026"))
+      << rolledBackText(rolled[0]);
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {2});
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->seq, 3u);
+  EXPECT_EQ(v->classes[0].call.state, RecordState::kStarted) << text(report);
+  EXPECT_EQ(job(report).verdicts.size(), 1u) << text(report);
+}
+
+// PyTorch's watchdog at its timeout aborts every communicator with a call pending, on every
+// rank: read as they were left, nothing was pending any more and no verdict explained the job.
+TEST(AfterAbort, AnUnmatchedSendThatATimeoutAbortEndedIsStillUnmatched) {
+  auto ranks = world(4);
+  history(ranks, 2);
+  ranks[0].call(kWorld, OpKind::kSend, 16, RecordState::kStarted, 10 * kMs, kF32, kSum, 3);
+  for (int r = 0; r < 4; ++r) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 16, RecordState::kIssued, 11 * kMs);
+  }
+  abortEach(ranks, 15'000);
+  auto traces = files(ranks);
+  ASSERT_EQ(rollBackToBeforeAborts(traces).size(), 1u);
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kUnmatchedP2p, {3});
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(contains(v->explanation, "rank 3 never posts its side")) << v->explanation;
+}
+
+// A call on another communicator that completed only because the abort freed the stream it
+// waited behind is read as pending again; a split that failed because its parent was aborted
+// under it, as still in flight.
+TEST(AfterAbort, WhatTheAbortFreedOrBrokeIsUndoneToo) {
+  auto ranks = world(2);
+  history(ranks, 1);
+  auto& other = ranks[0].call(kB, OpKind::kAllReduce, 8, RecordState::kCompleted, 10 * kMs);
+  other.completeNs = 700 * kMs;  // after the abort below
+  auto& split = ranks[1].call(kWorld, OpKind::kSplit, 0, RecordState::kFailed, 10 * kMs);
+  split.result = 5;
+  split.completeNs = 650 * kMs;
+  ranks[0].call(kWorld, OpKind::kAllReduce, 8, RecordState::kAborted, 10 * kMs).completeNs =
+      650 * kMs;
+  ranks[0].call(kWorld, OpKind::kAbort, 0, RecordState::kCompleted, 600 * kMs);
+  auto traces = files(ranks);
+  ASSERT_EQ(rollBackToBeforeAborts(traces).size(), 1u);
+  EXPECT_EQ(traces[0].records[1].state, RecordState::kStarted);  // started at 11 ms
+  EXPECT_EQ(traces[0].records[1].completeNs, 0);
+  EXPECT_EQ(traces[0].records[2].state, RecordState::kIssued);  // aborted before it started
+  EXPECT_EQ(traces[1].records[1].state, RecordState::kIssued);
+  EXPECT_EQ(traces[1].records[1].result, 0);
+  EXPECT_EQ(traces[0].records.size(), 3u);  // the abort left out
+}
+
+// A rank that aborts a communicator it has nothing pending on, while the others wait, is the
+// local-abort bug itself (EarlyExit above): nothing is rolled back. Neither is a failure NCCL
+// gave at the call (no time after the abort: traces written before failures were stamped).
+TEST(AfterAbort, AnAbortThatEndedNothingOfItsOwnIsLeftAsItIs) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (int r : {0, 1, 3}) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+  }
+  auto& refused = ranks[2].call(kWorld, OpKind::kBroadcast, 8, RecordState::kFailed, 9 * kMs);
+  refused.result = 4;
+  refused.completeNs = 0;
+  ranks[2].call(kWorld, OpKind::kAbort, 0, RecordState::kCompleted, 10 * kMs);
+  auto traces = files(ranks);
+  EXPECT_TRUE(rollBackToBeforeAborts(traces).empty());
+  EXPECT_EQ(traces[2].records.size(), 5u);
+}
+
+// Rank 2 aborts the world right after issuing its last collectives, which the others complete
+// (tests/scenarios' abort_comm): the calls its abort ended were no hang, and the abort is the
+// bug; read as before it, rank 2 looked gone while the others waited.
+TEST(AfterAbort, AnAbortOfCallsThePeersCompletedIsLeftAsItIs) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (auto& record : ranks[2].file().records) {
+    record.state = RecordState::kAborted;
+    record.startNs = 0;
+    record.completeNs = 11 * kMs;
+  }
+  ranks[2].call(kWorld, OpKind::kAbort, 0, RecordState::kCompleted, 10 * kMs);
+  for (int r : {0, 1, 3}) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 12 * kMs);
+  }
+  auto traces = files(ranks);
+  EXPECT_TRUE(rollBackToBeforeAborts(traces).empty());
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMissing, {2});
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(contains(v->explanation, "aborted the communicator")) << v->explanation;
 }
 
 }  // namespace
