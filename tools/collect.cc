@@ -314,7 +314,9 @@ int runJob(const RunOptions& options, std::ostream& out, std::ostream& err) {
   }
   collector.stop();
   uint64_t verdicts = collector.counters().verdicts.load();
+  uint64_t afterAbort = collector.counters().verdictsAfterAbort.load();
   out << "[ncclwatch] " << verdicts << (verdicts == 1 ? " verdict" : " verdicts");
+  if (afterAbort > 0) out << " (" << afterAbort << " of them what the abort set off)";
   if (verdicts > 0) out << " (" << directory << "/verdicts.jsonl)";
   out << "; run `ncclwatch inspect " << directory << "` for the whole picture\n" << std::flush;
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);

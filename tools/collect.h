@@ -64,7 +64,9 @@ struct Counters {
   std::atomic<uint64_t> records{0};      // records received
   std::atomic<uint64_t> recordsHeld{0};  // records kept for analysis now (bounded)
   std::atomic<uint64_t> verdicts{0};     // verdicts reported
-  std::atomic<uint64_t> abortsSent{0};   // --abort: ABORT frames sent (one per rank and comm)
+  // Of which said after --abort aborted their job: what the abort set off (Triage::report).
+  std::atomic<uint64_t> verdictsAfterAbort{0};
+  std::atomic<uint64_t> abortsSent{0};  // --abort: ABORT frames sent (one per rank and comm)
   // Trace files of a job that ended before this sidecar listened, read from its folder instead
   // (Triage::adoptOrphanedJob).
   std::atomic<uint64_t> orphansAdopted{0};

@@ -445,7 +445,17 @@ void Triage::finish() {
   analyze(steadyNs(), true);
 }
 
-void Triage::report(const analysis::Verdict& verdict, const analysis::JobReport& job) {
+void Triage::report(analysis::Verdict verdict, const analysis::JobReport& job) {
+  // Under --abort, what the job does once its communicators are aborted (a rank that exits, a
+  // split that fails, a rank left waiting in another communicator) is what the abort set off:
+  // said as a consequence of the verdict that asked for it, not headed as a finding of its own.
+  if (auto aborted = abortedFor_.find(job.jobId); aborted != abortedFor_.end()) {
+    verdict.primary = false;
+    verdict.explanation = "after ncclwatch aborted the job's communicators for the " +
+                          aborted->second +
+                          ", most likely what the abort set off: " + verdict.explanation;
+    counters_.verdictsAfterAbort++;
+  }
   std::ostringstream text;
   analysis::printVerdictText(verdict, text, analysis::TextStyle{options_.colour});
   if (verdict.divergenceNs > 0 && verdict.detectionNs >= verdict.divergenceNs) {
@@ -527,6 +537,10 @@ void Triage::checkSilentRankAborts(int64_t now) {
 // nobody stays blocked in them: the verdict's own, and for a dead rank every communicator of the
 // job (the dead rank's among them: its partners wait in those).
 void Triage::scheduleAborts(const analysis::Verdict& verdict, const std::string& jobId) {
+  std::string kind = analysis::kindName(verdict.kind);
+  std::transform(kind.begin(), kind.end(), kind.begin(), ::toupper);
+  abortedFor_.try_emplace(jobId, kind + " on comm " + analysis::hashText(verdict.comm.hash) +
+                                     " at call #" + std::to_string(verdict.seq));
   std::set<uint64_t> toAbort;
   toAbort.insert(verdict.comm.hash);
   if (verdict.kind == analysis::VerdictKind::kDeadRank) {

@@ -151,7 +151,7 @@ class Triage : public FrameSink {
   void adoptOrphanedJob(int64_t now);
   bool jobMissesRanks() const;
   bool sameAttempt(const trace::RingHeader& header) const;
-  void report(const analysis::Verdict& verdict, const analysis::JobReport& job);
+  void report(analysis::Verdict verdict, const analysis::JobReport& job);
   bool culpritsEnded(const analysis::Verdict& verdict, const analysis::JobReport& job) const;
   void sendDueAborts(int64_t now);
   // Under --abort: the aborts a verdict calls for, on every rank of its job that has them.
@@ -233,6 +233,9 @@ class Triage : public FrameSink {
   };
   std::vector<SilentRankAbort> silentRankAborts_;
   std::set<std::pair<size_t, uint64_t>> abortsAsked_;  // (process, comm) aborts already asked
+  // Jobs aborted under --abort: the verdict it was for ("MISMATCH on comm … at call #3"). Later
+  // verdicts of the job are said as its consequences (report).
+  std::map<std::string, std::string, std::less<>> abortedFor_;
   // Processes of a job aborted whole (a dead rank under --abort): communicators they report
   // later are aborted as they arrive.
   std::set<size_t> abortingProcesses_;

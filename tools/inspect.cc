@@ -52,13 +52,15 @@ void printLiveVerdicts(const std::string& directory, std::ostream& out) {
         culprits += (culprits.empty() ? "" : ",") + std::to_string(value);
       }
     }
+    bool primary = true;
+    if (verdict["primary"].get(primary)) primary = true;  // older lines have no such field
     std::string upper(kind);
     std::transform(upper.begin(), upper.end(), upper.begin(),
                    [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
     lines.push_back("  " + upper + " on comm " + std::string(hash.substr(0, 4)) + "\u2026(" +
                     std::to_string(size) + " ranks) at call #" + std::to_string(seq) +
-                    (culprits.empty() ? "" : ", culprit " + culprits) + ": " +
-                    std::string(explanation));
+                    (culprits.empty() ? "" : ", culprit " + culprits) +
+                    (primary ? "" : " [consequence]") + ": " + std::string(explanation));
   }
   if (lines.empty() && unreadable == 0) return;
   out << "Live verdicts, said while the job ran ("

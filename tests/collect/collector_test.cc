@@ -588,6 +588,64 @@ TEST(CollectorAgents, ARankThatEndsNormallyIsNotDeadOneThatVanishesIs) {
   close(waits);
 }
 
+// Under --abort, what the job does once aborted (here a call that then fails on the rank the
+// abort left alone in the communicator) is said as what the abort set off, not headed as a
+// finding of its own.
+TEST(CollectorAgents, AVerdictAfterTheAbortIsSaidAsItsConsequence) {
+  constexpr uint64_t kComm = 0xab0127ull;
+  std::ostringstream out;
+  Collector collector;
+  ncclwatch::collect::Options options;
+  options.secret = "abort-then";
+  options.quietMs = 300;
+  options.abortOnVerdict = true;
+  std::string error;
+  ASSERT_TRUE(collector.start(options, out, &error)) << error;
+  int agents[2];
+  wire::RecordEncoder encoders[2];
+  std::vector<std::byte> frame;
+  for (int rank = 0; rank < 2; ++rank) {
+    agents[rank] = joinAgent(collector.port(), "abort-then", rank, 2, "aborted-job", kComm, {});
+    std::vector<ncclwatch::trace::CallRecord> records{allReduce(kComm, 1, 1024),
+                                                      allReduce(kComm, 2, rank ? 512 : 1024)};
+    records[0].state = ncclwatch::trace::RecordState::kCompleted;
+    records[0].completeNs = records[0].startNs + 1000;
+    frame.clear();
+    wire::encodeRecords(2'000'000'000, records, encoders[rank], frame);
+    sendAll(agents[rank], frame);
+  }
+  ASSERT_TRUE(eventually([&] { return collector.counters().abortsSent.load() >= 2; }, 8000ms))
+      << out.str();
+  // Rank 0 goes on: its next call fails (its communicator was aborted under it).
+  ncclwatch::trace::CallRecord failed = allReduce(kComm, 3, 1024);
+  failed.state = ncclwatch::trace::RecordState::kFailed;
+  failed.result = 5;  // ncclInvalidUsage
+  frame.clear();
+  wire::encodeRecords(2'000'000'000, std::span(&failed, 1), encoders[0], frame);
+  sendAll(agents[0], frame);
+  ASSERT_TRUE(eventually([&] { return collector.counters().verdicts.load() >= 2; }, 8000ms))
+      << out.str();
+  collector.stop();
+  std::string text = out.str();
+  size_t mismatch = text.find("[ncclwatch] MISMATCH");
+  size_t after = text.find("[ncclwatch] ERROR");
+  ASSERT_NE(mismatch, std::string::npos) << text;
+  ASSERT_NE(after, std::string::npos) << text;
+  // The mismatch is a finding; the error that followed the abort is its consequence.
+  EXPECT_EQ(text.substr(mismatch, text.find('\n', mismatch) - mismatch).find("[consequence]"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.substr(after, text.find('\n', after) - after).find("[consequence]"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(
+      text.find("after ncclwatch aborted the job's communicators for the MISMATCH on comm ", after),
+      std::string::npos)
+      << text;
+  EXPECT_EQ(collector.counters().verdictsAfterAbort.load(), 1u) << text;
+  for (int fd : agents) close(fd);
+}
+
 // A job that ends normally (every rank said BYE) is analysed to its last record before the
 // collector exits: ranks whose calls disagree only in dtype complete them (silent corruption),
 // end at once, and the collector is stopped right away; the verdict is still said.
