@@ -26,11 +26,11 @@ void describeComm(ncclComm_t comm, CommCreation* creation) {
 // Records a lifecycle call on an existing communicator (it takes its place in the comm's
 // sequence), makes it, and stores a failure.
 template <typename CallReal>
-ncclResult_t recordOnComm(ncclComm_t comm, OpKind op, int detail, CallReal&& callReal) {
+ncclResult_t recordOnComm(ncclComm_t comm, OpKind op, int rootOrPeer, CallReal&& callReal) {
   CallDescription call;
   call.op = op;
-  call.rootOrPeer = detail;
-  call.callSite = 0;
+  call.rootOrPeer = rootOrPeer;
+  call.callSite = detail::t_lifecycleSite;  // where the application called it (its wrapper's)
   return recordAndCall(comm, call, callReal);
 }
 

@@ -17,7 +17,7 @@ inline ncclResult_t lifecycle_ncclCommGrow(decltype(&::pncclCommGrow) real, nccl
     CallDescription call;
     call.op = trace::OpKind::kGrow;
     call.count = nRanks > 0 ? static_cast<uint64_t>(nRanks) : 0;
-    call.callSite = 0;
+    call.callSite = detail::t_lifecycleSite;
     result = recordAndCall(comm, call, callReal);
   } else {
     result = callReal();  // a new rank: no communicator to record on until it exists

@@ -82,6 +82,7 @@ struct RecorderState final : Recorder {
 };
 
 __thread int detail::t_callDepth __attribute__((tls_model("initial-exec"))) = 0;
+__thread uint64_t detail::t_lifecycleSite __attribute__((tls_model("initial-exec"))) = 0;
 __thread const IssuedCall* detail::t_callInProgress __attribute__((tls_model("initial-exec"))) =
     nullptr;
 __thread ncclComm_t detail::t_lastComm __attribute__((tls_model("initial-exec"))) = nullptr;

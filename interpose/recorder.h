@@ -190,6 +190,9 @@ extern __thread const IssuedCall* t_callInProgress __attribute__((tls_model("ini
 // find()'s last answer on this thread.
 extern __thread ncclComm_t t_lastComm __attribute__((tls_model("initial-exec")));
 extern __thread CommEntry* t_lastEntry __attribute__((tls_model("initial-exec")));
+// The return address of the lifecycle call (split, shrink, destroy, abort...) this thread is in,
+// set by its wrapper: the call site of its record, which the wrappers' helpers cannot see.
+extern __thread uint64_t t_lifecycleSite __attribute__((tls_model("initial-exec")));
 }  // namespace detail
 
 inline CommEntry* Recorder::find(ncclComm_t comm) {

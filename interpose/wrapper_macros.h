@@ -89,15 +89,16 @@ namespace ni = ncclwatch::interpose;
     return ni::recordAndCall(comm, call, [&] { return real args; });                             \
   }
 
-#define NCCL_LIFECYCLE(name, params, args)                    \
-  extern "C" NCCLWATCH_EXPORT ncclResult_t name params {      \
-    NCCLWATCH_RESOLVE(name, ncclSystemError);                 \
-    ni::ColdCallScope cold;                                   \
-    NCCLWATCH_ANSWER_ABORTED(ncclResult_t, name, args);       \
-    ni::CallScope scope;                                      \
-    if (!scope.outermost()) return real args;                 \
-    ni::noteLifecycleThroughWrappers();                       \
-    return ni::lifecycle_##name(real, NCCLWATCH_UNPACK args); \
+#define NCCL_LIFECYCLE(name, params, args)                                                 \
+  extern "C" NCCLWATCH_EXPORT ncclResult_t name params {                                   \
+    NCCLWATCH_RESOLVE(name, ncclSystemError);                                              \
+    ni::ColdCallScope cold;                                                                \
+    NCCLWATCH_ANSWER_ABORTED(ncclResult_t, name, args);                                    \
+    ni::CallScope scope;                                                                   \
+    if (!scope.outermost()) return real args;                                              \
+    ni::noteLifecycleThroughWrappers();                                                    \
+    ni::detail::t_lifecycleSite = reinterpret_cast<uint64_t>(__builtin_return_address(0)); \
+    return ni::lifecycle_##name(real, NCCLWATCH_UNPACK args);                              \
   }
 
 #define NCCL_GROUP(name, hook)                      \

@@ -438,6 +438,7 @@ void expectTrainLoopCalls(const TraceFile& file, int steps) {
   EXPECT_EQ(file.header.cleanShutdown, 1u);
   std::map<OpKind, int> counts;
   std::map<uint64_t, uint64_t> lastSeq;
+  std::map<OpKind, std::map<uint64_t, int>> sitesOf;
   for (const CallRecord& record : file.records) {
     ++counts[record.op];
     EXPECT_EQ(record.result, 0);
@@ -452,6 +453,12 @@ void expectTrainLoopCalls(const TraceFile& file, int steps) {
     }
     if (isPointToPoint(record.op)) {
       EXPECT_NE(record.flags & ncclwatch::trace::kRecordInGroup, 0);  // the pipeline ring
+    }
+    // Splits and destroys name where the program called them, as collectives do (a verdict on
+    // a split shows its line).
+    if (record.op == OpKind::kSplit || record.op == OpKind::kDestroy) {
+      EXPECT_NE(record.callSite, 0u) << opName(record.op) << " " << record.seq;
+      ++sitesOf[record.op][record.callSite];
     }
     if (record.op == OpKind::kInit) continue;
     EXPECT_EQ(record.seq, lastSeq[record.commHash] + 1) << "sequence gap";
@@ -468,6 +475,7 @@ void expectTrainLoopCalls(const TraceFile& file, int steps) {
   EXPECT_EQ(counts[OpKind::kInit], 3);
   EXPECT_EQ(counts[OpKind::kSplit], 2);
   EXPECT_EQ(counts[OpKind::kDestroy], 3);
+  EXPECT_EQ(sitesOf[OpKind::kSplit].size(), 2u);  // the two splits are two lines of train_loop
 }
 
 // train_loop on 8 ranks, 3 steps: each rank's file holds exactly the calls it made, with
