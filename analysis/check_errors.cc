@@ -143,9 +143,11 @@ void JobAnalysis::checkErrors() {
                            ? std::string("ncclCommInit* of comm ") + shortHash(hash) + " (" +
                                  std::to_string(first.count) + " ranks)"
                            : callText(describeCall(first)) + " #" + std::to_string(first.seq);
-    std::string after = !firstProc.alive ? ", and it then exited"
+    // The first failing rank's fate; "it", or "the first" of several.
+    const char* subject = v.culprits.size() == 1 ? "it" : "the first";
+    std::string after = !firstProc.alive ? std::string(", and ") + subject + " then exited"
                         : now_ - firstProc.lastActivity >= options_.quietNs
-                            ? ", and it then stopped calling NCCL"
+                            ? std::string(", and ") + subject + " then stopped calling NCCL"
                             : "";
     std::string stale;
     if (first.op == OpKind::kInit && memberRank(failures[0].proc, hash) >= 0) {
@@ -158,6 +160,7 @@ void JobAnalysis::checkErrors() {
             ? ""
             : "; " + std::string(waiting.size() == 1 ? "rank " : "ranks ") + formatRanks(waiting) +
                   (first.op == OpKind::kInit ? " never finished creating that communicator"
+                   : waiting.size() == 1     ? " waits for its part there"
                                              : " wait for its part there");
     v.explanation = who + "'s " + call + " returned " + ncclResultName(first.result) + " (" +
                     ncclResultText(first.result) + ")" + after + othersText + "." + stale +
