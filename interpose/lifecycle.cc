@@ -34,6 +34,22 @@ ncclResult_t recordOnComm(ncclComm_t comm, OpKind op, int rootOrPeer, CallReal&&
   return recordAndCall(comm, call, callReal);
 }
 
+// Counts a call that makes a child of `parent` (split, shrink) while it is inside NCCL.
+class ChildInFlight {
+ public:
+  explicit ChildInFlight(CommEntry* parent) : parent_(parent) {
+    if (parent_ != nullptr) parent_->childrenInFlight.fetch_add(1, std::memory_order_seq_cst);
+  }
+  ~ChildInFlight() {
+    if (parent_ != nullptr) parent_->childrenInFlight.fetch_sub(1, std::memory_order_release);
+  }
+  ChildInFlight(const ChildInFlight&) = delete;
+  ChildInFlight& operator=(const ChildInFlight&) = delete;
+
+ private:
+  CommEntry* parent_;
+};
+
 // A root communicator: its hash comes from the unique id, known even when init fails, so a
 // failed init is still recorded under the communicator it was meant to create. `sharedId`:
 // the id came from the job's rendezvous (not made in this process by ncclCommInitAll), so the
@@ -144,8 +160,12 @@ ncclResult_t lifecycle_ncclCommSplit(decltype(&::pncclCommSplit) real, ncclComm_
   CommEntry* parent = recorder != nullptr ? recorder->find(comm) : nullptr;
   // NCCL counts every split of the parent, NCCL_SPLIT_NOCOLOR included.
   int splitIndex = parent != nullptr ? parent->splitCount.fetch_add(1) + 1 : 0;
-  ncclResult_t result = recordOnComm(comm, OpKind::kSplit, color,
-                                     [&] { return real(comm, color, key, newcomm, config); });
+  ncclResult_t result;
+  {
+    ChildInFlight inFlight(parent);
+    result = recordOnComm(comm, OpKind::kSplit, color,
+                          [&] { return real(comm, color, key, newcomm, config); });
+  }
   if (accepted(result) && newcomm != nullptr && *newcomm != nullptr && parent != nullptr) {
     addSplitChild(*newcomm, parent, trace::splitCommHash(parent->hash, splitIndex, color),
                   OpKind::kSplit, color, splitIndex, 0);
@@ -159,9 +179,13 @@ ncclResult_t lifecycle_ncclCommShrink(decltype(&::pncclCommShrink) real, ncclCom
   Recorder* recorder = Recorder::get();
   CommEntry* parent = recorder != nullptr ? recorder->find(comm) : nullptr;
   int shrinkIndex = parent != nullptr ? parent->shrinkCount.fetch_add(1) + 1 : 0;
-  ncclResult_t result = recordOnComm(comm, OpKind::kShrink, excludeRanksCount, [&] {
-    return real(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags);
-  });
+  ncclResult_t result;
+  {
+    ChildInFlight inFlight(parent);
+    result = recordOnComm(comm, OpKind::kShrink, excludeRanksCount, [&] {
+      return real(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags);
+    });
+  }
   if (accepted(result) && newcomm != nullptr && *newcomm != nullptr && parent != nullptr) {
     addSplitChild(*newcomm, parent, trace::shrinkCommHash(parent->hash), OpKind::kShrink, -1, 0,
                   shrinkIndex);

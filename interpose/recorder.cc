@@ -11,6 +11,7 @@
 
 #include <strings.h>
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "interpose/aborted_comms.h"
@@ -886,6 +888,17 @@ void Recorder::asyncErrorPolled(ncclComm_t comm, ncclResult_t asyncError) {
   t_batches->haveDeferred = false;
 }
 
+namespace {
+bool waitForChildrenInFlight(const CommEntry& entry, int boundMs) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(boundMs);
+  while (entry.childrenInFlight.load(std::memory_order_seq_cst) > 0) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
+}  // namespace
+
 int Recorder::abortByHash(uint64_t commHash) {
   auto* state = static_cast<State*>(this);
   int found = 0;
@@ -895,6 +908,18 @@ int Recorder::abortByHash(uint64_t commHash) {
     ncclComm_t comm = entry.key.load(std::memory_order_acquire);
     if (comm == nullptr || entry.hash != commHash || !entry.abortable) continue;
     ++found;
+    // A split or shrink of it in flight here reads it until it returns, and one that waits for
+    // a rank that never comes (the hang being aborted) never does: freeing the parent under it
+    // crashed the process (the sim's split read freed memory). Left as it would be without
+    // ncclwatch; the other ranks' aborts still end the job. A short one is waited for.
+    if (!waitForChildrenInFlight(entry, 100)) {
+      std::fprintf(stderr,
+                   "[ncclwatch] comm %016" PRIx64
+                   " not aborted by ncclwatch: this process is inside a split or shrink of it "
+                   "(aborting would free it under that call)\n",
+                   commHash);
+      continue;
+    }
     if (entry.closing.exchange(true)) {
       std::fprintf(stderr,
                    "[ncclwatch] comm %016" PRIx64
@@ -909,6 +934,17 @@ int Recorder::abortByHash(uint64_t commHash) {
     // polling ncclCommGetAsyncError) is waited for.
     rememberAbortedByUs(comm);
     waitForColdCallsToLeave(100);
+    if (entry.childrenInFlight.load(std::memory_order_seq_cst) > 0) {
+      // A split began between the check above and the handle's remembering: not aborted either.
+      forgetAbortedByUs(comm);
+      entry.closing.store(false);
+      std::fprintf(stderr,
+                   "[ncclwatch] comm %016" PRIx64
+                   " not aborted by ncclwatch: this process entered a split or shrink of it "
+                   "(aborting would free it under that call)\n",
+                   commHash);
+      continue;
+    }
     CallScope scope;
     // Recorded like the application's own abort: the comm's pending calls end aborted.
     abortAndRecord(real, comm);

@@ -38,6 +38,10 @@ struct CommEntry {
   // the collector's dead_rank verdict asks every rank to abort; a rank blocked in its destroy
   // behind a hung call would free it once there and once in ncclwatch's abort).
   std::atomic<bool> closing{false};
+  // Splits, shrinks and grows of it this process is inside (a child being made): NCCL reads the
+  // parent throughout, and one that waits for a rank that never comes waits for ever. ncclwatch
+  // does not free the parent under it (abortByHash).
+  std::atomic<int> childrenInFlight{0};
   std::atomic<uint64_t>* sendSeq = nullptr;  // per peer, nranks entries
   std::atomic<uint64_t>* recvSeq = nullptr;
   int peerCapacity = 0;  // entries of sendSeq and recvSeq

@@ -8,6 +8,8 @@
 //   abort_probe WARMUP            as above
 //   abort_probe WARMUP destroy    destroys the communicator right after the stalled call instead
 //                                 (NCCL's destroy waits for it: the rank hangs in its teardown)
+//   abort_probe WARMUP split      splits it right after the stalled call instead (the test makes
+//                                 the split wait as one for a rank that never comes)
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -37,6 +39,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "abort_probe: allreduce %d: %s\n", call, ncclGetErrorString(result));
       return 1;
     }
+  }
+  if (argc > 2 && std::string(argv[2]) == "split") {
+    std::printf("splitting with the stalled call pending\n");
+    ncclComm_t child = nullptr;
+    std::printf("split: %s\n", ncclGetErrorString(ncclCommSplit(comm, 0, 0, &child, nullptr)));
+    return 0;
   }
   if (destroyAtOnce) {
     std::printf("destroying with the stalled call pending\n");

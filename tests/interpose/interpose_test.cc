@@ -682,6 +682,30 @@ TEST(Completion, ARankDestroyingItsCommunicatorIsNotAbortedUnderIt) {
   job.signalAll(SIGKILL);
 }
 
+// A rank inside a split of the hung communicator (one that waits for a rank that never comes)
+// is not aborted by ncclwatch: NCCL would free the parent under the split, which reads it (the
+// sim's split crashed on it). It stays where it would be without ncclwatch, and the watchdog says
+// why.
+TEST(Completion, ARankSplittingItsCommunicatorIsNotAbortedUnderIt) {
+  std::string logs = testsupport::freshDirectory("abort-in-split");
+  testsupport::JobSpec spec = abortedOnHang(logs, {"3", "split"});
+  for (auto& [name, value] : spec.env) {
+    if (name == "NCCLSIM_FAULT") value = "stall:rank=0,seq=4;stall:rank=0,seq=5";  // the split too
+  }
+  CheckedJob job(spec);
+  ASSERT_TRUE(job.waitForOutput(0,
+                                "not aborted by ncclwatch: this process is inside a split or "
+                                "shrink of it",
+                                30s))
+      << job.output(0);
+  std::this_thread::sleep_for(300ms);
+  const std::string output = job.output(0);
+  EXPECT_TRUE(job.alive(0)) << output;  // still in its split, as without ncclwatch
+  EXPECT_EQ(output.find("use after free"), std::string::npos) << output;
+  EXPECT_EQ(output.find("split: "), std::string::npos) << output;
+  job.signalAll(SIGKILL);
+}
+
 // `ncclwatch run --abort` on a program that handles the abort and then exits 0 (the aborted
 // collective returned without its result): `run` still fails, and says why in one line.
 TEST(Completion, RunAbortFailsAJobThatExitsZeroAfterItsCommunicatorWasAborted) {
