@@ -171,8 +171,9 @@ std::string rolledBackText(const RolledBack& rolled) {
   return "Read as of " + wallText(rolled.atNs) + ", just before rank " +
          std::to_string(rolled.rank) + " aborted comm " + shortHash(rolled.comm) +
          " with a call of its own on it unfinished: that abort ended the hang, so " +
-         calls(rolled.undone) + " that finished after it are read as pending and " +
-         calls(rolled.left) + " issued after it are left out.";
+         calls(rolled.undone) + " that finished after it " + (rolled.undone == 1 ? "is" : "are") +
+         " read as pending and " + calls(rolled.left) + " issued after it " +
+         (rolled.left == 1 ? "is" : "are") + " left out.";
 }
 
 }  // namespace ncclwatch::analysis

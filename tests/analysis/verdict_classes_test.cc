@@ -505,6 +505,16 @@ TEST(AfterAbort, TheHangAnAbortEndedIsReadAsItWasBeforeTheAbort) {
   EXPECT_EQ(rolled[0].undone, 5u);  // the five calls they ended
   EXPECT_TRUE(contains(rolledBackText(rolled[0]), "just before rank 0 aborted comm 0000\u2026"))
       << rolledBackText(rolled[0]);
+  EXPECT_TRUE(contains(rolledBackText(rolled[0]),
+                       "so 5 calls that finished after it are read as "
+                       "pending and 4 calls issued after it are left"))
+      << rolledBackText(rolled[0]);
+  RolledBack one = rolled[0];
+  one.undone = one.left = 1;
+  EXPECT_TRUE(contains(rolledBackText(one),
+                       "so 1 call that finished after it is read as pending "
+                       "and 1 call issued after it is left out"))
+      << rolledBackText(one);
   Report report = analyze(traces, ended());
   const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {2});
   ASSERT_NE(v, nullptr);
