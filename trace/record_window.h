@@ -20,6 +20,13 @@
 
 namespace ncclwatch::trace {
 
+// The slot of element `i` of a ring of `capacity` slots whose oldest element is in slot `head`
+// (head, i < capacity): one compare, no division.
+constexpr size_t ringSlot(size_t head, size_t i, size_t capacity) {
+  size_t at = head + i;
+  return at >= capacity ? at - capacity : at;
+}
+
 // A random-access position in a ring of records: element i is buf[(head + i) mod capacity].
 template <typename Record>
 class RingIterator {
@@ -69,10 +76,7 @@ class RingIterator {
  private:
   template <typename>
   friend class RingIterator;
-  size_t slot(size_t i) const {
-    size_t at = head_ + i;
-    return at >= capacity_ ? at - capacity_ : at;
-  }
+  size_t slot(size_t i) const { return ringSlot(head_, i, capacity_); }
   Record* buf_ = nullptr;
   size_t capacity_ = 0;
   size_t head_ = 0;
@@ -109,10 +113,7 @@ class RecordRange {
   }
 
  private:
-  size_t slot(size_t i) const {
-    size_t at = head_ + i;
-    return at >= capacity_ ? at - capacity_ : at;
-  }
+  size_t slot(size_t i) const { return ringSlot(head_, i, capacity_); }
   const CallRecord* buf_ = nullptr;
   size_t capacity_ = 0;
   size_t head_ = 0;
@@ -242,10 +243,7 @@ class RecordWindow {
   std::vector<CallRecord> toVector() const { return {begin(), end()}; }
 
  private:
-  size_t slot(size_t i) const {
-    size_t at = head_ + i;
-    return at >= capacity_ ? at - capacity_ : at;
-  }
+  size_t slot(size_t i) const { return ringSlot(head_, i, capacity_); }
   // Moves the records, in order, to the front of a new ring of `slots` slots (slots >= size_).
   void grow(size_t slots) {
     std::unique_ptr<CallRecord[]> grown = std::make_unique_for_overwrite<CallRecord[]>(slots);

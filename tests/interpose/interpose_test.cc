@@ -663,47 +663,44 @@ TEST(Completion, AnApplicationHandlingTheAbortLikePyTorchNeverUsesTheFreedCommun
   EXPECT_EQ(stalled->state, RecordState::kAborted);
 }
 
-// A rank blocked in its own ncclCommDestroy behind the hung call is not aborted by ncclwatch:
-// NCCL would free the communicator twice, once in each. It stays where it would be without
-// ncclwatch, and the watchdog says why.
-TEST(Completion, ARankDestroyingItsCommunicatorIsNotAbortedUnderIt) {
-  std::string logs = testsupport::freshDirectory("abort-in-destroy");
-  CheckedJob job(abortedOnHang(logs, {"3", "destroy"}));
-  ASSERT_TRUE(job.waitForOutput(0,
-                                "not aborted by ncclwatch: the application is already aborting "
-                                "or destroying it",
-                                30s))
-      << job.output(0);
+// A rank ncclwatch leaves unaborted: it says `why` once, and the rank stays where it would be
+// without ncclwatch (alive, inside the call whose return the probe would print as `returned`),
+// with no use after free.
+void expectNotAbortedUnderIt(const testsupport::JobSpec& spec, const std::string& why,
+                             const std::string& returned) {
+  CheckedJob job(spec);
+  ASSERT_TRUE(job.waitForOutput(0, why, 30s)) << job.output(0);
   std::this_thread::sleep_for(300ms);
   const std::string output = job.output(0);
-  EXPECT_TRUE(job.alive(0)) << output;  // still in its destroy, as without ncclwatch
+  EXPECT_TRUE(job.alive(0)) << output;
   EXPECT_EQ(output.find("use after free"), std::string::npos) << output;
-  EXPECT_EQ(output.find("destroy: "), std::string::npos) << output;
+  EXPECT_EQ(output.find(returned), std::string::npos) << output;
   job.signalAll(SIGKILL);
+}
+
+// A rank blocked in its own ncclCommDestroy behind the hung call is not aborted by ncclwatch:
+// NCCL would free the communicator twice, once in each.
+TEST(Completion, ARankDestroyingItsCommunicatorIsNotAbortedUnderIt) {
+  std::string logs = testsupport::freshDirectory("abort-in-destroy");
+  expectNotAbortedUnderIt(abortedOnHang(logs, {"3", "destroy"}),
+                          "not aborted by ncclwatch: the application is already aborting or "
+                          "destroying it",
+                          "destroy: ");
 }
 
 // A rank inside a split of the hung communicator (one that waits for a rank that never comes)
 // is not aborted by ncclwatch: NCCL would free the parent under the split, which reads it (the
-// sim's split crashed on it). It stays where it would be without ncclwatch, and the watchdog says
-// why.
+// sim's split crashed on it).
 TEST(Completion, ARankSplittingItsCommunicatorIsNotAbortedUnderIt) {
   std::string logs = testsupport::freshDirectory("abort-in-split");
   testsupport::JobSpec spec = abortedOnHang(logs, {"3", "split"});
   for (auto& [name, value] : spec.env) {
     if (name == "NCCLSIM_FAULT") value = "stall:rank=0,seq=4;stall:rank=0,seq=5";  // the split too
   }
-  CheckedJob job(spec);
-  ASSERT_TRUE(job.waitForOutput(0,
-                                "not aborted by ncclwatch: this process is inside a split or "
-                                "shrink of it",
-                                30s))
-      << job.output(0);
-  std::this_thread::sleep_for(300ms);
-  const std::string output = job.output(0);
-  EXPECT_TRUE(job.alive(0)) << output;  // still in its split, as without ncclwatch
-  EXPECT_EQ(output.find("use after free"), std::string::npos) << output;
-  EXPECT_EQ(output.find("split: "), std::string::npos) << output;
-  job.signalAll(SIGKILL);
+  expectNotAbortedUnderIt(spec,
+                          "not aborted by ncclwatch: this process is inside a split or shrink of "
+                          "it",
+                          "split: ");
 }
 
 // `ncclwatch run --abort` on a program that handles the abort and then exits 0 (the aborted
