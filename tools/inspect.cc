@@ -87,6 +87,12 @@ int run(const Options& options, std::ostream& out, std::ostream& err) {
   analysis::Report report = analysis::analyze(files, analysisOptions);
   lines.annotateCallSites(report, files);
   lines.printNotes("inspect", err);
+  if (options.reportJson || options.json) {
+    // The JSON on stdout stays as its readers parse it; what it was read as goes to stderr.
+    for (const analysis::RolledBack& rolled : rolledBack) {
+      err << "ncclwatch inspect: " << analysis::rolledBackText(rolled) << "\n";
+    }
+  }
   if (options.reportJson) {
     analysis::printJson(report, out);
   } else if (options.json) {
