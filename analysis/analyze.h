@@ -43,6 +43,10 @@ struct CallDesc {
   int dtype = -1;
   int redop = -1;
   int rootOrPeer = -1;
+  // A split's class whose ranks passed different colours (a group's members and the others'
+  // NCCL_SPLIT_NOCOLOR, as PyTorch's new_group does): each colour, ascending. Empty otherwise:
+  // rootOrPeer is the class's colour.
+  std::vector<int> colours;
   uint64_t p2pSeq = 0;
   trace::RecordState state = trace::RecordState::kEmpty;
   // Started as inferred from stream order (one completion event per call, kRecordStartInferred):

@@ -202,6 +202,21 @@ uint64_t JobAnalysis::firstDivergentOrdinal(const Comm& comm, uint64_t lo, uint6
   return earliest == UINT64_MAX ? 0 : earliest;
 }
 
+void JobAnalysis::noteColours(const Comm& comm, const std::vector<int>& members, uint64_t ordinal,
+                              CallDesc& call) const {
+  std::vector<int> colours;
+  for (int mi : members) {
+    const Member& m = comm.members[mi];
+    uint32_t i = m.at(ordinal);
+    if (i != kNone) colours.push_back(procs_[m.proc].rec(i).rootOrPeer);
+  }
+  // Ascending, NCCL_SPLIT_NOCOLOR (-1) last: "colors 0 and NOCOLOR".
+  std::sort(colours.begin(), colours.end(),
+            [](int a, int b) { return (a == -1) != (b == -1) ? b == -1 : a < b; });
+  colours.erase(std::unique(colours.begin(), colours.end()), colours.end());
+  if (colours.size() > 1) call.colours = std::move(colours);
+}
+
 void JobAnalysis::checkMismatches(Comm& comm) {
   if (comm.members.size() < 2) return;
   checkColours(comm);
@@ -320,6 +335,7 @@ void JobAnalysis::checkMismatches(Comm& comm) {
     const Member& m0 = comm.members[classes[c].second[0]];
     rc.call = describe(procs_[m0.proc], m0.at(divergent));
     for (int mi : classes[c].second) rc.ranks.push_back(procs_[comm.members[mi].proc].rank);
+    if (rc.call.op == OpKind::kSplit) noteColours(comm, classes[c].second, divergent, rc.call);
     calls.push_back(rc.call);
     if (c != majorityIdx || undecided) {
       for (int mi : classes[c].second) {

@@ -136,7 +136,21 @@ std::string callText(const CallDesc& call) {
     if (trace::hasRoot(call.op)) text += " root=" + std::to_string(call.rootOrPeer);
     if (trace::isPointToPoint(call.op)) text += " peer=" + std::to_string(call.rootOrPeer);
   } else if (call.op == trace::OpKind::kSplit) {
-    text += " color=" + std::to_string(call.rootOrPeer);
+    // NCCL_SPLIT_NOCOLOR is -1: the rank joins no child.
+    auto colourText = [](int colour) {
+      return colour == -1 ? std::string("NOCOLOR") : std::to_string(colour);
+    };
+    if (call.colours.empty()) {
+      text += " color=" + colourText(call.rootOrPeer);
+    } else {
+      text += " colors ";
+      for (size_t i = 0; i < call.colours.size(); ++i) {
+        text += (i == 0                         ? ""
+                 : i + 1 == call.colours.size() ? " and "
+                                                : ", ") +
+                colourText(call.colours[i]);
+      }
+    }
   }
   return text;
 }

@@ -313,6 +313,9 @@ class JobAnalysis {
   // ----- check_mismatches.cc (per comm) -----
   void checkMismatches();
   void checkMismatches(Comm& comm);
+  // A split class's colours when its members passed different ones (CallDesc::colours).
+  void noteColours(const Comm& comm, const std::vector<int>& members, uint64_t ordinal,
+                   CallDesc& call) const;
   uint64_t firstDivergentOrdinal(const Comm& comm, uint64_t lo, uint64_t hi) const;
   void checkColours(Comm& comm);
   // The most common difference between two members' call sites over the calls before

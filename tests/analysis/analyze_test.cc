@@ -834,6 +834,24 @@ TEST(SplitColour, OneRankBreaksTheLayout) {
   EXPECT_EQ(v->culprits, std::vector<int>{3});
 }
 
+// PyTorch's new_group([0, 1]) on ranks 0-2 (rank 2 passes NCCL_SPLIT_NOCOLOR), while rank 3
+// skipped it: the split's class names both colours, not its first rank's alone.
+TEST(SplitColour, AClassOfSeveralColoursNamesEach) {
+  auto ranks = world(4);
+  history(ranks, 1);
+  for (int r = 0; r < 3; ++r) {
+    ranks[r].call(kWorld, OpKind::kSplit, 0, RecordState::kIssued, 5 * kMs, 0, 0, r == 2 ? -1 : 0);
+  }
+  ranks[3].call(kWorld, OpKind::kAllReduce, 16, RecordState::kStarted, 5 * kMs);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kMismatch);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->culprits, std::vector<int>{3});
+  EXPECT_NE(text(report).find("ranks 0-2  Split colors 0 and NOCOLOR"), std::string::npos)
+      << text(report);
+}
+
 TEST(Straggler, ConsistentlyLastIsInformation) {
   auto ranks = world(4);
   for (int s = 0; s < 20; ++s) {
