@@ -449,10 +449,12 @@ void Triage::report(analysis::Verdict verdict, const analysis::JobReport& job) {
   // Under --abort, what the job does once its communicators are aborted (a rank that exits, a
   // split that fails, a rank left waiting in another communicator) is what the abort set off:
   // said as a consequence of the verdict that asked for it, not headed as a finding of its own.
-  if (auto aborted = abortedFor_.find(job.jobId); aborted != abortedFor_.end()) {
+  // A verdict said before the aborts went out (another one of the same pass) is not one.
+  if (auto aborted = abortedFor_.find(job.jobId);
+      aborted != abortedFor_.end() && steadyNs() >= aborted->second.dueNs) {
     verdict.primary = false;
     verdict.explanation = "after ncclwatch aborted the job's communicators for the " +
-                          aborted->second +
+                          aborted->second.verdict +
                           ", most likely what the abort set off: " + verdict.explanation;
     counters_.verdictsAfterAbort++;
   }
@@ -537,10 +539,6 @@ void Triage::checkSilentRankAborts(int64_t now) {
 // nobody stays blocked in them: the verdict's own, and for a dead rank every communicator of the
 // job (the dead rank's among them: its partners wait in those).
 void Triage::scheduleAborts(const analysis::Verdict& verdict, const std::string& jobId) {
-  std::string kind = analysis::kindName(verdict.kind);
-  std::transform(kind.begin(), kind.end(), kind.begin(), ::toupper);
-  abortedFor_.try_emplace(jobId, kind + " on comm " + analysis::hashText(verdict.comm.hash) +
-                                     " at call #" + std::to_string(verdict.seq));
   std::set<uint64_t> toAbort;
   toAbort.insert(verdict.comm.hash);
   if (verdict.kind == analysis::VerdictKind::kDeadRank) {
@@ -560,6 +558,12 @@ void Triage::scheduleAborts(const analysis::Verdict& verdict, const std::string&
   // The aborts go out a little after the dump requests: a rank that aborts fails and exits at
   // once, its launcher stops the job, and ranks still taking their dump would lose it.
   int64_t abortAt = steadyNs() + kAbortAfterDumpNs;
+  std::string kind = analysis::kindName(verdict.kind);
+  std::transform(kind.begin(), kind.end(), kind.begin(), ::toupper);
+  abortedFor_.try_emplace(
+      jobId, AbortedJob{kind + " on comm " + analysis::hashText(verdict.comm.hash) + " at call #" +
+                            std::to_string(verdict.seq),
+                        abortAt});
   for (size_t i = 0; i < processes_.size(); ++i) {
     const Process& process = processes_[i];
     if (!process.connected || process.connection < 0) continue;

@@ -233,9 +233,14 @@ class Triage : public FrameSink {
   };
   std::vector<SilentRankAbort> silentRankAborts_;
   std::set<std::pair<size_t, uint64_t>> abortsAsked_;  // (process, comm) aborts already asked
-  // Jobs aborted under --abort: the verdict it was for ("MISMATCH on comm … at call #3"). Later
-  // verdicts of the job are said as its consequences (report).
-  std::map<std::string, std::string, std::less<>> abortedFor_;
+  // Jobs aborted under --abort: the verdict it was for ("MISMATCH on comm … at call #3") and
+  // when its aborts go out. Verdicts of the job said from then on are said as its consequences
+  // (report).
+  struct AbortedJob {
+    std::string verdict;
+    int64_t dueNs = 0;
+  };
+  std::map<std::string, AbortedJob, std::less<>> abortedFor_;
   // Processes of a job aborted whole (a dead rank under --abort): communicators they report
   // later are aborted as they arrive.
   std::set<size_t> abortingProcesses_;
