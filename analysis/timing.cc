@@ -66,8 +66,10 @@ std::vector<CollectiveInstance> matchCollectives(std::span<const TraceFile> file
     std::unordered_map<uint64_t, int> sizes;
     for (const trace::CommInfo& info : file.comms) sizes[info.commHash] = info.nranks;
     std::unordered_map<uint64_t, uint64_t> p2pBefore;
-    for (size_t r = 0; r < file.records.size(); ++r) {
-      const CallRecord& record = file.records[r];
+    // Read once: the map updates below would make the compiler reload the window's fields.
+    const trace::RecordRange records = file.records.range();
+    for (size_t r = 0; r < records.size(); ++r) {
+      const CallRecord& record = records[r];
       if (trace::isPointToPoint(record.op)) {
         ++p2pBefore[record.commHash];
         continue;
