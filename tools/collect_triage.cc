@@ -450,8 +450,10 @@ void Triage::report(analysis::Verdict verdict, const analysis::JobReport& job) {
   // split that fails, a rank left waiting in another communicator) is what the abort set off:
   // said as a consequence of the verdict that asked for it, not headed as a finding of its own.
   // A verdict said before the aborts went out (another one of the same pass) is not one.
+  bool afterAbort = false;
   if (auto aborted = abortedFor_.find(job.jobId);
       aborted != abortedFor_.end() && steadyNs() >= aborted->second.dueNs) {
+    afterAbort = true;
     verdict.primary = false;
     verdict.explanation = "after ncclwatch aborted the job's communicators for the " +
                           aborted->second.verdict +
@@ -469,7 +471,17 @@ void Triage::report(analysis::Verdict verdict, const analysis::JobReport& job) {
     jsonl << analysis::verdictJson(verdict, job.jobId, job.attempt) << "\n";
   }
   out_ << text.str() << std::flush;
-  // Every involved rank dumps, so that its trace file shows where each one was.
+  // Every involved rank dumps, so that its trace file shows where each one was. Not after the
+  // abort: the ranks are being torn down, and a dump of their teardown (an interpreter
+  // finalizing) would be the newest one, which the offline stacks read, instead of the one the
+  // verdict that asked for the abort took.
+  // Its communicators are aborted as any verdict's (a dead rank's partners may wait in others).
+  if (afterAbort) {
+    if (options_.abortOnVerdict && verdict.kind != analysis::VerdictKind::kStraggler) {
+      scheduleAborts(verdict, job.jobId);
+    }
+    return;
+  }
   std::set<int> involved(verdict.culprits.begin(), verdict.culprits.end());
   for (const analysis::RankClass& rankClass : verdict.classes) {
     involved.insert(rankClass.ranks.begin(), rankClass.ranks.end());

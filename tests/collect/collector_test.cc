@@ -643,6 +643,23 @@ TEST(CollectorAgents, AVerdictAfterTheAbortIsSaidAsItsConsequence) {
       std::string::npos)
       << text;
   EXPECT_EQ(collector.counters().verdictsAfterAbort.load(), 1u) << text;
+  // Rank 0 was asked to dump for the mismatch only: a dump of its teardown would have become its
+  // newest, the one the offline stacks read.
+  int dumps = 0;
+  std::vector<std::byte> received;
+  for (std::byte buffer[4096];;) {
+    ssize_t n = recv(agents[0], buffer, sizeof buffer, MSG_DONTWAIT);
+    if (n <= 0) break;
+    received.insert(received.end(), buffer, buffer + n);
+  }
+  std::span<const std::byte> rest(received);
+  wire::Frame decoded;
+  size_t consumed = 0;
+  while (wire::decodeFrame(rest, &decoded, &consumed, &error) == wire::DecodeStatus::kFrame) {
+    dumps += decoded.type == wire::FrameType::kDump ? 1 : 0;
+    rest = rest.subspan(consumed);
+  }
+  EXPECT_EQ(dumps, 1) << text;
   for (int fd : agents) close(fd);
 }
 
