@@ -89,6 +89,20 @@ void JobAnalysis::checkP2p(Comm& comm) {
     const int p = comm.members[member].proc;
     return procs_[p].rec(index).state == RecordState::kIssued && heldBehindAnEarlierCall(p, index);
   };
+  // A send or receive issued after a collective its absent peer has not issued yet is not
+  // unmatched either: the peer has not got there (held a step behind, by this hang). Stream order
+  // cannot tell it when the sends and receives run on a stream of their own (PyTorch 2.15's
+  // batch_isend_irecv) and wait for the collective by an event: a ring where one rank received
+  // from the wrong peer named the two ranks that finished the step beside the one that broke it.
+  auto peerBehind = [&](int member, uint32_t index, int peerMember) {
+    if (peerMember < 0) return false;
+    const Member& m = comm.members[member];
+    for (size_t k = m.coll.size(); k-- > 0;) {  // its last collective before the call
+      if (m.coll[k] == kNone || m.coll[k] > index) continue;
+      return comm.members[peerMember].lastOrdinal() < m.base + k;
+    }
+    return false;
+  };
   auto novel = [&](const Side& s) {
     return procs_[comm.members[s.member].proc].rec(s.index).p2pSeq == 1;
   };
@@ -145,7 +159,7 @@ void JobAnalysis::checkP2p(Comm& comm) {
           ++b;
         } else if (sr && (!rr || sr->p2pSeq < rr->p2pSeq)) {
           if (stalled_ && isPending(*sr) && rj >= 0 && !deadPeer(peer) &&
-              !queuedAhead(mi, sendList[a])) {
+              !queuedAhead(mi, sendList[a]) && !peerBehind(mi, sendList[a], rj)) {
             Side side{mi, sendList[a]};
             items.push_back({side,
                              "rank " + std::to_string(globalRank(comm, peer)) +
@@ -155,7 +169,7 @@ void JobAnalysis::checkP2p(Comm& comm) {
           ++a;
         } else {
           if (stalled_ && isPending(*rr) && !deadPeer(sender.commRank) &&
-              !queuedAhead(rj, (*recvList)[b])) {
+              !queuedAhead(rj, (*recvList)[b]) && !peerBehind(rj, (*recvList)[b], mi)) {
             Side side{rj, (*recvList)[b]};
             items.push_back({side,
                              "rank " + std::to_string(procs_[sender.proc].rank) + " never sends it",
@@ -186,7 +200,8 @@ void JobAnalysis::checkP2p(Comm& comm) {
       if (sendsTo[pm].count(receiver.commRank)) continue;  // walked above
       for (uint32_t i : recvList) {
         const CallRecord& rr = procs_[receiver.proc].rec(i);
-        if (stalled_ && isPending(rr) && !deadPeer(peer) && !queuedAhead(mi, i)) {
+        if (stalled_ && isPending(rr) && !deadPeer(peer) && !queuedAhead(mi, i) &&
+            !peerBehind(mi, i, pm)) {
           Side side{mi, i};
           items.push_back({side,
                            "rank " + std::to_string(globalRank(comm, peer)) + " never sends it",

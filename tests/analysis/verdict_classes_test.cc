@@ -288,6 +288,42 @@ TEST(P2p, SendsQueuedBehindAPendingCallAreNotUnmatched) {
   EXPECT_EQ(v->classes.size(), 2u) << text(report);  // rank 3's send, rank 0's receive
 }
 
+// A ring of batch_isend_irecv where rank 2 receives from 3 instead of 1 (PyTorch 2.15: the
+// collectives on the current stream, the sends and receives on an internal one). Ranks 0 and 3
+// finished the step and went on: their next all_reduce waits for 1 and 2, and their next step's
+// sends and receives, on the other stream, look started. Those named ranks 1-2 ("no one rank is
+// in all of them"): their peers had not got there, a step behind.
+TEST(P2p, SendsToAPeerThatHasNotReachedThemAreNotUnmatched) {
+  constexpr uint64_t kCurrent = 1, kInternal = 2;
+  auto ranks = world(4);
+  history(ranks, 2);
+  auto p2p = [&](int r, OpKind op, int peer, RecordState state) {
+    ranks[r].call(kWorld, op, 8, state, 10 * kMs, kF32, kSum, peer, kInternal).flags |=
+        ncclwatch::trace::kRecordInGroup;
+  };
+  const RecordState done = RecordState::kCompleted, waits = RecordState::kStarted;
+  p2p(0, OpKind::kSend, 1, done);
+  p2p(0, OpKind::kRecv, 3, done);
+  p2p(1, OpKind::kSend, 2, waits);  // rank 2 never receives from 1
+  p2p(1, OpKind::kRecv, 0, done);
+  p2p(2, OpKind::kSend, 3, done);
+  p2p(2, OpKind::kRecv, 3, waits);  // the bug: from 3, not 1
+  p2p(3, OpKind::kSend, 0, done);
+  p2p(3, OpKind::kRecv, 2, done);
+  for (int r : {0, 3}) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 16, waits, 11 * kMs, kF32, kSum, -1, kCurrent);
+    p2p(r, OpKind::kSend, (r + 1) % 4, waits);
+    p2p(r, OpKind::kRecv, (r + 3) % 4, waits);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  ASSERT_FALSE(primaries(report).empty()) << text(report);
+  const Verdict* v = primaries(report)[0];
+  EXPECT_EQ(v->kind, VerdictKind::kUnmatchedP2p) << text(report);
+  EXPECT_EQ(v->culprits, std::vector<int>{2}) << text(report);
+  EXPECT_EQ(v->classes.size(), 2u) << text(report);  // rank 1's send, rank 2's receive
+}
+
 // ----- silent data corruption; substitution against insertion -----
 
 // Every rank makes `calls` AllReduces (sum, completed); rank 0 uses `redop`/`dtype` at call 6,
