@@ -2,7 +2,6 @@
 #include "analysis/before_aborts.h"
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <tuple>
 
@@ -40,7 +39,7 @@ bool unfinishedAt(const CallRecord& r, int64_t t) {
 }
 
 std::string jobOf(const trace::TraceFile& file) {
-  return std::string(file.header.jobId, strnlen(file.header.jobId, sizeof file.header.jobId));
+  return std::string(trace::jobIdOf(file.header));
 }
 
 // A collective of one job's communicator at one seq.

@@ -234,6 +234,12 @@ std::string readableNames(std::string_view text) {
   return out;
 }
 
+std::string upperCase(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
 std::string_view baseName(std::string_view path) {
   size_t slash = path.rfind('/');
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
@@ -325,8 +331,7 @@ std::string whatHappened(const JobReport& job, int64_t nowNs, int64_t lastActivi
 }
 
 void printVerdictText(const Verdict& v, std::ostream& out, const TextStyle& style) {
-  std::string kind = kindName(v.kind);
-  std::transform(kind.begin(), kind.end(), kind.begin(), ::toupper);
+  std::string kind = upperCase(kindName(v.kind));
   const char* on = "";
   const char* off = "";
   if (style.colour) {

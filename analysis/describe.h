@@ -23,6 +23,8 @@ std::string commText(const CommDesc& c);  // "9f3a…(world, 8 ranks)"
 // ("std::chrono::duration<…>"), parameter lists longer than 60 characters as "(…)". JSON keeps
 // the full names.
 std::string readableNames(std::string_view text);
+// Upper case, as a verdict's headline names its kind ("MISMATCH" of "mismatch").
+std::string upperCase(std::string_view text);
 // The last component of a path ("libtorch_cuda.so" of ".../lib/libtorch_cuda.so").
 std::string_view baseName(std::string_view path);
 

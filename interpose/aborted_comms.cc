@@ -32,13 +32,17 @@ void rememberAbortedByUs(ncclComm_t comm) {
   detail::g_abortsEver.fetch_add(1, std::memory_order_seq_cst);
 }
 
-bool waitForColdCallsToLeave(int boundMs) {
+bool waitUntilNoneInside(const std::atomic<int>& inside, int boundMs) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(boundMs);
-  while (detail::g_coldCallsInside.load(std::memory_order_seq_cst) > 0) {
+  while (inside.load(std::memory_order_seq_cst) > 0) {
     if (std::chrono::steady_clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   return true;
+}
+
+bool waitForColdCallsToLeave(int boundMs) {
+  return waitUntilNoneInside(detail::g_coldCallsInside, boundMs);
 }
 
 void forgetAbortedByUs(ncclComm_t comm) {

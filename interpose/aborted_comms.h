@@ -47,6 +47,9 @@ void rememberAbortedByUs(ncclComm_t comm);
 // (ColdCallScope), one of which may be in NCCL on the handle; false when the bound ran out (a
 // thread blocked in another communicator's init or destroy).
 bool waitForColdCallsToLeave(int boundMs);
+// Waits (at most `boundMs`) until a count of threads inside something drops to zero; false when
+// the bound ran out.
+bool waitUntilNoneInside(const std::atomic<int>& inside, int boundMs);
 // NCCL made a new communicator at `comm`'s address: it is live again.
 void forgetAbortedByUs(ncclComm_t comm);
 bool abortedByUs(ncclComm_t comm);

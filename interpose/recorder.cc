@@ -11,7 +11,6 @@
 
 #include <strings.h>
 #include <cerrno>
-#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -21,7 +20,6 @@
 #include <new>
 #include <span>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "interpose/aborted_comms.h"
@@ -888,17 +886,6 @@ void Recorder::asyncErrorPolled(ncclComm_t comm, ncclResult_t asyncError) {
   t_batches->haveDeferred = false;
 }
 
-namespace {
-bool waitForChildrenInFlight(const CommEntry& entry, int boundMs) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(boundMs);
-  while (entry.childrenInFlight.load(std::memory_order_seq_cst) > 0) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  return true;
-}
-}  // namespace
-
 int Recorder::abortByHash(uint64_t commHash) {
   auto* state = static_cast<State*>(this);
   int found = 0;
@@ -912,12 +899,15 @@ int Recorder::abortByHash(uint64_t commHash) {
     // a rank that never comes (the hang being aborted) never does: freeing the parent under it
     // crashed the process (the sim's split read freed memory). Left as it would be without
     // ncclwatch; the other ranks' aborts still end the job. A short one is waited for.
-    if (!waitForChildrenInFlight(entry, 100)) {
+    auto leftInSplit = [&](const char* inside) {
       std::fprintf(stderr,
                    "[ncclwatch] comm %016" PRIx64
-                   " not aborted by ncclwatch: this process is inside a split or shrink of it "
-                   "(aborting would free it under that call)\n",
-                   commHash);
+                   " not aborted by ncclwatch: this process %s a split or shrink of it (aborting "
+                   "would free it under that call)\n",
+                   commHash, inside);
+    };
+    if (!waitUntilNoneInside(entry.childrenInFlight, 100)) {
+      leftInSplit("is inside");
       continue;
     }
     if (entry.closing.exchange(true)) {
@@ -938,11 +928,7 @@ int Recorder::abortByHash(uint64_t commHash) {
       // A split began between the check above and the handle's remembering: not aborted either.
       forgetAbortedByUs(comm);
       entry.closing.store(false);
-      std::fprintf(stderr,
-                   "[ncclwatch] comm %016" PRIx64
-                   " not aborted by ncclwatch: this process entered a split or shrink of it "
-                   "(aborting would free it under that call)\n",
-                   commHash);
+      leftInSplit("entered");
       continue;
     }
     CallScope scope;

@@ -570,10 +570,9 @@ void Triage::scheduleAborts(const analysis::Verdict& verdict, const std::string&
   // The aborts go out a little after the dump requests: a rank that aborts fails and exits at
   // once, its launcher stops the job, and ranks still taking their dump would lose it.
   int64_t abortAt = steadyNs() + kAbortAfterDumpNs;
-  std::string kind = analysis::kindName(verdict.kind);
-  std::transform(kind.begin(), kind.end(), kind.begin(), ::toupper);
   abortedFor_.try_emplace(
-      jobId, AbortedJob{kind + " on comm " + analysis::hashText(verdict.comm.hash) + " at call #" +
+      jobId, AbortedJob{analysis::upperCase(analysis::kindName(verdict.kind)) + " on comm " +
+                            analysis::hashText(verdict.comm.hash) + " at call #" +
                             std::to_string(verdict.seq),
                         abortAt});
   for (size_t i = 0; i < processes_.size(); ++i) {

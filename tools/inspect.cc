@@ -3,7 +3,6 @@
 #include <simdjson.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -54,11 +53,9 @@ void printLiveVerdicts(const std::string& directory, std::ostream& out) {
     }
     bool primary = true;
     if (verdict["primary"].get(primary)) primary = true;  // older lines have no such field
-    std::string upper(kind);
-    std::transform(upper.begin(), upper.end(), upper.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
-    lines.push_back("  " + upper + " on comm " + std::string(hash.substr(0, 4)) + "\u2026(" +
-                    std::to_string(size) + " ranks) at call #" + std::to_string(seq) +
+    lines.push_back("  " + analysis::upperCase(kind) + " on comm " +
+                    std::string(hash.substr(0, 4)) + "\u2026(" + std::to_string(size) +
+                    " ranks) at call #" + std::to_string(seq) +
                     (culprits.empty() ? "" : ", culprit " + culprits) +
                     (primary ? "" : " [consequence]") + ": " + std::string(explanation));
   }

@@ -330,8 +330,7 @@ class Writer {
         std::set<int> ranks(v.culprits.begin(), v.culprits.end());
         for (const analysis::RankClass& c : v.classes) ranks.insert(c.ranks.begin(), c.ranks.end());
         std::string kind = analysis::kindName(v.kind);
-        std::string upper = kind;
-        for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+        std::string upper = analysis::upperCase(kind);
         for (int rank : ranks) {
           auto it = fileOfRank.find(rank);
           if (it == fileOfRank.end()) continue;

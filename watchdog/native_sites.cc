@@ -5,6 +5,7 @@
 #include <string>
 
 #include "watchdog/loaded_modules.h"
+#include "watchdog/stacks.h"
 
 namespace ncclwatch::watchdog {
 namespace {
@@ -29,20 +30,12 @@ bool findModule(const LoadedModuleView& module, void* context) {
   return true;
 }
 
-// /proc/self/task/<tid>/comm without its newline; "" when the thread is gone.
+// The thread's name (/proc/self/task/<tid>/comm); "" when it is gone.
 std::string threadName(int32_t tid) {
   if (tid <= 0) return "";
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/self/task/%d/comm", tid);
-  FILE* file = std::fopen(path, "re");
-  if (file == nullptr) return "";
-  char name[32] = {};
-  bool read = std::fgets(name, sizeof name, file) != nullptr;
-  std::fclose(file);
-  if (!read) return "";
-  std::string text(name);
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
-  return text;
+  char name[32];
+  readTaskFile(tid, "comm", name, sizeof name);
+  return name;
 }
 
 }  // namespace

@@ -526,11 +526,12 @@ void onSignal(int signalNumber, siginfo_t* info, void* context) {
   errno = savedErrno;
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // Watchdog side.
 
-// Reads /proc/self/task/<tid>/<leaf> into out (one line, NUL-terminated). No allocation.
-void readTaskFile(int tid, const char* leaf, char* out, size_t size, bool wholeFile = false) {
+void readTaskFile(int tid, const char* leaf, char* out, size_t size, bool wholeFile) {
   out[0] = '\0';
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/self/task/%d/%s", tid, leaf);
@@ -552,6 +553,8 @@ void readTaskFile(int tid, const char* leaf, char* out, size_t size, bool wholeF
     if (static_cast<unsigned char>(out[i]) < 0x20) out[i] = ' ';
   }
 }
+
+namespace {
 
 void resetSlot(ThreadStack& slot, int tid) {
   slot = ThreadStack{};

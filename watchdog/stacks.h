@@ -83,4 +83,9 @@ std::vector<Frame> symbolize(std::span<const uintptr_t> pcs,
 // "function+0x12 (module+0xabc)" for logs and dumps.
 std::string formatFrame(const Frame& frame);
 
+// Reads /proc/self/task/<tid>/<leaf> ("comm", "wchan", ...) into `out`: its first line with
+// control characters as spaces, or with `wholeFile` all of it; "" when the thread is gone. No
+// allocation.
+void readTaskFile(int tid, const char* leaf, char* out, size_t size, bool wholeFile = false);
+
 }  // namespace ncclwatch::watchdog
