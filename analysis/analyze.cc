@@ -409,7 +409,8 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
       }
       const ProcessProgress& kept = (*progress)[static_cast<size_t>(file - files.data())];
       proc.progress = &kept;
-      int64_t last = std::max(file->header.anchorMonotonicNs, kept.latestRecordNs());
+      int64_t last =
+          std::max({file->header.anchorMonotonicNs, kept.latestRecordNs(), file->foldedLatestNs});
       proc.pending = kept.pendingCalls() > 0;
       proc.failed = kept.failedCalls() > 0;
       proc.calls = kept.calls();

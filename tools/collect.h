@@ -62,6 +62,8 @@ struct Counters {
   std::atomic<uint64_t> newerJobKnocks{0};
   std::atomic<uint64_t> frames{0};       // frames accepted
   std::atomic<uint64_t> records{0};      // records received
+  // Calls relays folded (FOLDED notes, tools/relay_fold.h): matched on their host, never sent.
+  std::atomic<uint64_t> foldedCalls{0};
   std::atomic<uint64_t> recordsHeld{0};  // records kept for analysis now (bounded)
   std::atomic<uint64_t> verdicts{0};     // verdicts reported
   // Of which said after --abort aborted their job: what the abort set off (Triage::report).

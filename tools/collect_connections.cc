@@ -592,8 +592,9 @@ void Connections::Reader::read(Connection& connection) {
       refuse(connection, slot);
       return;
     }
-    // HELLO first; CLOSED is a relay link's alone.
+    // HELLO first; CLOSED and FOLDED are a relay link's alone.
     if (status == wire::DecodeStatus::kInvalid || slot->frame.type == wire::FrameType::kClosed ||
+        slot->frame.type == wire::FrameType::kFolded ||
         (!connection.helloSeen && slot->frame.type != wire::FrameType::kHello)) {
       drop(connection, true);
       return;

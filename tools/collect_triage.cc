@@ -181,7 +181,20 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
   analysis_.touch(record.commHash);  // the next pass redoes this communicator
   int64_t wall = analysis::latestTime(record);
   wall = wall == 0 ? 0 : wall + process.toWall;
-  if (record.ringIndex >= process.firstNewIndex) {
+  // A record seen for the first time: past every ring index received, or (from a relay that
+  // folds, which sends a call it held after later calls of other communicators) one the window
+  // does not hold where the window takes it (inside its span, or anywhere while it is not full).
+  // Anything else is a newer copy (a state change, a resend after a reconnect).
+  bool fresh = record.ringIndex >= process.firstNewIndex;
+  if (!fresh && !records.empty() &&
+      (record.ringIndex > records.front().ringIndex || records.size() < process.window)) {
+    auto at = std::lower_bound(records.begin(), records.end(), record.ringIndex,
+                               [](const trace::CallRecord& kept, uint64_t ringIndex) {
+                                 return kept.ringIndex < ringIndex;
+                               });
+    fresh = at == records.end() || at->ringIndex != record.ringIndex;
+  }
+  if (fresh) {
     if (triage_.observe(record, wall)) {
       auto [held, added] = heldDivergences_.try_emplace(record.commHash, record.ncclSeqNumber);
       if (!added) held->second = std::min(held->second, record.ncclSeqNumber);
@@ -202,7 +215,7 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
       auto at = divergingSince_.find(record.commHash);
       if (at != divergingSince_.end()) at->second.lastJoinNs = steadyNs();
     }
-    process.firstNewIndex = record.ringIndex + 1;
+    process.firstNewIndex = std::max(process.firstNewIndex, record.ringIndex + 1);
   } else {
     triage_.observeUpdate(wall);  // a state change, or a resend after a reconnect
   }
@@ -362,6 +375,20 @@ bool Triage::frame(int processIndex, wire::Frame& frame) {
       counters_.records += frame.records.size();
       activity_ |= !frame.records.empty();
       break;
+    case wire::FrameType::kFolded: {
+      // Calls its relay folded: matched by every member on its host, so nothing to analyse, but
+      // the rank was active then (the quiet and silent-rank checks read activity).
+      int64_t latest = 0;
+      for (const wire::FoldedNote& note : frame.folded) {
+        counters_.foldedCalls += note.calls;
+        latest = std::max(latest, note.latestNs);
+      }
+      if (latest > file.foldedLatestNs) {
+        file.foldedLatestNs = latest;
+        triage_.observeUpdate(latest + process.toWall);
+      }
+      break;
+    }
     case wire::FrameType::kSites: {
       std::string why;
       trace::parsePythonSites(frame.reason, &file.pythonSites, &why);  // keeps the good lines

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include <fstream>
 #include <iostream>
@@ -373,6 +374,9 @@ void addRelay(CLI::App& app, int& exitCode) {
   fromFd->excludes(byName);
   relay->add_option("--idle-ms", options.idleMs, "end once no agent was connected this long")
       ->check(CLI::Range(1, 3'600'000));
+  static bool noFold = false;
+  relay->add_flag("--no-fold", noFold,
+                  "pass every frame on as it came (no folding of host-local calls)");
   relay->callback([&exitCode] {
     size_t colon = collector.rfind(':');
     if (colon == std::string::npos || colon + 1 == collector.size()) {
@@ -384,6 +388,18 @@ void addRelay(CLI::App& app, int& exitCode) {
     if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
     options.collectorHost = host;
     options.collectorPort = std::atoi(collector.c_str() + colon + 1);
+    // The relay runs with its rank's environment: NCCLWATCH_RELAY_FOLD=off passes every frame
+    // on as it came (docs/configuration.md).
+    if (const char* fold = std::getenv("NCCLWATCH_RELAY_FOLD"); fold != nullptr && *fold) {
+      std::string value = fold;
+      if (value == "off" || value == "0" || value == "no" || value == "false") {
+        options.fold = false;
+      } else if (value != "on" && value != "1" && value != "yes" && value != "true") {
+        std::cerr << "[ncclwatch] relay: NCCLWATCH_RELAY_FOLD=" << value
+                  << " is not on or off; folding\n";
+      }
+    }
+    if (noFold) options.fold = false;
     exitCode = ncclwatch::relay::runRelay(options, std::cerr);
   });
 }

@@ -32,6 +32,7 @@ constexpr size_t kLowMark = 4u << 20;
 constexpr size_t kMaxIncoming = 2 * wire::kMaxPayload + sizeof(wire::FrameHeader);
 constexpr size_t kMaxToAgent = 1u << 20;  // the collector's requests an agent has not read
 constexpr int64_t kRetryNs = 200'000'000;
+constexpr int64_t kFoldTickNs = 50'000'000;  // held calls past their time, due notes
 
 int64_t nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -76,6 +77,7 @@ class Relay {
 
   Options options_;
   std::ostream& log_;
+  Folder folder_{options_.folding};
   int epoll_ = -1;
   int listen_ = -1;
   std::vector<AgentConnection> agents_ = std::vector<AgentConnection>(wire::kMaxChannel + 1);
@@ -150,11 +152,14 @@ void Relay::closeAgent(uint32_t channel, bool tellCollector) {
   close(agent.fd);
   agent = AgentConnection{};
   --agentsNow_;
+  // What the folder holds of its communicators goes first: the channel's end follows its calls.
+  if (options_.fold) folder_.agentEnded(channel, nowNs(), toCollector_);
   if (tellCollector) wire::encodeClosed(channel, toCollector_);
 }
 
-// The agent's frames go on whole, stamped with its channel; a byte stream that is not frames
-// ends the agent's connection (it reconnects, directly).
+// The agent's frames go on whole, stamped with its channel, or through the folder; a byte stream
+// that is not frames (or, folding, frames that do not decode) ends the agent's connection (it
+// reconnects, directly).
 void Relay::readAgent(uint32_t channel) {
   AgentConnection& agent = agents_[channel];
   std::byte buffer[65536];
@@ -184,8 +189,13 @@ void Relay::readAgent(uint32_t channel) {
       closeAgent(channel, true);
       return;
     }
-    wire::appendWithChannel(std::span(agent.incoming).subspan(offset, bytes), channel,
-                            toCollector_);
+    std::span<const std::byte> frame = std::span(agent.incoming).subspan(offset, bytes);
+    if (!options_.fold) {
+      wire::appendWithChannel(frame, channel, toCollector_);
+    } else if (!folder_.agentFrame(channel, frame, nowNs(), toCollector_)) {
+      closeAgent(channel, true);
+      return;
+    }
     offset += bytes;
   }
   agent.incoming.erase(agent.incoming.begin(),
@@ -359,6 +369,7 @@ int Relay::run() {
   interest(listen_, kListenTag, true, false, true);
   int64_t start = nowNs();
   int64_t idleSince = -1;
+  int64_t nextFoldTickNs = 0;
   for (;;) {
     epoll_event events[256];
     int ready = epoll_wait(epoll_, events, 256, 100);
@@ -381,6 +392,10 @@ int Relay::run() {
       }
     }
     int64_t now = nowNs();
+    if (options_.fold && now >= nextFoldTickNs) {
+      folder_.tick(now, toCollector_);
+      nextFoldTickNs = now + kFoldTickNs;
+    }
     bool waiting = toCollector_.size() > toCollectorSent_;
     if (waiting && neededSinceNs_ < 0) neededSinceNs_ = now;
     if (!connected_) {

@@ -11,6 +11,8 @@
 #include <ostream>
 #include <string>
 
+#include "relay_fold.h"
+
 namespace ncclwatch::relay {
 
 struct Options {
@@ -21,6 +23,10 @@ struct Options {
   int idleMs = 1000;          // end once agents came and none has been connected this long
   int firstAgentMs = 60'000;  // end when no agent came within this long
   int upstreamMs = 10'000;  // end when the collector was not reached this long after it was needed
+  // Fold the calls of communicators all on this host that every member completed alike
+  // (relay_fold.h); off: every frame goes on as it came (NCCLWATCH_RELAY_FOLD=off).
+  bool fold = true;
+  FoldOptions folding;
 };
 
 // Runs until idle (0), or until the collector cannot be reached or is lost (3: the agents then

@@ -22,7 +22,7 @@ using trace::TraceFile;
 
 constexpr size_t kMaxQueueLanes = 16;  // deeper queues show their extra calls as instants
 
-std::string quoted(std::string_view text) {
+std::string jsonQuoted(std::string_view text) {
   std::string out = "\"";
   for (char c : text) {
     unsigned char u = static_cast<unsigned char>(c);
@@ -133,22 +133,22 @@ class Writer {
       ++stats_.instants;
     }
     out_ << (first_ ? "" : ",\n") << "{\"ph\":\"" << e.ph << "\",\"pid\":" << e.pid
-         << ",\"tid\":" << e.tid << ",\"name\":" << quoted(e.name) << ",\"cat\":" << quoted(e.cat)
-         << "," << times << ",\"args\":{" << e.args << "}}";
+         << ",\"tid\":" << e.tid << ",\"name\":" << jsonQuoted(e.name)
+         << ",\"cat\":" << jsonQuoted(e.cat) << "," << times << ",\"args\":{" << e.args << "}}";
     first_ = false;
   }
 
   void metadata(const char* what, int pid, int tid, const std::string& key,
                 const std::string& value) {
     out_ << (first_ ? "" : ",\n") << "{\"ph\":\"M\",\"pid\":" << pid << ",\"tid\":" << tid
-         << ",\"name\":\"" << what << "\",\"args\":{" << quoted(key) << ":" << value << "}}";
+         << ",\"name\":\"" << what << "\",\"args\":{" << jsonQuoted(key) << ":" << value << "}}";
     first_ = false;
   }
 
   // Tracks sort by `order` (a track's number times 100, plus its queue lane), then creation.
   int newThread(int pid, const std::string& name, int order) {
     int tid = ++nextTid_[pid];
-    metadata("thread_name", pid, tid, "name", quoted(name));
+    metadata("thread_name", pid, tid, "name", jsonQuoted(name));
     metadata("thread_sort_index", pid, tid, "sort_index", std::to_string(order));
     ++stats_.tracks;
     return tid;
@@ -156,10 +156,11 @@ class Writer {
 
   std::string callArgs(const CallRecord& r, const char* phase) {
     std::string args =
-        "\"comm\":" + quoted(analysis::hashText(r.commHash)) + ",\"seq\":" + std::to_string(r.seq) +
-        ",\"op\":" + quoted(trace::opName(r.op)) + ",\"count\":" + std::to_string(r.count) +
-        ",\"dtype\":" + quoted(analysis::dtypeText(r.dtype)) +
-        ",\"state\":" + quoted(trace::stateName(r.state)) + ",\"phase\":" + quoted(phase);
+        "\"comm\":" + jsonQuoted(analysis::hashText(r.commHash)) +
+        ",\"seq\":" + std::to_string(r.seq) + ",\"op\":" + jsonQuoted(trace::opName(r.op)) +
+        ",\"count\":" + std::to_string(r.count) +
+        ",\"dtype\":" + jsonQuoted(analysis::dtypeText(r.dtype)) +
+        ",\"state\":" + jsonQuoted(trace::stateName(r.state)) + ",\"phase\":" + jsonQuoted(phase);
     if (trace::isPointToPoint(r.op)) {
       args += ",\"peer\":" + std::to_string(r.rootOrPeer);
     } else if (r.rootOrPeer >= 0) {
@@ -194,7 +195,7 @@ class Writer {
                                               : std::string("rank ?")) +
                        " (" + host + ":" + std::to_string(file.header.pid) + ")";
     if (showJob) name += " " + std::string(trace::jobIdOf(file.header));
-    metadata("process_name", pid, 0, "name", quoted(name));
+    metadata("process_name", pid, 0, "name", jsonQuoted(name));
     metadata("process_sort_index", pid, 0, "sort_index", std::to_string(pid));
     markerTid_[pid] = newThread(pid, "ncclwatch: dumps and verdicts", 0);
 
@@ -304,12 +305,12 @@ class Writer {
                     std::to_string(finding.seq) + " " + finding.op + " " + finding.state + " " +
                     std::to_string(finding.ageMs) + " ms";
       }
-      e.args = "\"trigger\":" + quoted(dump.trigger) + ",\"reason\":" + quoted(dump.reason) +
-               ",\"findings\":" + quoted(findings) +
+      e.args = "\"trigger\":" + jsonQuoted(dump.trigger) +
+               ",\"reason\":" + jsonQuoted(dump.reason) + ",\"findings\":" + jsonQuoted(findings) +
                ",\"threads\":" + std::to_string(dump.threads.size()) +
                ",\"took_ms\":" + std::to_string(dump.tookNs / 1'000'000);
       std::string top = analysis::stackTop(dump, 0, file.header.pid);
-      if (!top.empty()) e.args += ",\"stack_top\":" + quoted(top);
+      if (!top.empty()) e.args += ",\"stack_top\":" + jsonQuoted(top);
       emit(e);
       ++stats_.dumpMarks;
     }
@@ -350,16 +351,17 @@ class Writer {
                       (culprit ? " (culprit)" : ""),
                   "verdict",
                   t};
-          e.args = "\"kind\":" + quoted(kind) + ",\"comm\":" + quoted(analysis::commText(v.comm)) +
+          e.args = "\"kind\":" + jsonQuoted(kind) +
+                   ",\"comm\":" + jsonQuoted(analysis::commText(v.comm)) +
                    ",\"seq\":" + std::to_string(v.seq) +
                    ",\"culprit\":" + (culprit ? "true" : "false") +
                    ",\"primary\":" + (v.primary ? "true" : "false") +
-                   ",\"culprits\":" + quoted(analysis::formatRanks(v.culprits)) +
-                   ",\"explanation\":" + quoted(v.explanation);
+                   ",\"culprits\":" + jsonQuoted(analysis::formatRanks(v.culprits)) +
+                   ",\"explanation\":" + jsonQuoted(v.explanation);
           for (const analysis::RankClass& c : v.classes) {
             if (std::find(c.ranks.begin(), c.ranks.end(), rank) == c.ranks.end()) continue;
-            if (!c.call.issuedAt.empty()) e.args += ",\"issued_at\":" + quoted(c.call.issuedAt);
-            if (!c.stackTop.empty()) e.args += ",\"stack_top\":" + quoted(c.stackTop);
+            if (!c.call.issuedAt.empty()) e.args += ",\"issued_at\":" + jsonQuoted(c.call.issuedAt);
+            if (!c.stackTop.empty()) e.args += ",\"stack_top\":" + jsonQuoted(c.stackTop);
           }
           emit(e);
           ++stats_.verdictMarks;

@@ -45,6 +45,10 @@ struct TraceFile {
   // Dumps the watchdog wrote after the ring (hang, signal, request, exit), oldest first.
   std::vector<Dump> dumps;
   std::vector<TraceProblem> problems;
+  // The live collector's alone (0 in a file): the latest time (CLOCK_MONOTONIC) of this
+  // process's calls that its host's relay folded (tools/relay_fold.h) and so never reached the
+  // window: the process was active then.
+  int64_t foldedLatestNs = 0;
 };
 
 // Parses the bytes of a ring file. `path` only labels problems.

@@ -273,6 +273,13 @@ void RecordStream::releasePending(uint64_t ringIndex) {
   if (pendingFor(ringIndex) != nullptr) pendingValid_[ringIndex % kPendingSlots] = 0;
 }
 
+bool isFinal(const CallRecord& record) {
+  bool untracked = record.flags & (kRecordNoEvents | kRecordCaptured);
+  return record.state == RecordState::kCompleted || record.state == RecordState::kFailed ||
+         record.state == RecordState::kAborted ||
+         (untracked && (isCollective(record.op) || isPointToPoint(record.op)));
+}
+
 RecordEncoder::RecordEncoder() {
   comms_.reserve(kMaxCommSlots);
   pending_.resize(kPendingSlots);
@@ -603,6 +610,11 @@ void encodeAbort(uint64_t commHash, std::vector<std::byte>& out) {
   append(out, &commHash, sizeof commHash);
 }
 
+void encodeFolded(int64_t nowNs, std::span<const FoldedNote> notes, std::vector<std::byte>& out) {
+  encodeTable(FrameType::kFolded, nowNs, true,
+              notes.first(std::min<size_t>(notes.size(), kMaxFoldedNotes)), out);
+}
+
 void encodeRefused(std::vector<std::byte>& out) {
   header(FrameType::kRefused, sizeof kVersion, out);
   append(out, &kVersion, sizeof kVersion);
@@ -619,6 +631,7 @@ void clearFrame(Frame* frame) {
   frame->nowNs = 0;
   frame->records.clear();
   frame->waits.clear();
+  frame->folded.clear();
   frame->reason.clear();
   frame->commHash = 0;
   frame->version = 0;
@@ -685,6 +698,15 @@ DecodeStatus decodeFrame(std::span<const std::byte> bytes, Frame* frame, size_t*
         std::memcpy(&frame->nowNs, payload, sizeof frame->nowNs);
         ok = decodeTable(payload, h.length, sizeof(int64_t), kWaitNoteCapacity, &frame->waits,
                          error);
+      }
+      break;
+    case FrameType::kFolded:
+      ok = h.length >= sizeof(int64_t);
+      if (!ok) *error = "FOLDED frame without its time";
+      if (ok) {
+        std::memcpy(&frame->nowNs, payload, sizeof frame->nowNs);
+        ok =
+            decodeTable(payload, h.length, sizeof(int64_t), kMaxFoldedNotes, &frame->folded, error);
       }
       break;
     case FrameType::kSites:

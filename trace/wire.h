@@ -45,8 +45,11 @@ enum class FrameType : uint16_t {
   kBye = 4,      // agent → collector: the process ends normally
   kWaits = 5,    // agent → collector: where its pending calls wait inside NCCL (all of them)
   kSites = 6,    // agent → collector: Python call sites its records refer to (new ones)
-  kDump = 16,    // collector → agent: take a dump (payload: reason text)
-  kAbort = 17,   // collector → agent: abort the communicator (payload: u64 comm hash)
+  // Relay link only, relay → collector, on an agent's channel (session 20 on): calls of that
+  // agent its relay folded (docs/protocol.md, "Folding"): never sent as records.
+  kFolded = 7,
+  kDump = 16,   // collector → agent: take a dump (payload: reason text)
+  kAbort = 17,  // collector → agent: abort the communicator (payload: u64 comm hash)
   // collector → agent: it speaks another protocol version (payload: u16 its version). Decoded
   // whatever the header's version, so that agents of every version understand it.
   kRefused = 18,
@@ -71,6 +74,18 @@ struct FrameHeader {
   uint32_t reserved;
 };
 static_assert(sizeof(FrameHeader) == 16);
+
+// FOLDED's entries: per communicator, the calls of one agent its relay folded since its last
+// FOLDED (every member of the communicator is on the relay's host and completed them alike).
+struct FoldedNote {
+  uint64_t commHash;
+  uint64_t calls;        // folded since the last note
+  uint64_t lastOrdinal;  // the last one's collective ordinal (ncclSeqNumber)
+  int64_t latestNs;      // the latest time of them (completion), the agent's CLOCK_MONOTONIC
+};
+static_assert(sizeof(FoldedNote) == 32);
+// Entries one FOLDED frame carries at most (communicators an agent folds on).
+inline constexpr uint32_t kMaxFoldedNotes = 1024;
 
 struct Hello {
   char secret[kSecretBytes];  // the job's secret, NUL-padded
@@ -117,6 +132,11 @@ class RecordStream {
   std::vector<uint8_t> pendingValid_;
   uint64_t lastRing_ = ~0ull;  // the ring index of the last RECORD message
 };
+
+// Whether a record will not change any more: completed, failed or aborted, or a call whose
+// completion is not tracked. An agent sends a record that is not final with `keep` (it watches
+// it and sends its changes as UPDATE messages); a relay that re-encodes does the same.
+bool isFinal(const CallRecord& record);
 
 // The agent's side: turns records into messages. Allocates its tables once (constructor), never
 // while encoding.
@@ -172,6 +192,8 @@ void encodeSites(const std::string& text, std::vector<std::byte>& out);
 void encodeDump(const std::string& reason, std::vector<std::byte>& out);
 void encodeAbort(uint64_t commHash, std::vector<std::byte>& out);
 void encodeRefused(std::vector<std::byte>& out);
+// FOLDED (a relay's; the caller stamps the channel): at most kMaxFoldedNotes entries.
+void encodeFolded(int64_t nowNs, std::span<const FoldedNote> notes, std::vector<std::byte>& out);
 
 // A decoded frame.
 struct Frame {
@@ -181,7 +203,8 @@ struct Frame {
   int64_t nowNs = 0;
   std::vector<CallRecord> records;
   std::vector<WaitNote> waits;
-  std::string reason;  // DUMP: the reason; SITES: the sites' text
+  std::vector<FoldedNote> folded;  // FOLDED
+  std::string reason;              // DUMP: the reason; SITES: the sites' text
   uint64_t commHash = 0;
   uint16_t version = 0;               // REFUSED: the version the collector speaks
   std::optional<int32_t> exitStatus;  // BYE: the status the process passed to exit(), if sent

@@ -40,15 +40,6 @@ void copyText(char (&destination)[N], const char* text) {
   std::memset(destination + length, 0, N - length);
 }
 
-bool isFinal(const trace::CallRecord& record) {
-  bool untracked = record.flags & (trace::kRecordNoEvents | trace::kRecordCaptured);
-  return record.state == trace::RecordState::kCompleted ||
-         record.state == trace::RecordState::kFailed ||
-         record.state == trace::RecordState::kAborted ||
-         (untracked && trace::isCollective(record.op)) ||
-         (untracked && trace::isPointToPoint(record.op));
-}
-
 }  // namespace
 
 CollectorLink::CollectorLink(const CollectorAddress& address, trace::RingWriter& writer, int rank,
@@ -359,7 +350,7 @@ void CollectorLink::collectRecords(int64_t nowNs) {
   for (Watched& watched : watched_) {
     trace::CallRecord record;
     if (!writer_.read(watched.index, &record)) continue;  // overwritten: nothing more to say
-    bool final = isFinal(record);
+    bool final = trace::wire::isFinal(record);
     if (record.state != watched.state) {
       full = full || !send(record, !final);
       if (full) {
@@ -383,7 +374,7 @@ void CollectorLink::collectRecords(int64_t nowNs) {
       ++counters_.recordsDropped;                        // overwritten before it was sent
       continue;
     }
-    bool watch = !isFinal(record) && watched_.size() < kMaxWatched;
+    bool watch = !trace::wire::isFinal(record) && watched_.size() < kMaxWatched;
     if (!send(record, watch)) break;  // the queue is full: the rest waits in the ring
     if (watch) watched_.push_back({sentUpTo_, record.state});
   }

@@ -226,6 +226,44 @@ TEST_F(RelayLinkTest, MixedFramingIsRejected) {
   close(link);
 }
 
+// A relay that folds sends a call it held after later calls of other communicators (tools/
+// relay_fold.h): the collector takes such a record as new, where it used to take every record
+// below the newest ring index as a newer copy: its live triage sees the divergence at once and a
+// pass over that communicator says it.
+TEST_F(RelayLinkTest, ACallThatComesAfterLaterCallsIsTakenAsNew) {
+  constexpr uint64_t kOther = 0x5eed5eed00445566ull;
+  int link = connectTo(collector_.port());
+  std::vector<std::byte> bytes;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<std::byte> agent;
+    wire::Hello opening = hello(kSecret, rank);
+    opening.tracePath[0] = '\0';
+    wire::encodeHello(opening, agent);
+    std::vector<ncclwatch::trace::CommInfo> comms(2);
+    for (size_t i = 0; i < 2; ++i) {
+      comms[i].commHash = i == 0 ? kComm : kOther;
+      comms[i].nranks = 2;
+      comms[i].rank = rank;
+      comms[i].color = -1;
+    }
+    wire::encodeComms(comms, agent);
+    CallRecord late = completedAllReduce(kComm, 1, rank == 1 ? 512 : 1024);
+    late.ringIndex = 0;
+    CallRecord other = completedAllReduce(kOther, 1, 1024);
+    other.ringIndex = 1;
+    wire::RecordEncoder encoder;
+    std::vector<CallRecord> first{other}, second{late};
+    wire::encodeRecords(2'000'000'000, first, encoder, agent);
+    wire::encodeRecords(2'000'000'000, second, encoder, agent);
+    wire::appendWithChannel(agent, static_cast<uint32_t>(rank + 1), bytes);
+  }
+  sendAll(link, bytes);
+  ASSERT_TRUE(eventually([&] { return collector_.counters().verdicts.load() >= 1; })) << out_.str();
+  EXPECT_NE(out_.str().find("MISMATCH"), std::string::npos) << out_.str();
+  EXPECT_GE(collector_.counters().divergencePasses.load(), 1u);
+  close(link);
+}
+
 // `ncclwatch relay` on the abstract name `name`, for the collector at `port`, on a thread of
 // the test; it ends 200 ms after its last agent left. The future holds its exit code.
 std::future<int> startRelay(const std::string& name, int port, std::ostringstream& log) {
