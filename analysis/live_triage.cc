@@ -57,6 +57,14 @@ void LiveTriage::observeUpdate(int64_t wallNs) {
   lastActivityNs_ = std::max(lastActivityNs_, wallNs);
 }
 
+void LiveTriage::settled(uint64_t commHash, uint64_t ordinal) {
+  Comm* comm = find(commHash);
+  if (comm == nullptr) return;
+  for (auto it = comm->open.begin(); it != comm->open.end() && it->first <= ordinal;) {
+    it = it->second.diverged ? std::next(it) : comm->open.erase(it);
+  }
+}
+
 uint64_t LiveTriage::oldestOpenOrdinal(uint64_t commHash, int largestHeld) {
   Comm* comm = find(commHash);
   if (comm == nullptr || !comm->completedOne || comm->open.empty() || comm->size > largestHeld) {

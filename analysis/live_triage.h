@@ -43,6 +43,11 @@ class LiveTriage {
   bool lastJoinedDivergence() const { return lastJoinedDivergence_; }
   // A record seen again with a newer state: only its times count, as activity.
   void observeUpdate(int64_t wallNs);
+  // Every member completed `commHash`'s collectives through `ordinal` alike (a relay folded
+  // them: tools/relay_fold.h): an ordinal still open there from records read elsewhere (a trace
+  // file read before its rank connected) will never get the other members' records, and is
+  // closed unless its members already diverged.
+  void settled(uint64_t commHash, uint64_t ordinal);
 
   // The oldest collective ordinal on `commHash` that some but not all members have reported, once
   // every member has been seen (an ordinal of the communicator was complete): the collector's

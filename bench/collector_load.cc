@@ -39,6 +39,7 @@ const char* const kUsage =
     "usage: collector_load --cli PATH_TO_ncclwatch [--agents 4096] [--rate 100] [--seconds 20]\n"
     "                      [--tick-ms 100] [--comm-size 8] [--warmup 3] [--verdict-wait 30]\n"
     "                      [--hosts N (agents multiplexed per host, as through relays)]\n"
+    "                      [--fold 1|0 (the relays fold host-local calls; default 1)]\n"
     "                      [--analysis-threads N (the collector's; default its own)]\n"
     "                      [--reader-threads N (the collector's; default its own)]\n";
 
@@ -98,6 +99,9 @@ bool parseArgs(int argc, char** argv, Args* args, std::string* error) {
     } else if (name == "--hosts") {
       if (!number(0, 100000, true)) return false;
       args->hosts = static_cast<long>(value);
+    } else if (name == "--fold") {
+      if (!number(0, 1, true)) return false;
+      args->fold = value != 0;
     } else if (name == "--analysis-threads") {
       if (!number(1, 64, true)) return false;
       args->analysisThreads = static_cast<long>(value);
@@ -171,8 +175,9 @@ int LoadGenerator::run() {
   std::printf("collector pid %d listening on port %d; %ld agents, %.0f calls/s each\n", child_,
               port_, args_.agents, args_.rate);
   if (args_.hosts > 0) {
-    std::printf("through relays: %ld hosts, %ld agents each, one connection a host\n", args_.hosts,
-                args_.agents / args_.hosts);
+    std::printf("through relays: %ld hosts, %ld agents each, one connection a host%s\n",
+                args_.hosts, args_.agents / args_.hosts,
+                args_.fold ? ", folding host-local calls" : "");
   }
   std::fflush(stdout);
   epoll_ = epoll_create1(EPOLL_CLOEXEC);
@@ -185,6 +190,11 @@ int LoadGenerator::run() {
   agents_.resize(static_cast<size_t>(args_.agents));
   if (args_.hosts > 0) agentsPerLink_ = static_cast<size_t>(args_.agents / args_.hosts);
   maxQueued_ = kMaxQueuedBytes * agentsPerLink_;
+  if (args_.hosts > 0 && args_.fold) {
+    for (long host = 0; host < args_.hosts; ++host) {
+      folders_.push_back(std::make_unique<relay::Folder>());
+    }
+  }
   for (size_t i = 0; i < agents_.size(); ++i) {
     agents_[i].rank = static_cast<int>(i);
     agents_[i].link = args_.hosts > 0 ? i / agentsPerLink_ * agentsPerLink_ : i;

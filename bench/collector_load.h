@@ -9,10 +9,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "relay_fold.h"
 #include "trace/fingerprint.h"
 #include "trace/ring_format.h"
 #include "trace/wire.h"
@@ -57,6 +59,10 @@ struct Args {
   // host's agents multiplexed over one connection as its relay would (docs/protocol.md,
   // "Relays"): the synthetic relays live here.
   long hosts = 0;
+  // Behind relays: whether they fold the calls of host-local communicators (the tensor-parallel
+  // groups when --comm-size is the agents a host) as `ncclwatch relay` does, with its code
+  // (tools/relay_fold.h); 0: every frame goes on as it came (the relays before session 20).
+  bool fold = true;
   // The collector's --analysis-threads; 0: its default (half the cores, 8 at most).
   long analysisThreads = 0;
   // The collector's --reader-threads; 0: its default.
@@ -195,7 +201,8 @@ class LoadGenerator {
   bool connectAgents(std::string* error);
   void greet(Agent& agent);
   void tick(int64_t now, uint64_t calls);
-  void sendFrame(Agent& agent, uint32_t records);
+  // `relayed`: frame_ is a relay's output for its link, stamped already (no agent's frame).
+  void sendFrame(Agent& agent, uint32_t records, bool relayed = false);
   void flush(Agent& agent);
   void flushLinks(size_t watched, int64_t* watchedAt);
   void watchWrites(Agent& agent, bool on);
@@ -221,6 +228,9 @@ class LoadGenerator {
   std::vector<Agent> agents_;
   Counters counters_;
   std::vector<std::byte> frame_;
+  std::vector<std::byte> relayed_;  // a relay's output, swapped into frame_
+  // Behind folding relays: each host's relay (index: link / agentsPerLink_).
+  std::vector<std::unique_ptr<relay::Folder>> folders_;
   std::vector<CallRecord> records_;
   size_t agentsPerLink_ = 1;
   size_t maxQueued_ = kMaxQueuedBytes;  // per connection: a relay's carries its host's agents

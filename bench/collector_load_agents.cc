@@ -227,9 +227,24 @@ void LoadGenerator::closeAgent(Agent& agent) {
 }
 
 // Sends `frame_` on the agent's connection, or queues what the socket does not take.
-void LoadGenerator::sendFrame(Agent& sender, uint32_t records) {
+void LoadGenerator::sendFrame(Agent& sender, uint32_t records, bool relayed) {
   Agent& agent = agents_[sender.link];  // the connection's state
-  if (sender.channel != 0) {
+  if (sender.channel != 0 && !relayed && !folders_.empty()) {
+    // What the host's relay does, with its code: fold, hold, or re-encode and stamp.
+    relay::Folder& folder = *folders_[sender.link / agentsPerLink_];
+    relayed_.clear();
+    size_t at = 0, bytes = 0;
+    uint32_t ignored = 0;
+    uint16_t type = 0;
+    while (wire::splitFrame(std::span(frame_).subspan(at), &bytes, &ignored, &type) ==
+           wire::SplitStatus::kFrame) {
+      folder.agentFrame(sender.channel, std::span(frame_).subspan(at, bytes), monotonicNs(),
+                        relayed_);
+      at += bytes;
+    }
+    frame_.swap(relayed_);
+    if (frame_.empty()) return;  // all folded or held
+  } else if (sender.channel != 0 && !relayed) {
     // What the host's relay does to each frame it passes on: the channel in the header.
     size_t at = 0, bytes = 0;
     uint32_t ignored = 0;
@@ -407,6 +422,12 @@ void LoadGenerator::tick(int64_t now, uint64_t calls) {
       injectMismatch_ = false;
     }
     counters_.calls += calls;
+  }
+  // The relays' own work of the tick: held calls past their time, due FOLDED notes.
+  for (size_t host = 0; host < folders_.size(); ++host) {
+    frame_.clear();
+    folders_[host]->tick(now, frame_);
+    if (!frame_.empty()) sendFrame(agents_[host * agentsPerLink_], 0, true);
   }
   if (args_.hosts > 0) {
     // The mismatch counts from when its host's frames were written.

@@ -385,6 +385,23 @@ void LoadGenerator::printReport(const std::vector<Sample>& samples, int64_t stea
   double records = rate(&Counters::recordsSent);
   std::printf("%-28s %.1f (frame headers included; a CallRecord is %zu)\n", "wire bytes per record",
               records > 0 ? rate(&Counters::bytesSent) / records : 0.0, sizeof(CallRecord));
+  if (!folders_.empty()) {
+    relay::FoldStats total;
+    for (const auto& folder : folders_) {
+      total.recordsIn += folder->stats().recordsIn;
+      total.recordsFolded += folder->stats().recordsFolded;
+      total.recordsForwarded += folder->stats().recordsForwarded;
+    }
+    std::printf(
+        "%-28s %llu of %llu records the agents sent (%.1f%%); %llu went to the collector "
+        "(the whole run; the wire figures above count what the agents sent)\n",
+        "relays folded", static_cast<unsigned long long>(total.recordsFolded),
+        static_cast<unsigned long long>(total.recordsIn),
+        total.recordsIn ? 100.0 * static_cast<double>(total.recordsFolded) /
+                              static_cast<double>(total.recordsIn)
+                        : 0.0,
+        static_cast<unsigned long long>(total.recordsForwarded));
+  }
   std::printf("%-28s %.2f (%.1f s CPU over %.1f s)\n", "collector CPU, cores", collectorCpu / wall,
               collectorCpu, wall);
   double triage = last.collector.triageSeconds - first.collector.triageSeconds;

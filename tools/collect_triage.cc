@@ -294,6 +294,30 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
       std::memory_order_relaxed);
 }
 
+void Triage::dropFolded(size_t index, const std::vector<wire::FoldedNote>& notes) {
+  trace::TraceFile& file = files_[index];
+  auto folded = [&](const trace::CallRecord& record) {
+    if (!trace::isCollective(record.op)) return false;
+    return std::any_of(notes.begin(), notes.end(), [&](const wire::FoldedNote& note) {
+      return note.commHash == record.commHash && record.ncclSeqNumber <= note.lastOrdinal;
+    });
+  };
+  if (std::none_of(file.records.begin(), file.records.end(), folded)) return;
+  std::vector<trace::CallRecord> kept;
+  for (const trace::CallRecord& record : file.records) {
+    if (folded(record)) {
+      analysis_.touch(record.commHash);
+    } else {
+      kept.push_back(record);
+    }
+  }
+  size_t capacity = file.records.capacity();
+  counters_.recordsHeld -= file.records.size() - kept.size();
+  file.records = trace::RecordWindow(kept);
+  file.records.setCapacity(capacity);
+  analysis_.reshaped(index, file);
+}
+
 bool Triage::roomToHold(Process& process, trace::RecordWindow& records, size_t appends) {
   size_t needed = records.size() + appends + 1;
   if (needed <= records.capacity()) return true;
@@ -387,6 +411,13 @@ bool Triage::frame(int processIndex, wire::Frame& frame) {
         file.foldedLatestNs = latest;
         triage_.observeUpdate(latest + process.toWall);
       }
+      for (const wire::FoldedNote& note : frame.folded) {
+        triage_.settled(note.commHash, note.lastOrdinal);
+      }
+      bool dropsSent = std::any_of(frame.folded.begin(), frame.folded.end(), [](const auto& n) {
+        return (n.flags & wire::kFoldedDropsSent) != 0;
+      });
+      if (dropsSent || process.readFromFile) dropFolded(index, frame.folded);
       break;
     }
     case wire::FrameType::kSites: {
@@ -924,6 +955,7 @@ bool Triage::adoptFile(trace::TraceFile file, const std::string& path) {
     for (const trace::CommInfo& comm : file.comms) triage_.addComm(comm);
   }
   for (const trace::CallRecord& record : file.records) store(index, record);
+  process.readFromFile |= !file.records.empty();
   files_[index].dumps = std::move(file.dumps);
   wanted_ = true;
   return true;

@@ -102,6 +102,9 @@ struct Process {
   // crashed, before it reached the collector); read again while it runs.
   bool adopted = false;
   bool adoptedAlive = false;
+  // Its window holds records read from its trace file (adopted before it connected), which may
+  // be calls its relay folded (FOLDED says so; dropFolded).
+  bool readFromFile = false;
   // Nothing it could still send changes what it did: it said BYE or is gone for sure.
   bool ended() const { return saidBye || goneForSure || (adopted && !adoptedAlive); }
 };
@@ -133,6 +136,10 @@ class Triage : public FrameSink {
   // and their pages returned (they are never used here); `world`: its job's size.
   void addFile(trace::TraceFile file, int world);
   void store(size_t process, const trace::CallRecord& record);
+  // Calls a FOLDED note says its relay folded that the window holds all the same, read from
+  // the process's trace file before it connected: they leave the window, as the other members'
+  // copies never came (a member holding calls the others lack would read as the others behind).
+  void dropFolded(size_t process, const std::vector<trace::wire::FoldedNote>& notes);
   void reloadFromFile(size_t process);
   // `final`: the job is over (every rank said BYE): every verdict is said, none waits to settle.
   // `first`: communicators where the triage saw a divergence, redone before the others.

@@ -153,7 +153,7 @@ void Relay::closeAgent(uint32_t channel, bool tellCollector) {
   agent = AgentConnection{};
   --agentsNow_;
   // What the folder holds of its communicators goes first: the channel's end follows its calls.
-  if (options_.fold) folder_.agentEnded(channel, nowNs(), toCollector_);
+  if (options_.fold) folder_.agentEnded(channel, toCollector_);
   if (tellCollector) wire::encodeClosed(channel, toCollector_);
 }
 

@@ -42,7 +42,9 @@ struct Folder::Agent {
   std::vector<std::pair<uint64_t, int>> ranks;  // (commHash, its rank there), its COMMS
   std::vector<CallRecord> outgoing;             // to the collector at the next flush
   bool queued = false;                          // in toFlush_
-  std::vector<wire::FoldedNote> notes;          // folded since its last FOLDED
+  bool frameDue = false;                        // a RECORDS frame at the flush (maybe empty)
+  std::vector<wire::FoldedNote> notes;          // settled since its last FOLDED
+  bool notesDue = false;                        // FOLDED at the flush, before its records
   int64_t nextNoteNs = 0;
 
   int rankIn(uint64_t commHash) const {
@@ -66,6 +68,9 @@ struct Folder::Comm {
   struct Held {
     int64_t sinceNs = 0;                             // when its first copy came
     std::vector<std::pair<int, CallRecord>> copies;  // (comm rank, record)
+    // Its copies went to the collector as they came (the communicator was undecided then): kept
+    // here only to judge whether the communicator may fold after it.
+    bool sent = false;
   };
   std::map<uint64_t, Held> held;  // by collective ordinal
 };
@@ -99,7 +104,7 @@ bool Folder::agentFrame(uint32_t channel, std::span<const std::byte> frame, int6
       for (const CallRecord& record : from.frame.records) take(channel, from, record, nowNs);
       // An empty frame is the agent's heartbeat, and goes on as one (flushRecords writes a
       // frame for every channel queued, its records or none).
-      if (from.frame.records.empty()) queue(channel, from);
+      if (from.frame.records.empty()) queue(channel, from, true);
       flushRecords(out);
       return true;
     }
@@ -110,7 +115,7 @@ bool Folder::agentFrame(uint32_t channel, std::span<const std::byte> frame, int6
       return true;
     case wire::FrameType::kBye:
       // Its last calls and notes go before the BYE that ends it.
-      agentEnded(channel, nowNs, out);
+      agentEnded(channel, out);
       wire::appendWithChannel(frame, channel, out);
       return true;
     case wire::FrameType::kFolded:
@@ -180,10 +185,17 @@ void Folder::take(uint32_t channel, Agent& from, const CallRecord& record, int64
     return;
   }
   uint64_t ordinal = record.ncclSeqNumber;
-  if (comm.foldedAny && ordinal <= comm.foldedThrough) return;  // a later copy of a folded call
+  if (comm.foldedAny && ordinal <= comm.foldedThrough) return;  // a later copy of a settled call
   auto [at, added] = comm.held.try_emplace(ordinal);
   Comm::Held& held = at->second;
-  if (added) held.sinceNs = nowNs;
+  if (added) {
+    held.sinceNs = nowNs;
+    // Undecided, a call goes on at once: the collector must not wait on a relay that may never
+    // judge it (a member not on this host, or one that reaches the collector another way). It
+    // is watched all the same: the communicator folds from the next call only if each one so
+    // far was matched.
+    held.sent = comm.mode == Comm::Mode::kUndecided;
+  }
   auto copy = std::find_if(held.copies.begin(), held.copies.end(),
                            [&](const auto& entry) { return entry.first == rank; });
   if (copy == held.copies.end()) {
@@ -197,6 +209,7 @@ void Folder::take(uint32_t channel, Agent& from, const CallRecord& record, int64
     forward(channel, record);
     return;
   }
+  if (held.sent) forward(channel, record);
   if (comm.mode == Comm::Mode::kFolding) settle(record.commHash, comm);
 }
 
@@ -219,15 +232,19 @@ void Folder::settle(uint64_t commHash, Comm& comm) {
       auto note = std::find_if(member.notes.begin(), member.notes.end(),
                                [&](const wire::FoldedNote& n) { return n.commHash == commHash; });
       if (note == member.notes.end()) {
-        member.notes.push_back(wire::FoldedNote{commHash, 0, 0, 0});
+        member.notes.push_back(wire::FoldedNote{commHash, 0, 0, 0, 0});
         note = member.notes.end() - 1;
       }
-      note->calls++;
+      if (held.sent) {
+        note->flags |= wire::kFoldedDropsSent;
+      } else {
+        note->calls++;
+      }
       note->lastOrdinal = oldest->first;
       note->latestNs = std::max(note->latestNs, latestOf(record));
       comm.lastFolded[static_cast<size_t>(rank)] = record;
     }
-    stats_.recordsFolded += held.copies.size();
+    if (!held.sent) stats_.recordsFolded += held.copies.size();
     heldRecords_ -= held.copies.size();
     comm.foldedAny = true;
     comm.foldedThrough = oldest->first;
@@ -240,7 +257,9 @@ void Folder::forwardForGood(Comm& comm) {
   bool folding = comm.mode == Comm::Mode::kFolding;
   comm.mode = Comm::Mode::kForwarding;
   ++stats_.commsForwarded;
-  // Per member, in its ring's order: its last folded call (where it was), then what was held.
+  // Per member, in its ring's order: its last settled call (where it was), then what was held
+  // and not sent yet. Its note goes first: what it settles (and, for calls sent before, drops)
+  // must not take the records that follow.
   std::vector<std::vector<CallRecord>> byRank(comm.channelOf.size());
   if (folding && comm.foldedAny) {
     for (size_t rank = 0; rank < comm.lastFolded.size(); ++rank) {
@@ -248,58 +267,68 @@ void Folder::forwardForGood(Comm& comm) {
     }
   }
   for (auto& [ordinal, held] : comm.held) {
-    for (auto& [rank, record] : held.copies) byRank[static_cast<size_t>(rank)].push_back(record);
+    if (!held.sent) {
+      for (auto& [rank, record] : held.copies) byRank[static_cast<size_t>(rank)].push_back(record);
+    }
     heldRecords_ -= held.copies.size();
   }
   comm.held.clear();
   comm.lastFolded = {};
   for (size_t rank = 0; rank < byRank.size(); ++rank) {
     std::vector<CallRecord>& records = byRank[rank];
-    uint32_t channel = comm.channelOf[rank];
-    if (records.empty() || channel == 0 || agents_.count(channel) == 0) continue;
+    uint32_t channel = comm.channelOf.empty() ? 0 : comm.channelOf[rank];
+    auto member = agents_.find(channel);
+    if (channel == 0 || member == agents_.end()) continue;
+    if (!member->second->notes.empty()) {
+      member->second->notesDue = true;
+      queue(channel, *member->second, false);
+    }
     std::sort(records.begin(), records.end(),
               [](const CallRecord& a, const CallRecord& b) { return a.ringIndex < b.ringIndex; });
     for (const CallRecord& record : records) forward(channel, record);
   }
 }
 
-void Folder::queue(uint32_t channel, Agent& to) {
+void Folder::queue(uint32_t channel, Agent& to, bool frame) {
   if (!to.queued) toFlush_.push_back(channel);
   to.queued = true;
+  to.frameDue |= frame;
 }
 
 void Folder::forward(uint32_t channel, const CallRecord& record) {
   Agent& to = agent(channel);
-  queue(channel, to);
+  queue(channel, to, true);
   to.outgoing.push_back(record);
 }
 
 void Folder::flushRecords(std::vector<std::byte>& out) {
   for (uint32_t channel : toFlush_) {
     Agent& to = agent(channel);
-    scratch_.clear();
-    size_t next = 0;
-    do {
-      size_t frame = wire::beginRecords(to.agentNs, scratch_);
-      scratch_.reserve(scratch_.size() + wire::kMaxPayload);
-      for (uint32_t count = 0;
-           next < to.outgoing.size() && wire::recordsFit(frame, count, scratch_); ++count) {
-        const CallRecord& record = to.outgoing[next++];
-        wire::appendRecord(to.encoder, record, !wire::isFinal(record), scratch_);
-      }
-      wire::endRecords(frame, scratch_);
-    } while (next < to.outgoing.size());
+    if (to.notesDue) flushNotes(channel, to, out);
+    if (to.frameDue) {
+      scratch_.clear();
+      size_t next = 0;
+      do {
+        size_t frame = wire::beginRecords(to.agentNs, scratch_);
+        scratch_.reserve(scratch_.size() + wire::kMaxPayload);
+        for (uint32_t count = 0;
+             next < to.outgoing.size() && wire::recordsFit(frame, count, scratch_); ++count) {
+          const CallRecord& record = to.outgoing[next++];
+          wire::appendRecord(to.encoder, record, !wire::isFinal(record), scratch_);
+        }
+        wire::endRecords(frame, scratch_);
+      } while (next < to.outgoing.size());
+      wire::appendWithChannel(scratch_, channel, out);
+    }
     stats_.recordsForwarded += to.outgoing.size();
     to.outgoing.clear();
-    to.queued = false;
-    wire::appendWithChannel(scratch_, channel, out);
+    to.queued = to.frameDue = false;
   }
   toFlush_.clear();
 }
 
-void Folder::flushNotes(uint32_t channel, Agent& agent, int64_t nowNs,
-                        std::vector<std::byte>& out) {
-  agent.nextNoteNs = nowNs + options_.noteEveryNs;
+void Folder::flushNotes(uint32_t channel, Agent& agent, std::vector<std::byte>& out) {
+  agent.notesDue = false;
   if (agent.notes.empty()) return;
   scratch_.clear();
   wire::encodeFolded(agent.agentNs, agent.notes, scratch_);
@@ -307,7 +336,7 @@ void Folder::flushNotes(uint32_t channel, Agent& agent, int64_t nowNs,
   agent.notes.clear();
 }
 
-void Folder::agentEnded(uint32_t channel, int64_t nowNs, std::vector<std::byte>& out) {
+void Folder::agentEnded(uint32_t channel, std::vector<std::byte>& out) {
   auto found = agents_.find(channel);
   if (found == agents_.end()) return;
   Agent& ended = *found->second;
@@ -316,7 +345,7 @@ void Folder::agentEnded(uint32_t channel, int64_t nowNs, std::vector<std::byte>&
     if (comm != comms_.end()) forwardForGood(*comm->second);
   }
   flushRecords(out);
-  flushNotes(channel, ended, nowNs, out);
+  flushNotes(channel, ended, out);
   // The channel may come back for another agent, long after: it starts from nothing.
   agents_.erase(found);
 }
@@ -331,7 +360,8 @@ void Folder::tick(int64_t nowNs, std::vector<std::byte>& out) {
   flushRecords(out);
   for (auto& [channel, agent] : agents_) {
     if (!agent->notes.empty() && nowNs >= agent->nextNoteNs) {
-      flushNotes(channel, *agent, nowNs, out);
+      agent->nextNoteNs = nowNs + options_.noteEveryNs;
+      flushNotes(channel, *agent, out);
     }
   }
 }

@@ -71,7 +71,7 @@ class Folder {
                   std::vector<std::byte>& out);
   // The agent's connection ended: its communicators are forwarded from now on (their held
   // calls go out), then its note of folded calls. Call before telling the collector (CLOSED).
-  void agentEnded(uint32_t channel, int64_t nowNs, std::vector<std::byte>& out);
+  void agentEnded(uint32_t channel, std::vector<std::byte>& out);
   // Communicators whose oldest held call waited past holdNs are forwarded; notes that are due go
   // out. Call every 100 ms or so.
   void tick(int64_t nowNs, std::vector<std::byte>& out);
@@ -89,10 +89,11 @@ class Folder {
   void settle(uint64_t commHash, Comm& comm);
   void forwardForGood(Comm& comm);
   void forward(uint32_t channel, const trace::CallRecord& record);
-  void queue(uint32_t channel, Agent& to);
+  // `frame`: a RECORDS frame goes at the flush (its records, or an empty one: a heartbeat).
+  void queue(uint32_t channel, Agent& to, bool frame);
   // Every agent's records queued by forward(), as RECORDS frames on its channel.
   void flushRecords(std::vector<std::byte>& out);
-  void flushNotes(uint32_t channel, Agent& agent, int64_t nowNs, std::vector<std::byte>& out);
+  void flushNotes(uint32_t channel, Agent& agent, std::vector<std::byte>& out);
 
   FoldOptions options_;
   FoldStats stats_;

@@ -79,9 +79,16 @@ static_assert(sizeof(FrameHeader) == 16);
 // FOLDED (every member of the communicator is on the relay's host and completed them alike).
 struct FoldedNote {
   uint64_t commHash;
-  uint64_t calls;        // folded since the last note
-  uint64_t lastOrdinal;  // the last one's collective ordinal (ncclSeqNumber)
+  uint32_t calls;        // folded since the last note
+  uint32_t flags;        // FoldedNoteFlags
+  uint64_t lastOrdinal;  // every collective of the communicator through this ordinal is settled
   int64_t latestNs;      // the latest time of them (completion), the agent's CLOCK_MONOTONIC
+};
+enum FoldedNoteFlags : uint32_t {
+  // Records of these calls went to the collector before the relay could judge them (it did not
+  // know yet that every member is on its host): the collector drops them, as the calls folded
+  // after them never come (its window would hold them, then a gap).
+  kFoldedDropsSent = 1u << 0,
 };
 static_assert(sizeof(FoldedNote) == 32);
 // Entries one FOLDED frame carries at most (communicators an agent folds on).
