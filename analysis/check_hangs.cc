@@ -321,6 +321,9 @@ bool JobAnalysis::cycleThroughAHeldHost(const Comm& comm, const RankClass& waiti
     const uint32_t i = m.at(k);
     if (i == kNone) return false;  // a member that never issued it: that is missing, not this
     const CallRecord& theirs = procs_[m.proc].rec(i);
+    // x's call there is not theirs (PyTorch's group=None sends a subgroup's call to the world):
+    // a mismatch, which its own verdict names; what waits behind it is no cycle of orders.
+    if (theirs.fingerprint != held.fingerprint) return false;
     // Finished there, or started and waiting in it as x is: not what holds x.
     if (!isPending(theirs) || startSeen(theirs)) continue;
     if (!heldBehindAnEarlierCall(m.proc, i)) {

@@ -1006,6 +1006,36 @@ TEST(CrossComm, ABarrierNoStepHadBeforeBlamesTheRankThatAddedIt) {
   EXPECT_NE(v->explanation.find("Rank 0 broke the order"), std::string::npos) << v->explanation;
 }
 
+// Rank 0's pair call goes to the world instead (PyTorch's group=None for a subgroup): it waits
+// in the world with a call that is not the others' there, while its pair partner waits for it in
+// the pair, its world call queued behind. The world's mismatch is the cause; the wait through
+// it is no cycle of orders (it was a DEADLOCK of ranks 0-1 ahead of the mismatch).
+TEST(CrossComm, ACallOnTheWrongCommunicatorIsAMismatchNotACycle) {
+  auto ranks = subgroup::job(3, true);
+  const int64_t t = 10 * kMs;
+  for (Rank& r : ranks) {
+    r.call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, t).callSite = subgroup::kSite33;
+    r.call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, t + 10).callSite =
+        subgroup::kSite42;
+  }
+  ranks[0].call(kWorld, OpKind::kAllReduce, 1, RecordState::kStarted, t + 20).callSite =
+      subgroup::kSite46;
+  ranks[1]
+      .call(kA, OpKind::kAllReduce, 1, RecordState::kStarted, t + 20, kF32, kSum, -1,
+            subgroup::kPairStream)
+      .callSite = subgroup::kSite46;
+  ranks[1].call(kWorld, OpKind::kAllReduce, 8, RecordState::kIssued, t + 30).callSite =
+      subgroup::kSite33;
+  for (int r = 2; r < 4; ++r) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 8, RecordState::kStarted, t + 30).callSite =
+        subgroup::kSite33;
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  ASSERT_NE(firstIs(report, VerdictKind::kMismatch, {0}), nullptr);
+  EXPECT_EQ(find(onlyJob(report), VerdictKind::kDeadlock), nullptr) << text(report);
+}
+
 // Without call sites (or history) neither side broke an order the records show: both named.
 TEST(CrossComm, WithoutCallSitesTheCycleNamesBothSides) {
   auto ranks = subgroup::job(0, true);
