@@ -149,6 +149,7 @@ std::vector<RolledBack> rollBackToBeforeAborts(std::vector<trace::TraceFile>& fi
     int64_t t = rolled.atNs - toWall(file);
     // A process that began after the abort (a restart under the same job id) is another try.
     if (!file.records.empty() && file.records.front().issueNs >= t) continue;
+    file.readBeforeAbort = true;
     size_t kept = 0;
     for (CallRecord& r : file.records) {
       if (r.issueNs >= t) {

@@ -22,7 +22,8 @@ void JobAnalysis::decideStalled() {
   for (Proc& proc : procs_) {
     jobLastActivity_ = std::max(jobLastActivity_, proc.lastActivity);
     anyAlive |= proc.alive;
-    anyUnclean |= !proc.clean && !proc.alive;
+    // Read as of before the abort that ended a hang: it ran then; its clean exit came after.
+    anyUnclean |= (!proc.clean && !proc.alive) || proc.file->readBeforeAbort;
     anyPending |= proc.pending;  // from its progress (comm_progress.h)
   }
   ended_ = !anyAlive;

@@ -49,6 +49,9 @@ struct TraceFile {
   // process's calls that its host's relay folded (tools/relay_fold.h) and so never reached the
   // window: the process was active then.
   int64_t foldedLatestNs = 0;
+  // Put back as it was just before an abort that ended its job's hang (analysis/before_aborts.h):
+  // its process ran then, whatever its end (a clean exit after the abort ends no hang).
+  bool readBeforeAbort = false;
 };
 
 // Parses the bytes of a ring file. `path` only labels problems.

@@ -577,6 +577,23 @@ TEST(AfterAbort, AnUnmatchedSendThatATimeoutAbortEndedIsStillUnmatched) {
   EXPECT_TRUE(contains(v->explanation, "rank 3 never posts its side")) << v->explanation;
 }
 
+// The ranks went on to exit cleanly after the abort (a raised error caught, exit 0): read as of
+// before the abort the job hung all the same (it read "No hang and no mismatch found").
+TEST(AfterAbort, AHangIsAHangWhenEveryRankExitedCleanlyAfterTheAbort) {
+  auto ranks = world(4);
+  history(ranks, 2);
+  ranks[0].call(kWorld, OpKind::kSend, 16, RecordState::kStarted, 10 * kMs, kF32, kSum, 3);
+  for (int r = 0; r < 4; ++r) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 16, RecordState::kIssued, 11 * kMs);
+  }
+  abortEach(ranks, 15'000);
+  auto traces = files(ranks);
+  for (auto& trace : traces) trace.header.cleanShutdown = 1;
+  ASSERT_EQ(rollBackToBeforeAborts(traces).size(), 1u);
+  Report report = analyze(traces, ended());
+  ASSERT_NE(onlyPrimary(report, VerdictKind::kUnmatchedP2p, {3}), nullptr);
+}
+
 // A call on another communicator that completed only because the abort freed the stream it
 // waited behind is read as pending again; a split that failed because its parent was aborted
 // under it, as still in flight.
