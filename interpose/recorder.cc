@@ -935,7 +935,16 @@ int Recorder::abortByHash(uint64_t commHash) {
     // Recorded like the application's own abort: the comm's pending calls end aborted.
     abortAndRecord(real, comm);
   }
-  return found;
+  if (found > 0) return found;
+  // None with that hash: a process whose wrappers hold communicators (preloaded) has this one
+  // destroyed or finalized already; one that holds none runs as NCCL's profiler plugin only.
+  for (const CommEntry& entry : state->comms) {
+    if (entry.abortable && std::atomic_ref(const_cast<uint64_t&>(entry.hash)).load(
+                               std::memory_order_relaxed) != 0) {
+      return -1;
+    }
+  }
+  return 0;
 }
 
 void Recorder::communicatorAborted(uint64_t commHash) {

@@ -326,9 +326,9 @@ int runJob(const RunOptions& options, std::ostream& out, std::ostream& err) {
   // --abort the job failed, whatever its own status says.
   uint64_t aborts = collector.counters().abortsSent.load();
   if (WEXITSTATUS(status) == 0 && aborts > 0 && !options.pluginOnly) {
-    err << "[ncclwatch] the job exited 0, but --abort aborted " << aborts
+    err << "[ncclwatch] the job exited 0, but --abort asked its ranks to abort " << aborts
         << (aborts == 1 ? " communicator" : " communicators")
-        << " under it after a verdict (what it computed since is not to be trusted): exit status "
+        << " after a verdict (what it computed since is not to be trusted): exit status "
         << kAbortedJobStatus << "\n"
         << std::flush;
     return kAbortedJobStatus;

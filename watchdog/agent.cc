@@ -385,11 +385,17 @@ void Agent::abortComm(uint64_t commHash, const char* why) {
   // Said before the abort, which may wait for GPU work queued ahead of the hung call.
   std::fprintf(stderr, "[ncclwatch] rank %d: aborting comm %s %s\n", options_.rank,
                hex(commHash).c_str(), why);
-  if (options_.abortComm(commHash) == 0) {
+  int aborted = options_.abortComm(commHash);
+  if (aborted == 0) {
     std::fprintf(stderr,
                  "[ncclwatch] rank %d: comm %s not aborted: this process holds no handle to it "
                  "(ncclwatch runs as NCCL's profiler plugin only, and NCCL hands a plugin no "
                  "communicator; preload libncclwatch.so to abort)\n",
+                 options_.rank, hex(commHash).c_str());
+  } else if (aborted < 0) {
+    std::fprintf(stderr,
+                 "[ncclwatch] rank %d: comm %s not aborted: the application destroyed or "
+                 "finalized it already (nothing of it is left to abort)\n",
                  options_.rank, hex(commHash).c_str());
   }
 }

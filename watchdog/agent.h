@@ -66,8 +66,9 @@ struct AgentOptions {
   bool sidecar = false;
   SidecarOptions sidecarOptions;
   // Aborts the communicators with this hash (set by the interposer: it knows the ncclComm_t).
-  // Returns how many communicators it aborted: none where the process holds no handle to one
-  // with that hash (ncclwatch loaded as NCCL's profiler plugin only).
+  // Returns how many communicators it aborted; 0 where the process holds no handle to any
+  // communicator (ncclwatch loaded as NCCL's profiler plugin only); -1 where it holds others but
+  // none with that hash (the application destroyed or finalized it already).
   std::function<int(uint64_t commHash)> abortComm;
 };
 

@@ -124,6 +124,12 @@ int writeWireSeeds(const std::string& dir) {
   wire::encodeHello(hello, second);
   wire::appendWithChannel(second, 9, relay);
   wire::encodeClosed(9, relay);
+  // A relay's note of calls it folded for the agent of channel 3 (tools/relay_fold.h).
+  std::vector<std::byte> folded;
+  std::vector<wire::FoldedNote> notes{{0x1234, 5, 0, 11, 1'200'000'000},
+                                      {0x5678, 2, wire::kFoldedDropsSent, 10, 1'100'000'000}};
+  wire::encodeFolded(44, notes, folded);
+  wire::appendWithChannel(folded, 3, relay);
   wire::appendWithChannel(collector, 3, relay);
   for (auto& [name, bytes] :
        {std::pair{"agent.bin", &agent}, std::pair{"collector.bin", &collector},
