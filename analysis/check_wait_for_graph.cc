@@ -50,7 +50,7 @@ void JobAnalysis::checkGraph() {
           headList[p].push_back(i);
         } else if (inGroupHead[r.stream] && (r.flags & trace::kRecordInGroup) &&
                    !headList[p].empty() && records[headList[p].back()].stream == r.stream &&
-                   headList[p].back() + 1 == i) {
+                   headList[p].back() + 1 == i && sameGroup(records[headList[p].back()], r)) {
           headList[p].push_back(i);
         } else {
           inGroupHead[r.stream] = false;
@@ -210,6 +210,18 @@ void JobAnalysis::checkGraph() {
   }
   for (std::vector<int>& scc : sccs) {
     std::sort(scc.begin(), scc.end());
+    // A cycle of sends and receives on one communicator is the p2p check's (checkP2p: each
+    // rank's call, the one it waits for and the call that holds it, in words that fit it).
+    uint64_t p2pComm = 0;
+    bool onlyP2p = true;
+    for (int p : scc) {
+      for (uint32_t h : headList[p]) {
+        const CallRecord& r = procs_[p].rec(h);
+        onlyP2p &= trace::isPointToPoint(r.op) && (p2pComm == 0 || p2pComm == r.commHash);
+        p2pComm = r.commHash;
+      }
+    }
+    if (onlyP2p) continue;
     // Every rank in a cycle has a head (arcs come only from heads). Classes: by head call.
     std::map<std::tuple<uint64_t, uint64_t>, std::vector<int>> byHead;
     std::map<std::tuple<uint64_t, uint64_t>, CallDesc> headCall;
@@ -249,6 +261,10 @@ void JobAnalysis::checkGraph() {
       rc.call.note = "waits here; its stream holds its later calls";
       if (comm != nullptr && rc.call.commHash == comm->hash) v.seq = rc.call.seq;
       v.classes.push_back(std::move(rc));
+    }
+    // Heads that are all sends or receives reach no collective: every rank of the cycle.
+    if (culprits.empty()) {
+      for (int p : scc) culprits.push_back(procs_[p].rank);
     }
     std::sort(culprits.begin(), culprits.end());
     // A tie (two groups sharing ranks 0 and 1, each rank in the other group's call: as few

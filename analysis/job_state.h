@@ -79,6 +79,12 @@ inline bool isSequenced(const CallRecord& r) {
   return r.seq > 0 && r.op != OpKind::kInit && r.op != OpKind::kGroupStart &&
          r.op != OpKind::kGroupEnd;
 }
+// Whether two in-group calls of one process may be of one ncclGroupStart/End, as far as their
+// records tell (CallRecord::groupSerial; 0 where it is not known): calls of two groups run one
+// launch after the other, so the second waits for the first to finish.
+inline bool sameGroup(const CallRecord& a, const CallRecord& b) {
+  return a.groupSerial == 0 || b.groupSerial == 0 || a.groupSerial == b.groupSerial;
+}
 // What two ranks must agree on at the same ordinal. Splits agree on the op only (their colours
 // legitimately differ; the colour check looks at them).
 inline uint64_t alignKey(const CallRecord& r) {
@@ -333,6 +339,17 @@ class JobAnalysis {
   // send has its receive. Adds the verdict and returns true when it finds one.
   bool checkP2pOrderDeadlock(
       const Comm& comm, const std::vector<std::unordered_map<int, std::vector<uint32_t>>>& sendsTo);
+  // What a member's first pending send or receive waits for (checkP2pOrderDeadlock): the peer's
+  // matching call, held on its stream behind a pending call of its own.
+  struct P2pWait {
+    int peer = -1;           // member index
+    uint32_t mine = 0;       // the member's receive or send
+    uint32_t theirs = 0;     // the peer's matching send or receive, queued
+    uint32_t ahead = 0;      // the peer's pending call ahead of it on its stream
+    bool sendFirst = false;  // the member's call is a send
+  };
+  void sayP2pOrderDeadlock(const Comm& comm, const std::vector<int>& cycle,
+                           const std::vector<P2pWait>& waitsOn);
 
   // ----- check_hangs.cc -----
   void decideStalled();

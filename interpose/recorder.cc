@@ -100,6 +100,8 @@ std::mutex g_initMutex;
 // on the hot path is one instruction instead of a __tls_get_addr call.
 #define NCCLWATCH_TLS thread_local __attribute__((tls_model("initial-exec")))
 NCCLWATCH_TLS int t_groupDepth = 0;
+// The serial of the thread's outermost group (CallRecord::groupSerial), 1 to 255.
+NCCLWATCH_TLS uint8_t t_groupSerial = 0;
 NCCLWATCH_TLS int t_threadId = 0;
 NCCLWATCH_TLS bool t_haveNestedId = false;
 NCCLWATCH_TLS ncclUniqueId t_nestedId;
@@ -370,7 +372,7 @@ int groupDepth() {
   return t_groupDepth;
 }
 void enterGroup() {
-  ++t_groupDepth;
+  if (t_groupDepth++ == 0) t_groupSerial = static_cast<uint8_t>(t_groupSerial % 255 + 1);
 }
 void leaveGroup() {
   if (t_groupDepth > 0) --t_groupDepth;
@@ -707,7 +709,6 @@ void Recorder::issueInto(CommEntry* comm, const CallDescription& call, IssuedCal
   record.startNs = 0;
   record.completeNs = 0;
   record.result = 0;
-  record.reserved = 0;
   record.slotVersion = 0;
   record.ringIndex = 0;
   record.op = call.op;
@@ -727,6 +728,8 @@ void Recorder::issueInto(CommEntry* comm, const CallDescription& call, IssuedCal
   record.groupDepth = static_cast<uint16_t>(depth);
   record.state = trace::RecordState::kIssued;
   record.flags = static_cast<uint8_t>((depth > 0 ? trace::kRecordInGroup : 0) | call.extraFlags);
+  // A depth the caller gives (the plugin's events) is not this thread's group: serial unknown.
+  record.groupSerial = depth > 0 && call.groupDepth < 0 ? t_groupSerial : 0;
   record.commHash = call.commHash;
   if (comm != nullptr) {
     record.commHash = comm->hash;
@@ -939,8 +942,8 @@ int Recorder::abortByHash(uint64_t commHash) {
   // None with that hash: a process whose wrappers hold communicators (preloaded) has this one
   // destroyed or finalized already; one that holds none runs as NCCL's profiler plugin only.
   for (const CommEntry& entry : state->comms) {
-    if (entry.abortable && std::atomic_ref(const_cast<uint64_t&>(entry.hash)).load(
-                               std::memory_order_relaxed) != 0) {
+    if (entry.abortable &&
+        std::atomic_ref(const_cast<uint64_t&>(entry.hash)).load(std::memory_order_relaxed) != 0) {
       return -1;
     }
   }

@@ -1,9 +1,10 @@
 // `ncclwatch relay`: one host's relay (docs/protocol.md, "Relays"). The agents of the host
 // connect to it on a host-local socket; it passes their frames on to the collector over one
 // connection, each stamped with the agent's channel, and the collector's answers (DUMP, ABORT,
-// REFUSED, CLOSED) back to the agent they name. It decodes nothing but frame headers, keeps no
-// per-agent protocol state, and never drops part of an agent's stream: while the collector does
-// not read, it stops reading the agents (their own bounded buffers take over). Started by the
+// REFUSED, CLOSED) back to the agent they name. It folds the calls of communicators all on its
+// host that every member completed alike (relay_fold.h: their records are not sent, a FOLDED
+// note says how many), and never drops anything else of an agent's stream: while the collector
+// does not read, it stops reading the agents (their own bounded buffers take over). Started by the
 // host's relay rank (watchdog/relay_host.h) as a process of its own; when it ends, its agents
 // connect to the collector directly.
 #pragma once

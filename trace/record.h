@@ -116,8 +116,12 @@ struct CallRecord {
   uint8_t dtype;  // ncclDataType_t
   uint8_t redop;  // ncclRedOp_t (values >= 5: PreMulSum handles)
   RecordState state;
-  uint8_t flags;     // RecordFlags
-  uint8_t reserved;  // zero
+  uint8_t flags;  // RecordFlags
+  // Which ncclGroupStart/ncclGroupEnd of its thread it was issued in (the outermost pair's
+  // serial, 1 to 255, wrapping): calls of one group run as one launch, calls of two adjacent
+  // groups one after the other. 0: not in a group, or not known (the profiler plugin's records,
+  // files before session 20, where the byte was reserved and zero).
+  uint8_t groupSerial;
   // Seqlock word of the ring slot: odd while a writer is inside, even when stable, 0 if never
   // written. A reader copies the record between two equal even reads of it.
   uint32_t slotVersion;

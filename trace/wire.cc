@@ -39,7 +39,7 @@ enum RecordBits : uint32_t {
   kHasThread = 1u << 17,
   kHasGroupDepth = 1u << 18,
   kHasSlotVersion = 1u << 19,
-  kHasReserved = 1u << 20,
+  kHasGroupSerial = 1u << 20,
   kRecordBitsKnown = (1u << 21) - 1,
 };
 
@@ -380,7 +380,7 @@ size_t RecordEncoder::encode(const CallRecord& record, bool keep, std::byte* out
   if (record.threadId != image.threadId) bits |= kHasThread;
   if (record.groupDepth != image.groupDepth) bits |= kHasGroupDepth;
   if (record.slotVersion != image.slotVersion) bits |= kHasSlotVersion;
-  if (record.reserved != 0) bits |= kHasReserved;
+  if (record.groupSerial != 0) bits |= kHasGroupSerial;
   writer.byte(static_cast<uint8_t>(kRecordMessage | slot << 2));
   writer.varint(bits);
   uint64_t issue = static_cast<uint64_t>(record.issueNs);
@@ -414,7 +414,7 @@ size_t RecordEncoder::encode(const CallRecord& record, bool keep, std::byte* out
   }
   if (bits & kHasGroupDepth) writer.varint(record.groupDepth);
   if (bits & kHasSlotVersion) writer.varint(zigzag32(record.slotVersion - image.slotVersion));
-  if (bits & kHasReserved) writer.byte(record.reserved);
+  if (bits & kHasGroupSerial) writer.byte(record.groupSerial);
   recordSent(comm, record, keep);
   return static_cast<size_t>(writer.at - out);
 }
@@ -511,7 +511,7 @@ bool RecordDecoder::decode(std::span<const std::byte> messages, std::vector<Call
     }
     if (bits & kHasSlotVersion)
       record.slotVersion = image.slotVersion + unzigzag32(reader.varint32());
-    record.reserved = bits & kHasReserved ? reader.byte() : 0;
+    record.groupSerial = bits & kHasGroupSerial ? reader.byte() : 0;
     if (!reader.ok) return fail("truncated RECORD");
     if (record.op >= OpKind::kCount) return fail("unknown op");
     if (record.state > RecordState::kAborted) return fail("unknown state");

@@ -449,6 +449,50 @@ TEST(P2pOrderDeadlock, TwoRanksThatEachReceiveBeforeTheySend) {
   EXPECT_EQ(find(job, VerdictKind::kUnmatchedP2p), nullptr) << text(report);
 }
 
+// `send(peer); recv(peer)` on both sides of a pair, each call its own group (PyTorch's dist.send
+// and dist.recv): a send past NCCL's buffers waits for its receive, which the peer's stream runs
+// only after the peer's own send (sendsend in session 20's untuned programs: it read as STUCK,
+// "GPU work queued before them never finished"). `sendSerial`, `recvSerial`: the two calls' group
+// serials.
+Report sendThenReceive(uint8_t sendSerial, uint8_t recvSerial) {
+  auto ranks = world(4);
+  history(ranks, 2);
+  for (int r : {1, 2}) {
+    ncclwatch::trace::CallRecord& send = ranks[r].call(
+        kWorld, OpKind::kSend, 1 << 22, RecordState::kStarted, 5 * kMs, kF32, 0, 3 - r);
+    ncclwatch::trace::CallRecord& recv = ranks[r].call(
+        kWorld, OpKind::kRecv, 1 << 22, RecordState::kIssued, 5 * kMs, kF32, 0, 3 - r);
+    send.flags |= ncclwatch::trace::kRecordInGroup;
+    recv.flags |= ncclwatch::trace::kRecordInGroup;
+    send.groupDepth = recv.groupDepth = 1;
+    send.groupSerial = sendSerial;
+    recv.groupSerial = recvSerial;
+  }
+  auto traces = files(ranks);
+  return analyze(traces, ended());
+}
+
+TEST(P2pOrderDeadlock, TwoRanksThatEachSendBeforeTheyReceive) {
+  Report report = sendThenReceive(7, 8);
+  const Verdict* v = firstIs(report, VerdictKind::kDeadlock, {1, 2});
+  ASSERT_NE(v, nullptr);
+  EXPECT_NE(v->explanation.find("each send to the other before they receive from it"),
+            std::string::npos)
+      << v->explanation;
+  EXPECT_NE(v->classes[0].call.note.find("which its stream holds behind its Send"),
+            std::string::npos)
+      << v->classes[0].call.note;
+}
+
+// The same two calls in one group (batch_isend_irecv) run as one launch: no such deadlock (nor
+// where the records do not tell the groups apart: files before session 20).
+TEST(P2pOrderDeadlock, NotWhenTheSendAndTheReceiveAreOneGroup) {
+  for (uint8_t serial : {uint8_t{7}, uint8_t{0}}) {
+    Report report = sendThenReceive(serial, serial);
+    EXPECT_EQ(find(onlyJob(report), VerdictKind::kDeadlock), nullptr) << text(report);
+  }
+}
+
 // The same order on every rank of a ring (each receives from its left before it sends right).
 TEST(P2pOrderDeadlock, ARingWhereEveryRankReceivesFirst) {
   auto ranks = world(4);
