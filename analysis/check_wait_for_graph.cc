@@ -210,18 +210,20 @@ void JobAnalysis::checkGraph() {
   }
   for (std::vector<int>& scc : sccs) {
     std::sort(scc.begin(), scc.end());
-    // A cycle of sends and receives on one communicator is the p2p check's (checkP2p: each
-    // rank's call, the one it waits for and the call that holds it, in words that fit it).
+    // A cycle of started sends and receives on one communicator is the p2p check's
+    // (checkP2pOrderDeadlock: each rank's call, the one it waits for and the call that holds
+    // it, in words that fit it).
     uint64_t p2pComm = 0;
-    bool onlyP2p = true;
+    bool startedP2p = true;
     for (int p : scc) {
       for (uint32_t h : headList[p]) {
         const CallRecord& r = procs_[p].rec(h);
-        onlyP2p &= trace::isPointToPoint(r.op) && (p2pComm == 0 || p2pComm == r.commHash);
+        startedP2p &= trace::isPointToPoint(r.op) && r.state == RecordState::kStarted &&
+                      (p2pComm == 0 || p2pComm == r.commHash);
         p2pComm = r.commHash;
       }
     }
-    if (onlyP2p) continue;
+    if (startedP2p) continue;
     // Every rank in a cycle has a head (arcs come only from heads). Classes: by head call.
     std::map<std::tuple<uint64_t, uint64_t>, std::vector<int>> byHead;
     std::map<std::tuple<uint64_t, uint64_t>, CallDesc> headCall;
