@@ -220,9 +220,8 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
   err << "[ncclwatch] collector stats: agents=" << counters.agents.load()
       << " relay_links=" << counters.relayLinks.load() << " rejected=" << counters.rejected.load()
       << " frames=" << counters.frames.load() << " records=" << counters.records.load()
-      << " folded=" << counters.foldedCalls.load()
-      << " verdicts=" << counters.verdicts.load() << " analyses=" << counters.analyses.load()
-      << " partial=" << counters.partialAnalyses.load()
+      << " folded=" << counters.foldedCalls.load() << " verdicts=" << counters.verdicts.load()
+      << " analyses=" << counters.analyses.load() << " partial=" << counters.partialAnalyses.load()
       << " hang_partial=" << counters.hangAnalyses.load() << " full_because=" <<
       [&] {
         std::string reasons;
