@@ -60,8 +60,8 @@ struct Counters {
   std::atomic<uint64_t> rejected{0};    // connections dropped: bad secret or malformed frames
   // HELLOs with another secret from processes started after this collector (a newer job's).
   std::atomic<uint64_t> newerJobKnocks{0};
-  std::atomic<uint64_t> frames{0};       // frames accepted
-  std::atomic<uint64_t> records{0};      // records received
+  std::atomic<uint64_t> frames{0};   // frames accepted
+  std::atomic<uint64_t> records{0};  // records received
   // Calls relays folded (FOLDED notes, tools/relay_fold.h): matched on their host, never sent.
   std::atomic<uint64_t> foldedCalls{0};
   std::atomic<uint64_t> recordsHeld{0};  // records kept for analysis now (bounded)
