@@ -145,7 +145,7 @@ int Triage::hello(size_t connection, const wire::Hello& hello) {
     }
     Process process;
     // The record budget is shared by the job's ranks; the world size is known from HELLO.
-    process.window = windowFor(options_.maxRecords, hello.world);
+    process.window = process.fullWindow = windowFor(options_.maxRecords, hello.world);
     process.toWall = hello.anchorRealtimeNs - hello.anchorMonotonicNs;
     trace::TraceFile file;
     trace::RingHeader& header = file.header;
@@ -195,6 +195,7 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
     fresh = at == records.end() || at->ringIndex != record.ringIndex;
   }
   if (fresh) {
+    ++process.callsStored;
     if (triage_.observe(record, wall)) {
       auto [held, added] = heldDivergences_.try_emplace(record.commHash, record.ncclSeqNumber);
       if (!added) held->second = std::min(held->second, record.ncclSeqNumber);
@@ -405,8 +406,10 @@ bool Triage::frame(int processIndex, wire::Frame& frame) {
       int64_t latest = 0;
       for (const wire::FoldedNote& note : frame.folded) {
         counters_.foldedCalls += note.calls;
+        process.callsFolded += note.calls;
         latest = std::max(latest, note.latestNs);
       }
+      process.window = foldedWindow(process.fullWindow, process.callsStored, process.callsFolded);
       if (latest > file.foldedLatestNs) {
         file.foldedLatestNs = latest;
         triage_.observeUpdate(latest + process.toWall);
@@ -929,7 +932,7 @@ bool Triage::adoptFile(trace::TraceFile file, const std::string& path) {
     if (processes_.size() >= 4 * options_.maxAgents) return false;
     Process process;
     process.adopted = true;
-    process.window = windowFor(options_.maxRecords, file.header.world);
+    process.window = process.fullWindow = windowFor(options_.maxRecords, file.header.world);
     process.toWall = file.header.anchorRealtimeNs - file.header.anchorMonotonicNs;
     index = processes_.size();
     processIndex_.emplace(key, static_cast<int>(index));

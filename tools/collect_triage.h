@@ -4,6 +4,7 @@
 // it sets off (stderr, verdicts.jsonl, DUMP and ABORT requests). The bytes on the wire are
 // collect_connections.h's.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -72,6 +73,14 @@ constexpr size_t heldRecordBudget(size_t maxRecords) {
 constexpr size_t largestHeldComm(size_t maxRecords, size_t window) {
   return heldRecordBudget(maxRecords) / (heldWindowCap(window) - window);
 }
+// The window of a process whose relay folded `folded` of its calls, `stored` reaching the
+// collector: the stored share of the full window, a quarter of the floor at least.
+inline size_t foldedWindow(size_t fullWindow, uint64_t stored, uint64_t folded) {
+  if (folded == 0) return fullWindow;
+  size_t share = static_cast<size_t>(static_cast<double>(fullWindow) * static_cast<double>(stored) /
+                                     static_cast<double>(stored + folded));
+  return std::clamp(share, std::min(fullWindow, kMinWindow / 4), fullWindow);
+}
 // A rank's window in a job of `world` ranks.
 inline size_t windowFor(size_t maxRecords, int world) {
   size_t share = maxRecords / static_cast<size_t>(world > 1 ? world : 1);
@@ -83,6 +92,14 @@ inline size_t windowFor(size_t maxRecords, int world) {
 // them.
 struct Process {
   size_t window = 0;
+  // Behind a relay that folds (FOLDED notes), the window is the newest `fullWindow` calls of
+  // the process, folded ones counted: the records it holds shrink by the share its relay folds
+  // (foldedWindow). Otherwise a window of the calls the collector sees spans twice the time
+  // where half are folded, and a divergence's pass aligned twice the records (at 32,768 ranks
+  // 188-263 ms instead of 103-109: docs/scale.md, session 20).
+  size_t fullWindow = 0;
+  uint64_t callsStored = 0;    // records seen for the first time
+  uint64_t callsFolded = 0;    // calls its relay's notes counted
   uint64_t firstNewIndex = 0;  // ring indices below it arrived before: later copies are updates
   int64_t toWall = 0;          // add to a record time for the wall clock
   // The size at which the window is trimmed next: its size and slack, or more while the trim is

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "collect_triage.h"
 #include "relay_fold.h"
 #include "trace/fingerprint.h"
 #include "trace/wire.h"
@@ -367,4 +368,18 @@ TEST_F(FoldTest, FramesThatAreNotAnAgentsEndIt) {
   EXPECT_FALSE(folder_.agentFrame(1, records, 0, out_));
 }
 
+}  // namespace
+
+namespace {
+// Behind a relay that folds, a rank's window keeps the share of its calls that reach the
+// collector: the same span of calls as without folding (a quarter of the floor at least).
+TEST(FoldedWindow, KeepsTheShareOfCallsThatReachTheCollector) {
+  using ncclwatch::collect::foldedWindow;
+  using ncclwatch::collect::kMinWindow;
+  EXPECT_EQ(foldedWindow(128, 500, 0), 128u);
+  EXPECT_EQ(foldedWindow(128, 500, 500), 64u);
+  EXPECT_EQ(foldedWindow(128, 1, 10'000), kMinWindow / 4);
+  EXPECT_EQ(foldedWindow(65536, 100, 300), 16384u);
+  EXPECT_EQ(foldedWindow(16, 1, 1000), 16u);  // never past the full window
+}
 }  // namespace
