@@ -1004,11 +1004,16 @@ std::vector<Rank> job(int steps, bool barriers) {
 // The step where it hangs: `barrierFirst` (a rank) starts its barrier right after the world's
 // second call; the others go on to the next step's first world call, which waits for it, and
 // `queued` (the other pair member) has its own barrier queued behind that.
-void hang(std::vector<Rank>& ranks, int barrierFirst, int queued, int64_t t) {
+// A step's two world all-reduces (sites 33 and 42), completed on every rank, from `t`.
+void worldCalls(std::vector<Rank>& ranks, int64_t t) {
   for (Rank& r : ranks) {
     r.call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, t).callSite = kSite33;
     r.call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, t + 10).callSite = kSite42;
   }
+}
+
+void hang(std::vector<Rank>& ranks, int barrierFirst, int queued, int64_t t) {
+  worldCalls(ranks, t);
   ranks[barrierFirst]
       .call(kA, OpKind::kAllReduce, 1, RecordState::kStarted, t + 20, kF32, kSum, -1, kPairStream)
       .callSite = kSite46;
@@ -1057,11 +1062,7 @@ TEST(CrossComm, ABarrierNoStepHadBeforeBlamesTheRankThatAddedIt) {
 TEST(CrossComm, ACallOnTheWrongCommunicatorIsAMismatchNotACycle) {
   auto ranks = subgroup::job(3, true);
   const int64_t t = 10 * kMs;
-  for (Rank& r : ranks) {
-    r.call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, t).callSite = subgroup::kSite33;
-    r.call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, t + 10).callSite =
-        subgroup::kSite42;
-  }
+  subgroup::worldCalls(ranks, t);
   ranks[0].call(kWorld, OpKind::kAllReduce, 1, RecordState::kStarted, t + 20).callSite =
       subgroup::kSite46;
   ranks[1]
@@ -1097,11 +1098,7 @@ TEST(CrossComm, WithoutCallSitesTheCycleNamesBothSides) {
 TEST(CrossComm, TwoMissingCallsThatHoldEachOtherBlameTheRankThatBrokeItsOrder) {
   auto ranks = subgroup::job(3, true);
   const int64_t t = 10 * kMs;
-  for (Rank& r : ranks) {
-    r.call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, t).callSite = subgroup::kSite33;
-    r.call(kWorld, OpKind::kAllReduce, 8, RecordState::kCompleted, t + 10).callSite =
-        subgroup::kSite42;
-  }
+  subgroup::worldCalls(ranks, t);
   ranks[0]
       .call(kA, OpKind::kAllReduce, 1, RecordState::kStarted, t + 20, kF32, kSum, -1,
             subgroup::kPairStream)

@@ -559,9 +559,9 @@ TEST(AfterAbort, TheHangAnAbortEndedIsReadAsItWasBeforeTheAbort) {
   EXPECT_EQ(job(report).verdicts.size(), 1u) << text(report);
 }
 
-// PyTorch's watchdog at its timeout aborts every communicator with a call pending, on every
-// rank: read as they were left, nothing was pending any more and no verdict explained the job.
-TEST(AfterAbort, AnUnmatchedSendThatATimeoutAbortEndedIsStillUnmatched) {
+// Rank 0's send to rank 3, which never posts its receive, and every rank's next all-reduce,
+// all aborted by PyTorch's watchdog at its timeout (15 s).
+std::vector<TraceFile> unmatchedSendAbortedByATimeout() {
   auto ranks = world(4);
   history(ranks, 2);
   ranks[0].call(kWorld, OpKind::kSend, 16, RecordState::kStarted, 10 * kMs, kF32, kSum, 3);
@@ -569,7 +569,13 @@ TEST(AfterAbort, AnUnmatchedSendThatATimeoutAbortEndedIsStillUnmatched) {
     ranks[r].call(kWorld, OpKind::kAllReduce, 16, RecordState::kIssued, 11 * kMs);
   }
   abortEach(ranks, 15'000);
-  auto traces = files(ranks);
+  return files(ranks);
+}
+
+// PyTorch's watchdog at its timeout aborts every communicator with a call pending, on every
+// rank: read as they were left, nothing was pending any more and no verdict explained the job.
+TEST(AfterAbort, AnUnmatchedSendThatATimeoutAbortEndedIsStillUnmatched) {
+  auto traces = unmatchedSendAbortedByATimeout();
   ASSERT_EQ(rollBackToBeforeAborts(traces).size(), 1u);
   Report report = analyze(traces, ended());
   const Verdict* v = onlyPrimary(report, VerdictKind::kUnmatchedP2p, {3});
@@ -580,14 +586,7 @@ TEST(AfterAbort, AnUnmatchedSendThatATimeoutAbortEndedIsStillUnmatched) {
 // The ranks went on to exit cleanly after the abort (a raised error caught, exit 0): read as of
 // before the abort the job hung all the same (it read "No hang and no mismatch found").
 TEST(AfterAbort, AHangIsAHangWhenEveryRankExitedCleanlyAfterTheAbort) {
-  auto ranks = world(4);
-  history(ranks, 2);
-  ranks[0].call(kWorld, OpKind::kSend, 16, RecordState::kStarted, 10 * kMs, kF32, kSum, 3);
-  for (int r = 0; r < 4; ++r) {
-    ranks[r].call(kWorld, OpKind::kAllReduce, 16, RecordState::kIssued, 11 * kMs);
-  }
-  abortEach(ranks, 15'000);
-  auto traces = files(ranks);
+  auto traces = unmatchedSendAbortedByATimeout();
   for (auto& trace : traces) trace.header.cleanShutdown = 1;
   ASSERT_EQ(rollBackToBeforeAborts(traces).size(), 1u);
   Report report = analyze(traces, ended());
