@@ -169,7 +169,10 @@ void Folder::take(uint32_t channel, Agent& from, const CallRecord& record, int64
   auto found = comms_.find(record.commHash);
   int rank = from.rankIn(record.commHash);
   if (found == comms_.end() || rank < 0) {
-    forward(channel, record);  // a communicator its table does not hold (yet)
+    // A communicator its table does not hold (yet, or any more): not this agent's to fold, and
+    // one the others fold goes on for good first, so that its members' calls stay alike.
+    if (found != comms_.end()) forwardForGood(*found->second);
+    forward(channel, record);
     return;
   }
   Comm& comm = *found->second;
@@ -347,7 +350,7 @@ void Folder::agentEnded(uint32_t channel, std::vector<std::byte>& out) {
   flushRecords(out);
   flushNotes(channel, ended, out);
   // The channel may come back for another agent, long after: it starts from nothing.
-  agents_.erase(found);
+  agents_.erase(channel);
 }
 
 void Folder::tick(int64_t nowNs, std::vector<std::byte>& out) {
