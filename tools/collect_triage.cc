@@ -295,6 +295,16 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
       std::memory_order_relaxed);
 }
 
+std::string verdictKey(const analysis::JobReport& job, const analysis::Verdict& verdict) {
+  std::string key = job.jobId + "/" + std::to_string(job.attempt) + "/" +
+                    analysis::kindName(verdict.kind) + "/" + analysis::hashText(verdict.comm.hash) +
+                    "/" + std::to_string(verdict.seq);
+  if (verdict.kind == analysis::VerdictKind::kDeadlock) {
+    key += "/" + analysis::formatRanks(verdict.culprits);
+  }
+  return key;
+}
+
 void Triage::dropFolded(size_t index, const std::vector<wire::FoldedNote>& notes) {
   trace::TraceFile& file = files_[index];
   auto folded = [&](const trace::CallRecord& record) {
@@ -813,9 +823,7 @@ void Triage::analyze(int64_t now, bool final, const std::set<uint64_t>* first) {
   for (const analysis::JobReport& job : result.jobs) {
     for (const analysis::Verdict& verdict : job.verdicts) {
       if (!verdict.primary) continue;
-      std::string key = job.jobId + "/" + std::to_string(job.attempt) + "/" +
-                        analysis::kindName(verdict.kind) + "/" +
-                        analysis::hashText(verdict.comm.hash) + "/" + std::to_string(verdict.seq);
+      std::string key = verdictKey(job, verdict);
       if (reported_.count(key)) continue;
       std::string culprits = analysis::formatRanks(verdict.culprits);
       auto previous = candidates_.find(key);

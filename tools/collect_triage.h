@@ -81,6 +81,11 @@ inline size_t foldedWindow(size_t fullWindow, uint64_t stored, uint64_t folded) 
                                      static_cast<double>(stored + folded));
   return std::clamp(share, std::min(fullWindow, kMinWindow / 4), fullWindow);
 }
+// What tells one verdict from another while it settles and once it is said: its job, kind,
+// communicator and call, and for a deadlock its ranks too (two pairs that each send first on
+// one communicator deadlock apart, at one call: as one key, they took turns as the candidate and
+// only one was said).
+std::string verdictKey(const analysis::JobReport& job, const analysis::Verdict& verdict);
 // A rank's window in a job of `world` ranks.
 inline size_t windowFor(size_t maxRecords, int world) {
   size_t share = maxRecords / static_cast<size_t>(world > 1 ? world : 1);

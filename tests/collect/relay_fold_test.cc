@@ -383,3 +383,27 @@ TEST(FoldedWindow, KeepsTheShareOfCallsThatReachTheCollector) {
   EXPECT_EQ(foldedWindow(16, 1, 1000), 16u);  // never past the full window
 }
 }  // namespace
+
+namespace {
+// Two pairs that each send first on one communicator deadlock apart, at the same call: two
+// verdicts to say (they shared one key, took turns as the candidate, and one was never said).
+// Other verdicts keep one key while their culprits settle.
+TEST(VerdictKey, DeadlocksOfOtherRanksAtOneCallAreTwoVerdicts) {
+  using ncclwatch::analysis::Verdict;
+  using ncclwatch::analysis::VerdictKind;
+  ncclwatch::analysis::JobReport job;
+  job.jobId = "job";
+  Verdict first;
+  first.kind = VerdictKind::kDeadlock;
+  first.comm.hash = 0x38b7;
+  first.seq = 2;
+  first.culprits = {0, 1};
+  Verdict second = first;
+  second.culprits = {2, 3};
+  EXPECT_NE(ncclwatch::collect::verdictKey(job, first),
+            ncclwatch::collect::verdictKey(job, second));
+  first.kind = second.kind = VerdictKind::kMismatch;
+  EXPECT_EQ(ncclwatch::collect::verdictKey(job, first),
+            ncclwatch::collect::verdictKey(job, second));
+}
+}  // namespace
