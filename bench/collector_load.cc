@@ -39,7 +39,8 @@ const char* const kUsage =
     "usage: collector_load --cli PATH_TO_ncclwatch [--agents 4096] [--rate 100] [--seconds 20]\n"
     "                      [--tick-ms 100] [--comm-size 8] [--warmup 3] [--verdict-wait 30]\n"
     "                      [--hosts N (agents multiplexed per host, as through relays)]\n"
-    "                      [--fold 1|0 (the relays fold host-local calls; default 1)]\n"
+    "                      [--fold 1|0|2 (the relays fold host-local calls with their code;\n"
+    "                       0: not; 2: their output made directly; default 1)]\n"
     "                      [--analysis-threads N (the collector's; default its own)]\n"
     "                      [--reader-threads N (the collector's; default its own)]\n";
 
@@ -100,8 +101,8 @@ bool parseArgs(int argc, char** argv, Args* args, std::string* error) {
       if (!number(0, 100000, true)) return false;
       args->hosts = static_cast<long>(value);
     } else if (name == "--fold") {
-      if (!number(0, 1, true)) return false;
-      args->fold = value != 0;
+      if (!number(0, 2, true)) return false;
+      args->fold = static_cast<int>(value);
     } else if (name == "--analysis-threads") {
       if (!number(1, 64, true)) return false;
       args->analysisThreads = static_cast<long>(value);
@@ -177,7 +178,10 @@ int LoadGenerator::run() {
   if (args_.hosts > 0) {
     std::printf("through relays: %ld hosts, %ld agents each, one connection a host%s\n",
                 args_.hosts, args_.agents / args_.hosts,
-                args_.fold ? ", folding host-local calls" : "");
+                args_.fold == Args::kFoldRelayCode ? ", folding host-local calls"
+                : args_.fold == Args::kFoldEmulated
+                    ? ", folding host-local calls (the relays' output made directly)"
+                    : "");
   }
   std::fflush(stdout);
   epoll_ = epoll_create1(EPOLL_CLOEXEC);
@@ -190,7 +194,7 @@ int LoadGenerator::run() {
   agents_.resize(static_cast<size_t>(args_.agents));
   if (args_.hosts > 0) agentsPerLink_ = static_cast<size_t>(args_.agents / args_.hosts);
   maxQueued_ = kMaxQueuedBytes * agentsPerLink_;
-  if (args_.hosts > 0 && args_.fold) {
+  if (args_.hosts > 0 && args_.fold == Args::kFoldRelayCode) {
     for (long host = 0; host < args_.hosts; ++host) {
       folders_.push_back(std::make_unique<relay::Folder>());
     }

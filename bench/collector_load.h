@@ -61,8 +61,12 @@ struct Args {
   long hosts = 0;
   // Behind relays: whether they fold the calls of host-local communicators (the tensor-parallel
   // groups when --comm-size is the agents a host) as `ncclwatch relay` does, with its code
-  // (tools/relay_fold.h); 0: every frame goes on as it came (the relays before session 20).
-  bool fold = true;
+  // (tools/relay_fold.h); kFoldNone: every frame goes on as it came (the relays before session
+  // 20); kFoldEmulated: what such a relay sends, made directly (no tensor-parallel record, a
+  // FOLDED note a second per agent), so that the generator does not pay the relays' decoding:
+  // at 32,768 ranks that took a core of the two here.
+  enum Fold { kFoldNone = 0, kFoldRelayCode = 1, kFoldEmulated = 2 };
+  int fold = kFoldRelayCode;
   // The collector's --analysis-threads; 0: its default (half the cores, 8 at most).
   long analysisThreads = 0;
   // The collector's --reader-threads; 0: its default.
@@ -149,6 +153,9 @@ struct Agent {
   uint64_t ringIndex = 0;
   uint64_t worldRolling = trace::kRollingSeed;
   uint64_t tpRolling = trace::kRollingSeed;
+  // --fold 2: the tensor-parallel calls folded since the agent's last note, and when it is due.
+  wire::FoldedNote note{};
+  int64_t nextNoteNs = 0;
   // Bytes the socket would not take yet, from `head`; `frameEnds` are stream positions (counted
   // in `flushed`) at which a queued frame is completely written, with its record count.
   std::vector<std::byte> queue;
@@ -163,7 +170,8 @@ struct Agent {
 };
 
 struct Counters {
-  uint64_t calls = 0;  // calls the agents made (offered load), dropped ones included
+  uint64_t calls = 0;          // calls the agents made (offered load), dropped ones included
+  uint64_t recordsFolded = 0;  // --fold 2: records the emulated relays folded
   uint64_t framesSent = 0;
   uint64_t recordsSent = 0;
   uint64_t bytesSent = 0;

@@ -397,6 +397,15 @@ void LoadGenerator::tick(int64_t now, uint64_t calls) {
         agent.tpRolling = trace::rollingHash(agent.tpRolling, r.fingerprint);
         r.rollingHash = agent.tpRolling;
       }
+      if (!world && args_.hosts > 0 && args_.fold == Args::kFoldEmulated) {
+        // Folded by the host's relay: counted in the agent's next note, never sent.
+        agent.note.commHash = r.commHash;
+        agent.note.calls++;
+        agent.note.lastOrdinal = r.ncclSeqNumber;
+        agent.note.latestNs = std::max(agent.note.latestNs, r.completeNs);
+        counters_.recordsFolded++;
+        continue;
+      }
       records_.push_back(r);
     }
     // A frame that would not fit the queue is not encoded at all (its records are lost, as a
@@ -411,6 +420,11 @@ void LoadGenerator::tick(int64_t now, uint64_t calls) {
       continue;
     }
     frame_.clear();
+    if (agent.note.calls > 0 && now >= agent.nextNoteNs) {
+      wire::encodeFolded(monotonicNs(), std::span(&agent.note, 1), frame_);
+      agent.note.calls = 0;
+      agent.nextNoteNs = now + 1'000'000'000;
+    }
     wire::encodeRecords(monotonicNs(), records_, agent.encoder, frame_);
     bool carriesMismatch = injectMismatch_ && agent.rank == culprit_ && worldDone > 0;
     bool wasQueued = link.head < link.queue.size() && link.writeWatched;

@@ -385,6 +385,10 @@ void LoadGenerator::printReport(const std::vector<Sample>& samples, int64_t stea
   double records = rate(&Counters::recordsSent);
   std::printf("%-28s %.1f (frame headers included; a CallRecord is %zu)\n", "wire bytes per record",
               records > 0 ? rate(&Counters::bytesSent) / records : 0.0, sizeof(CallRecord));
+  if (counters_.recordsFolded > 0) {
+    std::printf("%-28s %llu records (the relays' output made directly)\n", "relays folded",
+                static_cast<unsigned long long>(counters_.recordsFolded));
+  }
   if (!folders_.empty()) {
     relay::FoldStats total;
     for (const auto& folder : folders_) {
