@@ -147,9 +147,13 @@ void Folder::tableOf(uint32_t channel, Agent& from, std::span<const trace::CommI
     }
     Comm& comm = *slot;
     if (comm.mode == Comm::Mode::kForwarding) continue;
+    if (comm.nranks != info.nranks) {
+      forwardForGood(comm);  // sizes that disagree: not judged here
+      continue;
+    }
     uint32_t& seen = comm.channelOf[static_cast<size_t>(info.rank)];
-    if (comm.nranks != info.nranks || (seen != 0 && seen != channel)) {
-      forwardForGood(comm);  // two agents for one rank, or sizes that disagree: not judged here
+    if (seen != 0 && seen != channel) {
+      forwardForGood(comm);  // two agents for one rank: not judged here
       continue;
     }
     if (seen == 0) {

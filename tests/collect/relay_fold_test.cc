@@ -354,6 +354,26 @@ TEST_F(FoldTest, AnAgentThatEndsLetsWhatWasHeldGoFirst) {
   EXPECT_EQ(foldedCalls(1, kLocal), 1u);
 }
 
+// Tables that disagree on a communicator (its size, or two agents for one rank): not the
+// relay's to judge; its calls go on as they come.
+TEST_F(FoldTest, TablesThatDisagreeOnACommunicatorForwardIt) {
+  start(2);
+  FakeAgent& late = agents_.emplace_back();
+  late.channel = 3;
+  std::vector<std::byte> bytes;
+  std::vector<CommInfo> comms(1);
+  comms[0].commHash = kLocal;
+  comms[0].nranks = 5;  // the others said 2
+  comms[0].rank = 4;
+  wire::encodeComms(comms, bytes);
+  feed(late, bytes);
+  for (size_t rank = 0; rank < 2; ++rank) {
+    send(agents_[rank], {call(agents_[rank], kLocal, 0)});
+    EXPECT_EQ(ordinals(agents_[rank].channel, kLocal), (std::vector<uint64_t>{0}));
+  }
+  EXPECT_EQ(folder_.stats().recordsFolded, 0u);
+}
+
 // A frame that does not decode, and a relay's own frames from an agent, end that agent.
 TEST_F(FoldTest, FramesThatAreNotAnAgentsEndIt) {
   start(1);
