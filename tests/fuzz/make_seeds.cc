@@ -122,6 +122,12 @@ int writeWireSeeds(const std::string& dir) {
   std::vector<std::byte> second;
   hello.rank = 0;
   wire::encodeHello(hello, second);
+  // Its table says the first agent's communicator has another size (a relay must not trust it).
+  CommInfo other = comm;
+  other.nranks = 5;
+  other.rank = 4;
+  std::vector<CommInfo> otherComms{other};
+  wire::encodeComms(otherComms, second);
   wire::appendWithChannel(second, 9, relay);
   wire::encodeClosed(9, relay);
   // A relay's note of calls it folded for the agent of channel 3 (tools/relay_fold.h).
