@@ -399,8 +399,7 @@ bool JobAnalysis::checkP2pOrderDeadlock(
         // inferred from stream order, looks the same.
         const bool grouped = (ahead.flags & theirs.flags & trace::kRecordInGroup) != 0;
         const bool known = ahead.groupSerial != 0 && theirs.groupSerial != 0;
-        const bool oneGroup =
-            grouped && (known ? ahead.groupSerial == theirs.groupSerial : sendFirst);
+        const bool oneGroup = grouped && (known ? sameGroup(ahead, theirs) : sendFirst);
         if (!oneGroup) waitsOn[static_cast<size_t>(mi)] = P2pWait{pm, *first, match, a, sendFirst};
         break;
       }

@@ -75,10 +75,7 @@ inline bool startSeen(const CallRecord& r) {
 inline bool isFailed(const CallRecord& r) {
   return isFailedCall(r);
 }
-inline bool isSequenced(const CallRecord& r) {
-  return r.seq > 0 && r.op != OpKind::kInit && r.op != OpKind::kGroupStart &&
-         r.op != OpKind::kGroupEnd;
-}
+using trace::isSequenced;
 // Whether two in-group calls of one process may be of one ncclGroupStart/End, as far as their
 // records tell (CallRecord::groupSerial; 0 where it is not known): calls of two groups run one
 // launch after the other, so the second waits for the first to finish.

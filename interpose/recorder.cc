@@ -941,9 +941,8 @@ int Recorder::abortByHash(uint64_t commHash) {
   if (found > 0) return found;
   // None with that hash: a process whose wrappers hold communicators (preloaded) has this one
   // destroyed or finalized already; one that holds none runs as NCCL's profiler plugin only.
-  for (const CommEntry& entry : state->comms) {
-    if (entry.abortable &&
-        std::atomic_ref(const_cast<uint64_t&>(entry.hash)).load(std::memory_order_relaxed) != 0) {
+  for (CommEntry& entry : state->comms) {
+    if (entry.abortable && std::atomic_ref(entry.hash).load(std::memory_order_relaxed) != 0) {
       return -1;
     }
   }

@@ -181,19 +181,24 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
   analysis_.touch(record.commHash);  // the next pass redoes this communicator
   int64_t wall = analysis::latestTime(record);
   wall = wall == 0 ? 0 : wall + process.toWall;
-  // A record seen for the first time: past every ring index received, or (from a relay that
-  // folds, which sends a call it held after later calls of other communicators) one the window
-  // does not hold where the window takes it (inside its span, or anywhere while it is not full).
-  // Anything else is a newer copy (a state change, a resend after a reconnect).
-  bool fresh = record.ringIndex >= process.firstNewIndex;
-  if (!fresh && !records.empty() &&
-      (record.ringIndex > records.front().ringIndex || records.size() < process.window)) {
-    auto at = std::lower_bound(records.begin(), records.end(), record.ringIndex,
-                               [](const trace::CallRecord& kept, uint64_t ringIndex) {
-                                 return kept.ringIndex < ringIndex;
-                               });
-    fresh = at == records.end() || at->ringIndex != record.ringIndex;
+  // Where the record goes in the window (ring-index order): at its end, in place of its older
+  // copy, inserted in the middle, or nowhere (older than a full window holds).
+  enum class Place { kAppend, kReplace, kInsert, kNone };
+  Place place = Place::kAppend;
+  auto at = records.end();
+  if (!records.empty() && record.ringIndex <= records.back().ringIndex) {
+    at = std::lower_bound(records.begin(), records.end(), record.ringIndex,
+                          [](const trace::CallRecord& kept, uint64_t ringIndex) {
+                            return kept.ringIndex < ringIndex;
+                          });
+    place = at != records.end() && at->ringIndex == record.ringIndex   ? Place::kReplace
+            : at != records.begin() || records.size() < process.window ? Place::kInsert
+                                                                       : Place::kNone;
   }
+  // A record seen for the first time: past every ring index received, or one the window takes
+  // in its middle (a relay that folds sends a call it held after later calls of other
+  // communicators). Anything else is a newer copy (a state change, a resend after a reconnect).
+  bool fresh = record.ringIndex >= process.firstNewIndex || place == Place::kInsert;
   if (fresh) {
     ++process.callsStored;
     if (triage_.observe(record, wall)) {
@@ -228,25 +233,17 @@ void Triage::store(size_t index, const trace::CallRecord& record) {
   // append at once (one add), a trim as records dropped (before they are erased: it reads them),
   // and a record inserted in the middle by a rebuild once the window is trimmed (a rebuild
   // before the trim would be wasted work).
-  bool appended = false, reshaped = false;
-  if (records.empty() || record.ringIndex > records.back().ringIndex) {
+  const bool appended = place == Place::kAppend, reshaped = place == Place::kInsert;
+  if (appended) {
     records.push_back(record);
-    appended = true;
-  } else {
-    auto at = std::lower_bound(records.begin(), records.end(), record.ringIndex,
-                               [](const trace::CallRecord& kept, uint64_t ringIndex) {
-                                 return kept.ringIndex < ringIndex;
-                               });
-    if (at != records.end() && at->ringIndex == record.ringIndex) {
-      trace::CallRecord before = *at;
-      *at = record;
-      analysis_.replaced(index, files_[index], before, record);
-    } else if (at != records.begin() || records.size() < process.window) {
-      records.insert(at, record);
-      reshaped = true;
-    }
+    analysis_.appended(index, files_[index]);
+  } else if (place == Place::kReplace) {
+    trace::CallRecord before = *at;
+    *at = record;
+    analysis_.replaced(index, files_[index], before, record);
+  } else if (reshaped) {
+    records.insert(at, record);
   }
-  if (appended) analysis_.appended(index, files_[index]);
   // Trim in steps of the slack (a quarter window): the progress trims once for that many records.
   const size_t slack = trimSlack(process.window), reserved = process.window + slack + 1;
   if (records.size() > std::max(process.trimAt, process.window + slack)) {
@@ -414,22 +411,19 @@ bool Triage::frame(int processIndex, wire::Frame& frame) {
       // Calls its relay folded: matched by every member on its host, so nothing to analyse, but
       // the rank was active then (the quiet and silent-rank checks read activity).
       int64_t latest = 0;
+      bool dropsSent = false;
       for (const wire::FoldedNote& note : frame.folded) {
         counters_.foldedCalls += note.calls;
         process.callsFolded += note.calls;
         latest = std::max(latest, note.latestNs);
+        dropsSent |= (note.flags & wire::kFoldedDropsSent) != 0;
+        triage_.settled(note.commHash, note.lastOrdinal);
       }
       process.window = foldedWindow(process.fullWindow, process.callsStored, process.callsFolded);
       if (latest > file.foldedLatestNs) {
         file.foldedLatestNs = latest;
         triage_.observeUpdate(latest + process.toWall);
       }
-      for (const wire::FoldedNote& note : frame.folded) {
-        triage_.settled(note.commHash, note.lastOrdinal);
-      }
-      bool dropsSent = std::any_of(frame.folded.begin(), frame.folded.end(), [](const auto& n) {
-        return (n.flags & wire::kFoldedDropsSent) != 0;
-      });
       if (dropsSent || process.readFromFile) dropFolded(index, frame.folded);
       break;
     }

@@ -6,16 +6,8 @@
 namespace ncclwatch::relay {
 namespace wire = trace::wire;
 using trace::CallRecord;
-using trace::OpKind;
 
 namespace {
-
-// What the analysis aligns (analysis/job_state.h, isSequenced): a call in its communicator's
-// sequence. Init and group marks are outside it, and a relay passes them on as they come.
-bool inSequence(const CallRecord& record) {
-  return record.seq > 0 && record.op != OpKind::kInit && record.op != OpKind::kGroupStart &&
-         record.op != OpKind::kGroupEnd;
-}
 
 // A call every member may fold: its completion seen (a call whose completion is not tracked,
 // final when issued, is not known to have completed), and no error.
@@ -180,7 +172,8 @@ void Folder::take(uint32_t channel, Agent& from, const CallRecord& record, int64
     return;
   }
   Comm& comm = *found->second;
-  if (comm.mode == Comm::Mode::kForwarding || !inSequence(record)) {
+  // Outside the sequence (init, group marks): passed on as it comes.
+  if (comm.mode == Comm::Mode::kForwarding || !trace::isSequenced(record)) {
     forward(channel, record);
     return;
   }
@@ -314,17 +307,8 @@ void Folder::flushRecords(std::vector<std::byte>& out) {
     if (to.notesDue) flushNotes(channel, to, out);
     if (to.frameDue) {
       scratch_.clear();
-      size_t next = 0;
-      do {
-        size_t frame = wire::beginRecords(to.agentNs, scratch_);
-        scratch_.reserve(scratch_.size() + wire::kMaxPayload);
-        for (uint32_t count = 0;
-             next < to.outgoing.size() && wire::recordsFit(frame, count, scratch_); ++count) {
-          const CallRecord& record = to.outgoing[next++];
-          wire::appendRecord(to.encoder, record, !wire::isFinal(record), scratch_);
-        }
-        wire::endRecords(frame, scratch_);
-      } while (next < to.outgoing.size());
+      // Kept while not final, as the agent keeps them: its UPDATE messages stay UPDATEs.
+      wire::encodeRecords(to.agentNs, to.outgoing, to.encoder, scratch_, true);
       wire::appendWithChannel(scratch_, channel, out);
     }
     stats_.recordsForwarded += to.outgoing.size();

@@ -132,4 +132,11 @@ static_assert(sizeof(CallRecord) == 128);
 static_assert(std::is_trivially_copyable_v<CallRecord>);
 static_assert(std::is_standard_layout_v<CallRecord>);
 
+// A call in its communicator's sequence, the one the analysis aligns (and a host's relay judges,
+// tools/relay_fold.h): init and group marks are outside it.
+inline bool isSequenced(const CallRecord& record) {
+  return record.seq > 0 && record.op != OpKind::kInit && record.op != OpKind::kGroupStart &&
+         record.op != OpKind::kGroupEnd;
+}
+
 }  // namespace ncclwatch::trace

@@ -571,13 +571,14 @@ void endRecords(size_t frameOffset, std::vector<std::byte>& out) {
 }
 
 void encodeRecords(int64_t nowNs, std::span<const CallRecord> records, RecordEncoder& encoder,
-                   std::vector<std::byte>& out) {
+                   std::vector<std::byte>& out, bool keepUnfinished) {
   size_t next = 0;
   do {
     size_t frame = beginRecords(nowNs, out);
     out.reserve(out.size() + kMaxPayload);  // this convenience may allocate; the agent does not
     for (uint32_t count = 0; next < records.size() && recordsFit(frame, count, out); ++count) {
-      appendRecord(encoder, records[next++], false, out);
+      const CallRecord& record = records[next++];
+      appendRecord(encoder, record, keepUnfinished && !isFinal(record), out);
     }
     endRecords(frame, out);
   } while (next < records.size());

@@ -185,10 +185,11 @@ bool recordsFit(size_t frameOffset, uint32_t records, const std::vector<std::byt
 void appendRecord(RecordEncoder& encoder, const CallRecord& record, bool keep,
                   std::vector<std::byte>& out);
 void endRecords(size_t frameOffset, std::vector<std::byte>& out);
-// The whole of `records` (none kept) as RECORDS frames of at most kMaxRecordsPerFrame each; at
-// least one frame (an empty one is the heartbeat).
+// The whole of `records` as RECORDS frames of at most kMaxRecordsPerFrame each; at least one
+// frame (an empty one is the heartbeat). None kept, or with `keepUnfinished` those not final
+// (isFinal), as an agent keeps the records it watches (a relay that re-encodes them).
 void encodeRecords(int64_t nowNs, std::span<const CallRecord> records, RecordEncoder& encoder,
-                   std::vector<std::byte>& out);
+                   std::vector<std::byte>& out, bool keepUnfinished = false);
 // BYE: empty, or (session 18 on) the i32 status the process passed to exit(). A collector before
 // session 18 drops a BYE with a payload (the rank then counts as gone, not ended).
 void encodeBye(std::vector<std::byte>& out, std::optional<int32_t> exitStatus = std::nullopt);

@@ -96,12 +96,7 @@ class FoldTest : public testing::Test {
   // One RECORDS frame of `agent` with `records` (kept while not final, as an agent does).
   void send(FakeAgent& agent, const std::vector<CallRecord>& records, int64_t nowNs = 0) {
     std::vector<std::byte> bytes;
-    size_t frame = wire::beginRecords(nowNs, bytes);
-    bytes.reserve(bytes.size() + wire::kMaxPayload);
-    for (const CallRecord& record : records) {
-      wire::appendRecord(agent.encoder, record, !wire::isFinal(record), bytes);
-    }
-    wire::endRecords(frame, bytes);
+    wire::encodeRecords(nowNs, records, agent.encoder, bytes, true);
     feed(agent, bytes, nowNs);
   }
 
