@@ -949,6 +949,14 @@ bool Triage::adoptFile(trace::TraceFile file, const std::string& path) {
     if (!processes_[index].adopted || processes_[index].connected) return true;
   }
   Process& process = processes_[index];
+  // Read while it ran and found gone after: its exit handler may have written its end between
+  // the two, and a clean rank read as crashed was a DEAD_RANK in a clean short job (graph_clean,
+  // its sidecar reading the files as the ranks ended, on a loaded machine). Gone, it writes no
+  // more: its header is final on a second read.
+  if (file.header.cleanShutdown == 0 && !analysis::runningHere(file)) {
+    trace::TraceFile final = trace::readTraceFile(path);
+    if (final.usable) file = std::move(final);
+  }
   bool alive = file.header.cleanShutdown == 0 && analysis::runningHere(file);
   files_[index].header.cleanShutdown = file.header.cleanShutdown;
   files_[index].header.exitStatus = file.header.exitStatus;
