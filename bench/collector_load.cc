@@ -41,6 +41,8 @@ const char* const kUsage =
     "                      [--hosts N (agents multiplexed per host, as through relays)]\n"
     "                      [--fold 1|0|2 (the relays fold host-local calls with their code;\n"
     "                       0: not; 2: their output made directly; default 1)]\n"
+    "                      [--link-writes host|agent (a host's frames of a tick in one write,\n"
+    "                       as relays gather them; agent: one write each; default host)]\n"
     "                      [--analysis-threads N (the collector's; default its own)]\n"
     "                      [--reader-threads N (the collector's; default its own)]\n";
 
@@ -103,6 +105,12 @@ bool parseArgs(int argc, char** argv, Args* args, std::string* error) {
     } else if (name == "--fold") {
       if (!number(0, 2, true)) return false;
       args->fold = static_cast<int>(value);
+    } else if (name == "--link-writes") {
+      if (std::strcmp(text, "host") != 0 && std::strcmp(text, "agent") != 0) {
+        *error = std::string("--link-writes ") + text + ": give host or agent";
+        return false;
+      }
+      args->writePerAgent = std::strcmp(text, "agent") == 0;
     } else if (name == "--analysis-threads") {
       if (!number(1, 64, true)) return false;
       args->analysisThreads = static_cast<long>(value);

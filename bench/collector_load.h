@@ -67,6 +67,12 @@ struct Args {
   // at 32,768 ranks that took a core of the two here.
   enum Fold { kFoldNone = 0, kFoldRelayCode = 1, kFoldEmulated = 2 };
   int fold = kFoldRelayCode;
+  // Behind relays: false, a host's frames of a tick go to the collector in one write, as a
+  // relay sends what its agents, polling on the host's beat, sent within its gathering window
+  // (tools/relay.h); true, each agent's frame is a write of its own, the hosts' writes
+  // interleaved agent by agent, as the relays before session 21 passed on their agents' frames
+  // at their own moments.
+  bool writePerAgent = false;
   // The collector's --analysis-threads; 0: its default (half the cores, 8 at most).
   long analysisThreads = 0;
   // The collector's --reader-threads; 0: its default.

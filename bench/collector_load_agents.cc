@@ -352,7 +352,13 @@ void LoadGenerator::tick(int64_t now, uint64_t calls) {
   // Calls alternate tensor-parallel (even) and world (odd), the same on every agent.
   uint64_t worldBase = worldCalls_, tpBase = tpCalls_;
   uint64_t worldInTick = (callsMade_ + calls) / 2 - callsMade_ / 2;
-  for (Agent& agent : agents_) {
+  // The mismatch counts from when its host's frames were written.
+  auto flushTick = [&] {
+    bool mismatchNow = mismatchSentNs_ > 0 && mismatchAgent_ != SIZE_MAX;
+    flushLinks(mismatchNow ? mismatchAgent_ : 0, mismatchNow ? &mismatchSentNs_ : nullptr);
+    mismatchAgent_ = SIZE_MAX;
+  };
+  auto tickAgent = [&](Agent& agent) {
     records_.clear();
     uint64_t worldDone = 0, tpDone = 0;
     // Ranks reach a collective a little apart.
@@ -417,7 +423,7 @@ void LoadGenerator::tick(int64_t now, uint64_t calls) {
       counters_.framesDropped++;
       counters_.recordsDropped += records_.size();
       counters_.calls += calls;
-      continue;
+      return;
     }
     frame_.clear();
     if (agent.note.calls > 0 && now >= agent.nextNoteNs) {
@@ -436,6 +442,15 @@ void LoadGenerator::tick(int64_t now, uint64_t calls) {
       injectMismatch_ = false;
     }
     counters_.calls += calls;
+  };
+  if (args_.hosts > 0 && args_.writePerAgent) {
+    // Each agent's frame a write of its own: the first agent of every host, then the second...
+    for (size_t slot = 0; slot < agentsPerLink_; ++slot) {
+      for (size_t i = slot; i < agents_.size(); i += agentsPerLink_) tickAgent(agents_[i]);
+      flushTick();
+    }
+  } else {
+    for (Agent& agent : agents_) tickAgent(agent);
   }
   // The relays' own work of the tick: held calls past their time, due FOLDED notes.
   for (size_t host = 0; host < folders_.size(); ++host) {
@@ -443,12 +458,7 @@ void LoadGenerator::tick(int64_t now, uint64_t calls) {
     folders_[host]->tick(now, frame_);
     if (!frame_.empty()) sendFrame(agents_[host * agentsPerLink_], 0, true);
   }
-  if (args_.hosts > 0) {
-    // The mismatch counts from when its host's frames were written.
-    bool mismatchNow = mismatchSentNs_ > 0 && mismatchAgent_ != SIZE_MAX;
-    flushLinks(mismatchNow ? mismatchAgent_ : 0, mismatchNow ? &mismatchSentNs_ : nullptr);
-    mismatchAgent_ = SIZE_MAX;
-  }
+  if (args_.hosts > 0) flushTick();
   callsMade_ += calls;
   worldCalls_ = worldBase + worldInTick;
   tpCalls_ = tpBase + (calls - worldInTick);

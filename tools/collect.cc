@@ -219,9 +219,10 @@ int runCollect(const Options& options, std::ostream& out, std::ostream& err) {
   collector.stop();
   err << "[ncclwatch] collector stats: agents=" << counters.agents.load()
       << " relay_links=" << counters.relayLinks.load() << " rejected=" << counters.rejected.load()
-      << " frames=" << counters.frames.load() << " records=" << counters.records.load()
-      << " folded=" << counters.foldedCalls.load() << " verdicts=" << counters.verdicts.load()
-      << " analyses=" << counters.analyses.load() << " partial=" << counters.partialAnalyses.load()
+      << " frames=" << counters.frames.load() << " reads=" << counters.reads.load()
+      << " records=" << counters.records.load() << " folded=" << counters.foldedCalls.load()
+      << " verdicts=" << counters.verdicts.load() << " analyses=" << counters.analyses.load()
+      << " partial=" << counters.partialAnalyses.load()
       << " hang_partial=" << counters.hangAnalyses.load() << " full_because=" <<
       [&] {
         std::string reasons;

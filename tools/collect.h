@@ -60,7 +60,10 @@ struct Counters {
   std::atomic<uint64_t> rejected{0};    // connections dropped: bad secret or malformed frames
   // HELLOs with another secret from processes started after this collector (a newer job's).
   std::atomic<uint64_t> newerJobKnocks{0};
-  std::atomic<uint64_t> frames{0};   // frames accepted
+  std::atomic<uint64_t> frames{0};  // frames accepted
+  // Reads of a connection that got bytes: frames / reads is how many frames a wake-up, a recv
+  // and (mostly) a TCP segment carried, the collector's cost per frame beside its decoding.
+  std::atomic<uint64_t> reads{0};
   std::atomic<uint64_t> records{0};  // records received
   // Calls relays folded (FOLDED notes, tools/relay_fold.h): matched on their host, never sent.
   std::atomic<uint64_t> foldedCalls{0};

@@ -542,6 +542,7 @@ void Connections::Reader::read(Connection& connection) {
       ended = true;  // the frames received before the end still count (the last is BYE)
       break;
     }
+    owner_.counters_.reads.fetch_add(1, std::memory_order_relaxed);
     connection.incoming.insert(connection.incoming.end(), buffer, buffer + got);
     if (connection.incoming.size() > kMaxIncoming) {
       drop(connection, true);

@@ -63,6 +63,12 @@ class Relay {
   bool connectUpstream(int64_t now);
   bool finishConnect();
   bool flushUpstream();
+  // How long the next epoll_wait may sleep: until the gathered bytes are due, at most 100 ms.
+  int waitMs(int64_t now) const {
+    if (gatheringSinceNs_ < 0 || !connected_) return 100;
+    int64_t left = gatheringSinceNs_ + kGatherNs - now;
+    return left <= 0 ? 0 : static_cast<int>((left + 999'999) / 1'000'000);
+  }
   bool readUpstream();
   // Says why the collector link ended and gives the relay's exit code for it (3).
   int lostCollector() {
@@ -91,6 +97,9 @@ class Relay {
   bool connected_ = false;
   bool upstreamWantsWrite_ = false;
   int64_t neededSinceNs_ = -1;  // the first agent frame waits for the collector since then
+  // Since when bytes wait to be gathered into one write (-1: none wait, or a write began and
+  // what the socket did not take goes as soon as it can).
+  int64_t gatheringSinceNs_ = -1;
   int64_t nextAttemptNs_ = 0;
   std::string lastError_;
   std::vector<std::byte> toCollector_;
@@ -372,7 +381,7 @@ int Relay::run() {
   int64_t nextFoldTickNs = 0;
   for (;;) {
     epoll_event events[256];
-    int ready = epoll_wait(epoll_, events, 256, 100);
+    int ready = epoll_wait(epoll_, events, 256, waitMs(nowNs()));
     for (int i = 0; i < ready; ++i) {
       uint64_t tag = events[i].data.u64;
       if (tag == kListenTag) {
@@ -398,6 +407,7 @@ int Relay::run() {
     }
     bool waiting = toCollector_.size() > toCollectorSent_;
     if (waiting && neededSinceNs_ < 0) neededSinceNs_ = now;
+    if (waiting && gatheringSinceNs_ < 0 && toCollectorSent_ == 0) gatheringSinceNs_ = now;
     if (!connected_) {
       if (waiting && upstream_ < 0 && now >= nextAttemptNs_) connectUpstream(now);
       if (neededSinceNs_ >= 0 && now - neededSinceNs_ > int64_t{options_.upstreamMs} * 1'000'000) {
@@ -407,8 +417,10 @@ int Relay::run() {
              << std::flush;
         return 3;
       }
-    } else if (!flushUpstream()) {
-      return lostCollector();
+    } else if (gatheringSinceNs_ < 0 ||
+               writeDue(toCollector_.size() - toCollectorSent_, now - gatheringSinceNs_)) {
+      gatheringSinceNs_ = -1;
+      if (!flushUpstream()) return lostCollector();
     }
     size_t backlog = toCollector_.size() - toCollectorSent_;
     if (backlog > kHighMark) pauseAgents(true);

@@ -30,6 +30,18 @@ struct Options {
   FoldOptions folding;
 };
 
+// The relay's writes to the collector gather what its agents sent within kGatherNs of the first
+// frame waiting (or kGatherBytes, whichever comes first) into one: the collector then reads a
+// host's frames of a poll (its agents poll in step on the host's clock, watchdog/agent.cc) with
+// one wake-up, one read and one TCP segment instead of one each per agent frame (at 32,768
+// ranks, 41 K reads a second instead of 328 K; docs/scale.md, session 21). Frames wait at most
+// kGatherNs more: against the collector's 3 s quiet time and its verdicts' ~200 ms, nothing.
+inline constexpr int64_t kGatherNs = 5'000'000;
+inline constexpr size_t kGatherBytes = 64u << 10;
+inline bool writeDue(size_t waitingBytes, int64_t waitedNs) {
+  return waitingBytes >= kGatherBytes || waitedNs >= kGatherNs;
+}
+
 // Runs until idle (0), or until the collector cannot be reached or is lost (3: the agents then
 // connect directly); 2 for bad options. One line on `log` for each way it ends but idleness.
 int runRelay(const Options& options, std::ostream& log);

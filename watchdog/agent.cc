@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "trace/clock.h"
 #include "trace/record.h"
 #include "watchdog/discovery.h"
+#include "watchdog/poll_beat.h"
 #include "watchdog/progress_source.h"
 #include "watchdog/python_sites.h"
 
@@ -204,7 +206,9 @@ void Agent::run() {
     // Calls faster than the pool recycles at this interval: come back within a millisecond, so
     // that back-to-back collectives stay tracked instead of being shed.
     if (completion_ && completion_->underPressure()) waitMs = std::min(waitMs, 1);
-    waitForWork(waitMs);
+    timespec now{};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    waitForWork(msToNextBeat(now.tv_sec * 1'000'000'000ll + now.tv_nsec, waitMs));
   }
   if (options_.dumpAtExit)
     dump("exit", "the process is exiting (NCCLWATCH_DUMP_AT_EXIT)", {}, true);

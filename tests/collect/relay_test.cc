@@ -4,6 +4,7 @@
 // `ncclwatch relay` between fake agents on a host-local socket and a real collector.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <linux/tcp.h>  // tcp_info's tcpi_data_segs_in (glibc's netinet/tcp.h lacks it)
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -24,6 +25,7 @@
 #include "relay.h"
 #include "trace/fingerprint.h"
 #include "trace/wire.h"
+#include "watchdog/poll_beat.h"
 
 namespace {
 
@@ -328,6 +330,86 @@ TEST_F(RelayLinkTest, AnIdleRelayEnds) {
   EXPECT_EQ(relay.get(), 0);
   EXPECT_TRUE(eventually([&] { return collector_.counters().connected.load() == 0; }));
   EXPECT_EQ(relayLog.str(), "");
+}
+
+// A host's agents poll on one beat and the relay gathers what they send within kGatherNs into one
+// write: the collector reads a host's frames of a poll as one TCP segment, not one per agent.
+// A fake collector (a plain socket) counts the data segments its end of the link received.
+TEST(RelayGathering, AHostsFramesOfOnePollReachTheCollectorInOneWrite) {
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  socklen_t length = sizeof address;
+  getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
+  std::string name = "ncclwatch-relay-gather-" + std::to_string(getpid());
+  std::ostringstream relayLog;
+  auto relay = startRelay(name, ntohs(address.sin_port), relayLog);
+  constexpr int kAgents = 8;
+  int agents[kAgents];
+  for (int& agent : agents) agent = connectAbstract(name);
+  std::vector<std::vector<std::byte>> hellos(kAgents);
+  for (int rank = 0; rank < kAgents; ++rank) {
+    wire::encodeHello(hello(kSecret, rank), hellos[static_cast<size_t>(rank)]);
+  }
+  // The link is up first (the relay connects when its first frame must go, and sends what
+  // gathered until then at once).
+  sendAll(agents[0], hellos[0]);
+  int link = accept(listener, nullptr, nullptr);
+  ASSERT_GE(link, 0);
+  size_t received = 0;
+  auto receiveUpTo = [&](size_t bytes) {
+    return eventually([&] {
+      std::byte buffer[8192];
+      ssize_t got = recv(link, buffer, sizeof buffer, MSG_DONTWAIT);
+      if (got > 0) received += static_cast<size_t>(got);
+      return received >= bytes;
+    });
+  };
+  ASSERT_TRUE(receiveUpTo(hellos[0].size()));
+  auto dataSegments = [&] {
+    tcp_info info{};
+    socklen_t size = sizeof info;
+    getsockopt(link, IPPROTO_TCP, TCP_INFO, &info, &size);
+    return info.tcpi_data_segs_in;
+  };
+  uint32_t before = dataSegments();
+  // One poll of the other seven agents, a little apart as their watchdogs wake on one beat.
+  size_t expected = received;
+  for (int rank = 1; rank < kAgents; ++rank) {
+    sendAll(agents[rank], hellos[static_cast<size_t>(rank)]);
+    expected += hellos[static_cast<size_t>(rank)].size();
+    std::this_thread::sleep_for(200us);
+  }
+  ASSERT_TRUE(receiveUpTo(expected));
+  uint32_t segments = dataSegments() - before;
+  // One write; two or three on a machine busy enough to hold the test thread back for the
+  // gathering window. Sent as they came (before session 21): seven.
+  EXPECT_LE(segments, 3u) << "the relay wrote its agents' frames one by one";
+  EXPECT_GE(segments, 1u);
+  for (int agent : agents) close(agent);
+  ASSERT_EQ(relay.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(relay.get(), 0);
+  close(link);
+  close(listener);
+}
+
+// The beat: the next multiple of the poll interval on the host's clock, never zero.
+TEST(RelayGathering, AgentsPollOnTheHostsBeat) {
+  using ncclwatch::watchdog::msToNextBeat;
+  constexpr int64_t kMsNs = 1'000'000;
+  EXPECT_EQ(msToNextBeat(1000 * kMsNs, 100), 100);  // on a beat: the next one
+  EXPECT_EQ(msToNextBeat(1000 * kMsNs + 1, 100), 100);
+  EXPECT_EQ(msToNextBeat(1042 * kMsNs, 100), 58);
+  EXPECT_EQ(msToNextBeat(1099 * kMsNs + 500'000, 100), 1);  // half a ms left: one
+  EXPECT_EQ(msToNextBeat(5 * kMsNs, 10), 5);
+  EXPECT_EQ(msToNextBeat(123 * kMsNs, 1), 1);
+  EXPECT_EQ(msToNextBeat(123 * kMsNs, 0), 1);
+  // Two agents that polled at different moments wake on the same beat.
+  int64_t a = 7'777 * kMsNs + 3 * kMsNs / 10, b = 7'731 * kMsNs;
+  EXPECT_EQ(a + msToNextBeat(a, 100) * kMsNs - (b + msToNextBeat(b, 100) * kMsNs), 3 * kMsNs / 10);
 }
 
 }  // namespace
