@@ -145,7 +145,11 @@ void JobAnalysis::checkDeadAndMissing() {
       if (waiting.call.op == OpKind::kUnknown) waiting.call = describe(procs_[m.proc], i);
     }
     v.seq = waiting.call.seq;
-    if (trace::isLifecycle(waiting.call.op)) v.kind = VerdictKind::kInitHang;
+    // A creation (init, split) the dead rank never joined; a teardown it never reached is the
+    // job's end, not its initialisation: a dead rank as any other call.
+    if (trace::isLifecycle(waiting.call.op) && !isTeardown(waiting.call.op)) {
+      v.kind = VerdictKind::kInitHang;
+    }
     RankClass dead;
     dead.ranks = {proc.rank};
     const bool failedExit = proc.clean && proc.exitStatus && *proc.exitStatus != 0;

@@ -666,6 +666,23 @@ TEST(DeadRank, ProcessGoneWhileOthersWait) {
   EXPECT_EQ(find(job, VerdictKind::kMissing), nullptr) << text(report);
 }
 
+// The others wait for the gone rank in a teardown (ncclCommDestroy): a dead rank, not an init
+// hang (a job's end is no initialisation; PyTorch after an abort showed it so).
+TEST(DeadRank, AWaitInTeardownIsNotAnInitHang) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (int r = 0; r < 4; ++r) {
+    if (r != 2) ranks[r].call(kWorld, OpKind::kDestroy, 0, RecordState::kIssued, 10 * kMs);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const JobReport& job = onlyJob(report);
+  EXPECT_EQ(find(job, VerdictKind::kInitHang), nullptr) << text(report);
+  const Verdict* v = firstIs(report, VerdictKind::kDeadRank, {2});
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->seq, 4u);
+}
+
 // Rank 2 ended through exit() before the call the others wait in: with status 1 (Python after
 // an uncaught exception) it failed, and the verdict sends the user to its own error, not to an
 // early return; with status 0 it left early.
