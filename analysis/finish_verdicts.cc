@@ -103,8 +103,11 @@ void JobAnalysis::finishVerdicts() {
       for (int rank : v.culprits) {
         bool held = false;
         for (const Verdict& o : verdicts_) {
+          // On its own communicator only an unmatched transfer holds them: a rank whose send or
+          // receive waits there for a peer that never posts its side never reaches the
+          // collective (a dist.gather to another dst: the others went on to the next step).
           if (&o == &v || o.kind == VerdictKind::kStraggler || o.kind == VerdictKind::kMissing ||
-              o.comm.hash == v.comm.hash) {
+              (o.comm.hash == v.comm.hash && o.kind != VerdictKind::kUnmatchedP2p)) {
             continue;
           }
           if (involves(o, rank)) {

@@ -286,6 +286,13 @@ TEST(P2p, SendsQueuedBehindAPendingCallAreNotUnmatched) {
   EXPECT_EQ(v->kind, VerdictKind::kUnmatchedP2p) << text(report);
   EXPECT_EQ(v->culprits, std::vector<int>{3}) << text(report);
   EXPECT_EQ(v->classes.size(), 2u) << text(report);  // rank 3's send, rank 0's receive
+  // Ranks 1-2's all_reduce waits for ranks 0 and 3, held in the unmatched transfer: its
+  // MISSING is a consequence of it, not a second cause.
+  EXPECT_EQ(primaries(report).size(), 1u) << text(report);
+  for (const Verdict& missing : report.jobs.at(0).verdicts) {
+    if (missing.kind != VerdictKind::kMissing) continue;
+    EXPECT_NE(missing.explanation.find("a consequence"), std::string::npos) << text(report);
+  }
 }
 
 // A ring of batch_isend_irecv where rank 2 receives from 3 instead of 1 (PyTorch 2.15: the
