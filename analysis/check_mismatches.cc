@@ -91,6 +91,18 @@ bool JobAnalysis::sameSite(const Comm& comm, int a, uint64_t ka, int b, uint64_t
   return static_cast<int64_t>(x - y) == (delta == INT64_MIN ? 0 : delta);
 }
 
+bool JobAnalysis::madeBefore(const Comm& comm, uint64_t key, std::initializer_list<int> members,
+                             uint64_t before) const {
+  for (int mi : members) {
+    const Member& m = comm.members[mi];
+    for (uint64_t k = m.base; k < before && k < m.base + m.coll.size(); ++k) {
+      uint32_t i = m.coll[k - m.base];
+      if (i != kNone && alignKey(procs_[m.proc].rec(i)) == key) return true;
+    }
+  }
+  return false;
+}
+
 // Per communicator; a partial pass keeps the verdicts of those it does not redo.
 void JobAnalysis::checkMismatches() {
   for (Comm& comm : comms_) {
@@ -293,7 +305,7 @@ void JobAnalysis::checkMismatches(Comm& comm) {
   // duplicate code, so differing sites alone do not overrule the calls). When still neither
   // or both fit, nothing in the records decides it, and the verdict says so.
   bool undecided = false;
-  std::string undecidedWhy;
+  std::string undecidedWhy, tieDoubt;
   if (classes.size() >= 2 && classes[0].second.size() == classes[1].second.size()) {
     int c0 = classes[0].second[0], c1 = classes[1].second[0];
     bool t0 = isTeardown(procs_[comm.members[c0].proc].rec(comm.members[c0].at(divergent)).op);
@@ -307,7 +319,19 @@ void JobAnalysis::checkMismatches(Comm& comm) {
     if (t0 != t1) {
       majorityIdx = t0 ? 1 : 0;
     } else if (skip0 != skip1) {
-      majorityIdx = skip0 ? 1 : 0;
+      // One side reads as having skipped the other side's call here, which is the same fact as
+      // the other side having made an extra call. A call no member made before here is new code
+      // on a rank-dependent path (`if loss > x: all_reduce(...)` taken on half the ranks): the
+      // extra call, and its side the culprits; a call made before is one a side skipped.
+      int skipper = skip0 ? c0 : c1, caller = skip0 ? c1 : c0;
+      bool extra = shift(caller, skipper) == 1 &&
+                   !madeBefore(comm, keyAt(caller, divergent), {skipper, caller}, divergent);
+      majorityIdx = (skipper == c0) != extra ? 1 : 0;
+      tieDoubt = std::to_string(classes[0].second.size()) + " ranks on each side, no majority: " +
+                 (extra ? "the side whose call here no rank made before is taken to have made "
+                          "an extra call"
+                        : "the side whose call here is the other side's next call is taken to "
+                          "have skipped one");
     } else if (shift(c0, c1) == 2) {
       majorityIdx = 1;  // a swap: either side could be "the" wrong one; name the first
     } else {
@@ -323,6 +347,10 @@ void JobAnalysis::checkMismatches(Comm& comm) {
   const Proc& repP = procs_[repM.proc];
   CallDesc majorityCall = describe(repP, repM.at(divergent));
   Verdict v = make(VerdictKind::kMismatch, &comm, majorityCall.seq);
+  if (!tieDoubt.empty()) {
+    v.confidence *= 0.75;
+    v.doubts.push_back(std::move(tieDoubt));
+  }
   std::vector<CallDesc> calls;
   std::string culpritText;
   int64_t divergence = INT64_MAX;

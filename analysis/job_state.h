@@ -27,6 +27,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <set>
@@ -327,6 +328,10 @@ class JobAnalysis {
   // Whether the calls of two members at two ordinals came from the same line of code (true
   // when their sites cannot tell).
   bool sameSite(const Comm& comm, int a, uint64_t ka, int b, uint64_t kb, uint64_t before) const;
+  // Whether any of `members` made a call of alignment key `key` at an ordinal before `before`
+  // (within its window).
+  bool madeBefore(const Comm& comm, uint64_t key, std::initializer_list<int> members,
+                  uint64_t before) const;
 
   // ----- check_p2p.cc (per comm) -----
   void checkP2p();

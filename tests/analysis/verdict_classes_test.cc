@@ -435,6 +435,54 @@ TEST(TwoRanks, WithoutAShiftItSaysItCannotDecide) {
   EXPECT_TRUE(contains(v->explanation, "neither skipped a call")) << v->explanation;
 }
 
+// Two ranks against two: ranks 1 and 3 took `if loss > x: all_reduce(stats)` (a call no rank
+// made before), ranks 0 and 2 went on to the step's usual all_reduce. Read as "ranks 0,2 skipped
+// it" (the same records, seen from the other side) it blamed the ranks that did nothing new.
+TEST(Ties, HalfTheRanksOnABranchWithANewCallMadeTheExtraCall) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (int r : {1, 3}) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 4, RecordState::kStarted, 10 * kMs);
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kIssued, 11 * kMs);
+  }
+  for (int r : {0, 2}) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {1, 3});
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(contains(v->explanation, "issued an extra AllReduce 4")) << v->explanation;
+  // No majority: said, and not "high".
+  EXPECT_LT(v->confidence, 1.0);
+  ASSERT_FALSE(v->doubts.empty());
+  EXPECT_TRUE(contains(v->doubts[0], "no majority")) << v->doubts[0];
+}
+
+// The same shape where the call is one every rank made each step before: ranks 0 and 2
+// skipped it.
+TEST(Ties, HalfTheRanksThatLeaveOutARegularCallSkippedIt) {
+  auto ranks = world(4);
+  for (int step = 0; step < 2; ++step) {
+    for (Rank& r : ranks) {
+      r.call(kWorld, OpKind::kAllReduce, 4, RecordState::kCompleted, (2 * step + 1) * kMs);
+      r.call(kWorld, OpKind::kAllReduce, 1024, RecordState::kCompleted, (2 * step + 2) * kMs);
+    }
+  }
+  for (int r : {1, 3}) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 4, RecordState::kStarted, 10 * kMs);
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kIssued, 11 * kMs);
+  }
+  for (int r : {0, 2}) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {0, 2});
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(contains(v->explanation, "ranks 0,2 skipped AllReduce 4")) << v->explanation;
+}
+
 // ----- confidence and evidence gaps -----
 
 TEST(Confidence, AVerdictOnTimingAloneIsMediumAndSaysWhy) {
