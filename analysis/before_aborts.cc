@@ -62,7 +62,11 @@ std::vector<Candidate> candidates(const trace::TraceFile& file) {
       if (r.commHash != abort.commHash || r.op == OpKind::kInit) continue;
       if (unfinishedAt(r, abort.issueNs)) c.unfinished.push_back(i);
     }
-    if (!c.unfinished.empty()) out.push_back(std::move(c));
+    // ncclwatch's own abort ends the hang it was asked for, whatever the aborting rank had
+    // pending (a rank stuck outside NCCL, the dead rank of the verdict, had nothing).
+    if (!c.unfinished.empty() || (abort.flags & trace::kRecordByNcclwatch) != 0) {
+      out.push_back(std::move(c));
+    }
   }
   return out;
 }
@@ -125,7 +129,8 @@ std::vector<RolledBack> rollBackToBeforeAborts(std::vector<trace::TraceFile>& fi
   for (size_t f = 0; f < files.size(); ++f) {
     const trace::TraceFile& file = files[f];
     for (const Candidate& c : perFile[f]) {
-      bool endedAHang = std::any_of(c.unfinished.begin(), c.unfinished.end(),
+      bool endedAHang = (file.records[c.abort].flags & trace::kRecordByNcclwatch) != 0 ||
+                        std::any_of(c.unfinished.begin(), c.unfinished.end(),
                                     [&](size_t i) { return hung(file, file.records[i]); });
       if (!endedAHang) continue;
       const CallRecord& abort = file.records[c.abort];
@@ -154,6 +159,7 @@ std::vector<RolledBack> rollBackToBeforeAborts(std::vector<trace::TraceFile>& fi
     for (CallRecord& r : file.records) {
       if (r.issueNs >= t) {
         ++rolled.left;
+        file.ranAfterAbort = true;
         continue;
       }
       rolled.undone += undoAfter(r, t) ? 1 : 0;

@@ -11,7 +11,8 @@
 // they were at the first such abort instead: the state every record had then (from its issue,
 // start and completion times), without the records issued from then on.
 //
-// An abort ends a hang when the aborting process had a call of its own on that communicator
+// An abort ends a hang when ncclwatch made it (kRecordByNcclwatch: it aborts only to end a hang
+// it judged), or when the aborting process had a call of its own on that communicator
 // still unfinished (a call it aborted, a split in flight, a call that failed only after it)
 // that no other rank completed: a rank that aborts a communicator it has nothing pending on, or
 // whose aborted calls its peers went on to complete, while the others wait, is the local-abort

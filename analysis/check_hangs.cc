@@ -152,9 +152,13 @@ void JobAnalysis::checkDeadAndMissing() {
     }
     RankClass dead;
     dead.ranks = {proc.rank};
+    // Read as of before the abort that ended the hang, a process that issued calls after it
+    // (its own abort) was running then, whatever ended it later: alive but silent, as the live
+    // collector saw it.
+    const bool aliveThen = proc.alive || (proc.file->readBeforeAbort && proc.file->ranAfterAbort);
     const bool failedExit = proc.clean && proc.exitStatus && *proc.exitStatus != 0;
     dead.call.note =
-        proc.alive   ? "alive but silent: no NCCL call for a while"
+        aliveThen    ? "alive but silent: no NCCL call for a while"
         : failedExit ? "process exited with status " + std::to_string(*proc.exitStatus) +
                            " (a failure) without issuing it, its communicator never destroyed"
         : proc.clean ? std::string("process exited normally (returned from main or called exit") +
@@ -166,19 +170,19 @@ void JobAnalysis::checkDeadAndMissing() {
     v.culprits = {proc.rank};
     v.culpritAlive = proc.alive;
     v.divergenceNs = proc.lastActivity;
-    if (failedExit && !proc.alive) {
+    if (failedExit && !aliveThen) {
       v.explanation = "rank " + std::to_string(proc.rank) + " failed (exit status " +
                       std::to_string(*proc.exitStatus) + ") while the others wait for it in #" +
                       std::to_string(v.seq) +
                       ": its own error is the cause, look at its output (a Python rank exits 1 "
                       "after an uncaught exception: its traceback is on that rank's stderr); the "
                       "others hang because it never made this call";
-    } else if (proc.clean && !proc.alive) {
+    } else if (proc.clean && !aliveThen) {
       v.explanation = "rank " + std::to_string(proc.rank) +
                       " ended normally while the others wait for it in #" + std::to_string(v.seq) +
                       ": it left the job early (an early return or exit on a rank-dependent "
                       "path); every rank must make the same collectives before it leaves";
-    } else if (proc.alive) {
+    } else if (aliveThen) {
       // Alive: no exit status or core dump to look at. Where it is now says which it is: a
       // long host step (a checkpoint, a data loader) ends by itself, a wait outside NCCL does
       // not.

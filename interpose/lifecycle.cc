@@ -26,10 +26,12 @@ void describeComm(ncclComm_t comm, CommCreation* creation) {
 // Records a lifecycle call on an existing communicator (it takes its place in the comm's
 // sequence), makes it, and stores a failure.
 template <typename CallReal>
-ncclResult_t recordOnComm(ncclComm_t comm, OpKind op, int rootOrPeer, CallReal&& callReal) {
+ncclResult_t recordOnComm(ncclComm_t comm, OpKind op, int rootOrPeer, CallReal&& callReal,
+                          uint8_t extraFlags = 0) {
   CallDescription call;
   call.op = op;
   call.rootOrPeer = rootOrPeer;
+  call.extraFlags = extraFlags;
   call.callSite = detail::t_lifecycleSite;  // where the application called it (its wrapper's)
   return recordAndCall(comm, call, callReal);
 }
@@ -258,18 +260,20 @@ ncclResult_t lifecycle_ncclCommDestroy(decltype(&::pncclCommDestroy) real, ncclC
   return result;
 }
 
-ncclResult_t abortAndRecord(decltype(&::pncclCommAbort) real, ncclComm_t comm) {
+ncclResult_t abortAndRecord(decltype(&::pncclCommAbort) real, ncclComm_t comm, bool byNcclwatch) {
   if (Recorder* recorder = Recorder::get()) {
     if (CommEntry* entry = recorder->find(comm)) recorder->communicatorAborted(entry->hash);
   }
-  ncclResult_t result = recordOnComm(comm, OpKind::kAbort, -1, [&] { return real(comm); });
+  ncclResult_t result = recordOnComm(
+      comm, OpKind::kAbort, -1, [&] { return real(comm); },
+      byNcclwatch ? trace::kRecordByNcclwatch : 0);
   if (Recorder* recorder = Recorder::get()) recorder->forget(comm);
   return result;
 }
 
 ncclResult_t lifecycle_ncclCommAbort(decltype(&::pncclCommAbort) real, ncclComm_t comm) {
   if (!applicationMayFree(comm)) return ncclSuccess;
-  return abortAndRecord(real, comm);
+  return abortAndRecord(real, comm, false);
 }
 
 ncclResult_t lifecycle_ncclCommRevoke(decltype(&::pncclCommRevoke) real, ncclComm_t comm,

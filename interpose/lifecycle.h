@@ -76,8 +76,8 @@ ncclResult_t lifecycle_ncclCommFinalize(decltype(&::pncclCommFinalize) real, ncc
 ncclResult_t lifecycle_ncclCommDestroy(decltype(&::pncclCommDestroy) real, ncclComm_t comm);
 ncclResult_t lifecycle_ncclCommAbort(decltype(&::pncclCommAbort) real, ncclComm_t comm);
 // The abort itself, recorded (its pending calls end aborted): the application's, and
-// ncclwatch's own (Recorder::abortByHash).
-ncclResult_t abortAndRecord(decltype(&::pncclCommAbort) real, ncclComm_t comm);
+// ncclwatch's own (Recorder::abortByHash: `byNcclwatch`, flagged kRecordByNcclwatch).
+ncclResult_t abortAndRecord(decltype(&::pncclCommAbort) real, ncclComm_t comm, bool byNcclwatch);
 ncclResult_t lifecycle_ncclCommRevoke(decltype(&::pncclCommRevoke) real, ncclComm_t comm,
                                       int revokeFlags);
 

@@ -935,8 +935,9 @@ int Recorder::abortByHash(uint64_t commHash) {
       continue;
     }
     CallScope scope;
-    // Recorded like the application's own abort: the comm's pending calls end aborted.
-    abortAndRecord(real, comm);
+    // Recorded like the application's own abort (the comm's pending calls end aborted), and
+    // flagged as ours: the analysis must not take it for the application's.
+    abortAndRecord(real, comm, true);
   }
   if (found > 0) return found;
   // None with that hash: a process whose wrappers hold communicators (preloaded) has this one

@@ -66,6 +66,11 @@ enum RecordFlags : uint8_t {
   // tracked call on its stream completed, yet work queued on the stream outside NCCL may still
   // be ahead of it. Without the flag a started record's start was seen (its own start event).
   kRecordStartInferred = 1 << 6,
+  // Made by ncclwatch itself, not the application: the abort that `run --abort` (the
+  // collector) or NCCLWATCH_ON_HANG=abort asked for to end a hang. The offline analysis reads a
+  // job as it was before such an abort, whatever the aborting rank had pending (a rank stuck
+  // outside NCCL had nothing), and never takes it for the application's own ncclCommAbort.
+  kRecordByNcclwatch = 1 << 7,
 };
 
 // CallRecord::redop when the call's reduction is not known (profiler events do not carry it).

@@ -690,6 +690,39 @@ TEST(AfterAbort, AnAbortThatEndedNothingOfItsOwnIsLeftAsItIs) {
   EXPECT_EQ(traces[2].records.size(), 5u);
 }
 
+// The same shape made by `run --abort`: rank 2 is stuck outside NCCL (a Python lock) with
+// nothing pending, and ncclwatch aborts every rank's world, rank 2's first. Its abort is
+// flagged as ncclwatch's: the job is read as before it, and nobody is told that rank 2 aborted
+// the communicator (the program never did).
+TEST(AfterAbort, NcclwatchsOwnAbortOfARankWithNothingPendingEndedTheHang) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (int r : {0, 1, 3}) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+  }
+  for (Rank& r : ranks) {
+    int64_t at = (600 + (r.file().header.rank + 2) % 4) * kMs;  // rank 2's first
+    for (auto& record : r.file().records) {
+      if (record.state != RecordState::kStarted) continue;
+      record.state = RecordState::kAborted;
+      record.completeNs = at + kMs;
+    }
+    r.call(kWorld, OpKind::kAbort, 0, RecordState::kCompleted, at).flags |=
+        ncclwatch::trace::kRecordByNcclwatch;
+  }
+  auto traces = files(ranks);
+  std::vector<RolledBack> rolled = rollBackToBeforeAborts(traces);
+  ASSERT_EQ(rolled.size(), 1u);
+  EXPECT_EQ(rolled[0].rank, 2);
+  Report report = analyze(traces, ended());
+  ASSERT_FALSE(primaries(report).empty()) << text(report);
+  EXPECT_EQ(primaries(report)[0]->culprits, std::vector<int>{2}) << text(report);
+  EXPECT_FALSE(contains(text(report), "aborted the communicator")) << text(report);
+  // Running then (its own abort came after): alive but silent, as the live collector said.
+  EXPECT_TRUE(contains(primaries(report)[0]->explanation, "rank 2 is alive but stopped issuing"))
+      << text(report);
+}
+
 // Rank 2 aborts the world right after issuing its last collectives, which the others complete
 // (tests/scenarios' abort_comm): the calls its abort ended were no hang, and the abort is the
 // bug; read as before it, rank 2 looked gone while the others waited.

@@ -661,6 +661,15 @@ TEST(Completion, AnApplicationHandlingTheAbortLikePyTorchNeverUsesTheFreedCommun
   const CallRecord* stalled = findRecord(files[0], OpKind::kAllReduce, 4);
   ASSERT_NE(stalled, nullptr);
   EXPECT_EQ(stalled->state, RecordState::kAborted);
+  // The abort is ncclwatch's, and says so (the application's own, answered by the wrappers,
+  // never reached NCCL): the analysis must not take it for the application's.
+  int aborts = 0;
+  for (const CallRecord& record : files[0].records) {
+    if (record.op != OpKind::kAbort) continue;
+    ++aborts;
+    EXPECT_NE(record.flags & ncclwatch::trace::kRecordByNcclwatch, 0);
+  }
+  EXPECT_EQ(aborts, 1);
 }
 
 // A rank ncclwatch leaves unaborted: it says `why` once, and the rank stays where it would be
