@@ -326,9 +326,12 @@ int runJob(const RunOptions& options, std::ostream& out, std::ostream& err) {
   // --abort the job failed, whatever its own status says.
   uint64_t aborts = collector.counters().abortsSent.load();
   if (WEXITSTATUS(status) == 0 && aborts > 0 && !options.pluginOnly) {
-    err << "[ncclwatch] the job exited 0, but --abort asked its ranks to abort " << aborts
-        << (aborts == 1 ? " communicator" : " communicators")
-        << " after a verdict (what it computed since is not to be trusted): exit status "
+    // Whether an abort took effect (a job that destroyed its communicator first has nothing
+    // left to abort: its ranks say so) does not change it: the verdict's calls are wrong.
+    err << "[ncclwatch] the job exited 0, but after a verdict --abort asked its ranks to abort "
+        << aborts << (aborts == 1 ? " communicator" : " communicators")
+        << " (what the job computed from the verdict's call on is not to be trusted): exit "
+           "status "
         << kAbortedJobStatus << "\n"
         << std::flush;
     return kAbortedJobStatus;

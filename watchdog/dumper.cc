@@ -249,12 +249,17 @@ std::string describeDump(const trace::Dump& dump, const ProcessLabel& label, boo
   std::string where = written                   ? "written to " + label.tracePath
                       : label.tracePath.empty() ? std::string("kept on stderr only (no trace file)")
                                                 : "COULD NOT be written to " + label.tracePath;
+  // The note is a line of the dump's Python section (its newline would break this one in two).
+  std::string pythonNote = dump.pythonNote;
+  while (!pythonNote.empty() && (pythonNote.back() == '\n' || pythonNote.back() == ' ')) {
+    pythonNote.pop_back();
+  }
   std::snprintf(
       line, sizeof line, "  %zu threads (%zu with native stacks%s), Python: %s; %s in %.0f ms\n",
       dump.threads.size(), answered, route.c_str(),
       dump.pythonThreads.empty()
-          ? dump.pythonNote.c_str()
-          : (std::to_string(dump.pythonThreads.size()) + " threads via " + dump.pythonNote).c_str(),
+          ? pythonNote.c_str()
+          : (std::to_string(dump.pythonThreads.size()) + " threads via " + pythonNote).c_str(),
       where.c_str(), static_cast<double>(dump.tookNs) / 1e6);
   out += line;
   return out;

@@ -121,6 +121,20 @@ TEST(Dumper, StderrBlockListsOnlyPythonThreadsWithFrames) {
   EXPECT_NE(block.find("2 more Python threads with no Python frame"), std::string::npos) << block;
 }
 
+// A Python note that is a line of the dump (it ends with its newline) stays on the summary's
+// one line.
+TEST(Dumper, TheSummaryLineIsOneLineWhateverThePythonNote) {
+  ncclwatch::trace::Dump dump;
+  dump.trigger = "fatal-signal";
+  dump.reason = "signal Aborted";
+  dump.pythonNote =
+      "Python stacks not available on this Python (3.11.7): the interpreter is "
+      "finalized\n";
+  std::string block = ncclwatch::watchdog::describeDump(dump, ProcessLabel{3, 9, "/t/x"}, true);
+  EXPECT_NE(block.find("the interpreter is finalized; written to /t/x"), std::string::npos)
+      << block;
+}
+
 TEST(Triggers, ARequestWithoutAWatchdogFailsAtOnce) {
   auto start = std::chrono::steady_clock::now();
   EXPECT_FALSE(ncclwatch::watchdog::Triggers::requestAndWait(2000));
