@@ -324,6 +324,17 @@ void JobAnalysis::checkP2p(Comm& comm) {
                     " a size the others do not use: sender and receiver must pass the same "
                     "count and dtype";
   } else if (v.culprits.size() == 1 && culpritAbsentEverywhere) {
+    // Where the rank that never posts its side is instead: the call it waits in (a collective
+    // it went on to, believing it had nothing to send), or that it waits in none.
+    for (const Member& m : comm.members) {
+      if (procs_[m.proc].rank != v.culprits.front()) continue;
+      RankClass where;
+      where.ranks = {v.culprits.front()};
+      where.call = whereIs(m.proc);
+      where.call.note = "never posts its side; " + where.call.note;
+      v.classes.push_back(std::move(where));
+      break;
+    }
     v.explanation = who + " never posts its side of " +
                     (unmatched == 1 ? std::string("a transfer its peer waits in")
                                     : std::to_string(unmatched) + " transfers its peers wait in") +

@@ -250,6 +250,13 @@ TEST(P2p, AMissingReceiveNamesTheRankThatNeverPostedIt) {
   const Verdict* v = onlyPrimary(report, VerdictKind::kUnmatchedP2p, {3});
   ASSERT_NE(v, nullptr);
   EXPECT_TRUE(contains(v->explanation, "rank 3 never posts its side")) << v->explanation;
+  // And where rank 3 is instead (here: its own send completed, nothing pending), so that the
+  // user need not look it up.
+  ASSERT_FALSE(v->classes.empty());
+  const RankClass& where = v->classes.back();
+  EXPECT_EQ(where.ranks, std::vector<int>{3}) << text(report);
+  EXPECT_TRUE(contains(where.call.note, "never posts its side")) << text(report);
+  EXPECT_TRUE(contains(where.call.note, "nothing pending")) << text(report);
 }
 
 TEST(P2p, ASizeMismatchNamesTheSideWhoseSizeNoOtherTransferUses) {
