@@ -298,6 +298,14 @@ void JobAnalysis::checkP2p(Comm& comm) {
     }
     if (v.classes.size() < 16) v.classes.push_back(std::move(rc));
   }
+  // A send's or receive's seq is its rank's own count: the header's "call #N" is the culprit's
+  // call where it has one (the lowest seq of all read as another rank's numbering).
+  for (const RankClass& rc : v.classes) {
+    if (rc.ranks.size() == 1 && culprits.count(rc.ranks.front()) != 0 && rc.call.seq != 0) {
+      seq = rc.call.seq;
+      break;
+    }
+  }
   v.seq = seq;
   v.fields.assign(fields.begin(), fields.end());
   v.culprits.assign(culprits.begin(), culprits.end());
