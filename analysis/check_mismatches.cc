@@ -485,11 +485,35 @@ void JobAnalysis::checkMismatches(Comm& comm) {
     for (const std::string& field : v.fields) f += (f.empty() ? "" : ", ") + field;
     if (corrupts(calls)) {
       v.effect = Effect::kSilentDataCorruption;
+      // Nothing hangs, so the job goes on, mostly repeating it each step: said, so that no one
+      // takes one step for the only one hurt.
+      int culpritMember = -1;
+      for (int c = 0; c < static_cast<int>(classes.size()); ++c) {
+        if (c != majorityIdx) culpritMember = classes[c].second[0];
+      }
+      std::vector<uint64_t> again;
+      size_t repeats = 0;
+      for (uint64_t k = divergent + 1; culpritMember >= 0 && k <= hi; ++k) {
+        uint64_t mine = keyAt(culpritMember, k), theirs = keyAt(rep, k);
+        if (mine == 0 || theirs == 0 || mine == theirs) continue;
+        ++repeats;
+        uint32_t i = comm.members[culpritMember].at(k);
+        if (again.size() < 3) again.push_back(procs_[comm.members[culpritMember].proc].rec(i).seq);
+      }
+      std::string repeated;
+      if (repeats > 0) {
+        repeated = "; it differs again at " + std::to_string(repeats) +
+                   (repeats == 1 ? " later call (" : " later calls (");
+        for (size_t i = 0; i < again.size(); ++i) {
+          repeated += (i ? ", #" : "#") + std::to_string(again[i]);
+        }
+        repeated += repeats > again.size() ? ", ...)" : ")";
+      }
       v.explanation = who + " called " + callText(culpritCall) + " where " + others + " called " +
                       callText(v.classes[0].call) + " (" + f +
                       " differ, the same bytes): NCCL does not notice and completes it with "
-                      "wrong results on every rank: silent data corruption, not a hang; every "
-                      "rank must pass the same dtype and reduction";
+                      "wrong results on every rank: silent data corruption, not a hang" +
+                      repeated + "; every rank must pass the same dtype and reduction";
     } else {
       v.explanation = who + " called " + callText(culpritCall) + " where " + others + " called " +
                       callText(v.classes[0].call) + " (" + f +

@@ -378,6 +378,29 @@ TEST(Corruption, ARedopSubstitutedWhereEverythingElseAlignsIsASubstitutionNotAnI
   EXPECT_TRUE(contains(job(report).summary, "Nothing hung, but results are wrong"))
       << job(report).summary;
   EXPECT_FALSE(contains(job(report).summary, "It hung")) << job(report).summary;
+  EXPECT_FALSE(contains(v->explanation, "differs again")) << v->explanation;  // once only
+}
+
+// A clip statistic reduced with MAX on rank 1 and SUM on the others, every step: nothing hangs,
+// the job goes on, and each step is hurt, not only the first one the verdict is about.
+TEST(Corruption, ASubstitutionThatRepeatsEachStepSaysSo) {
+  auto ranks = world(4);
+  for (int r = 0; r < 4; ++r) {
+    for (int step = 0; step < 5; ++step) {
+      ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kCompleted,
+                    (2 * step + 1) * kMs);
+      ranks[r].call(kWorld, OpKind::kAllReduce, 1, RecordState::kCompleted, (2 * step + 2) * kMs,
+                    kF32, r == 1 && step > 0 ? kMax : kSum);
+    }
+    ranks[r].clean();
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {1});
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->seq, 4u);
+  EXPECT_TRUE(contains(v->explanation, "it differs again at 3 later calls (#6, #8, #10)"))
+      << v->explanation;
 }
 
 TEST(Corruption, ADtypeOfEqualBytesIsSilentCorruptionAndOfOtherBytesAHang) {
