@@ -649,14 +649,19 @@ TEST(Deadlock, TwoGroupsSharingTwoRanksNameTheRankThatChangedItsOrder) {
       << v->explanation;
 }
 
-TEST(DeadRank, ProcessGoneWhileOthersWait) {
+// Ranks 0, 1 and 3 wait in `op` for rank 2, gone after the history.
+Report analyzeOthersWaitingForRank2In(OpKind op, RecordState state) {
   auto ranks = world(4);
   history(ranks, 3);
   for (int r = 0; r < 4; ++r) {
-    if (r != 2) ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+    if (r != 2) ranks[r].call(kWorld, op, op == OpKind::kAllReduce ? 1024 : 0, state, 10 * kMs);
   }
   auto traces = files(ranks);
-  Report report = analyze(traces, ended());
+  return analyze(traces, ended());
+}
+
+TEST(DeadRank, ProcessGoneWhileOthersWait) {
+  Report report = analyzeOthersWaitingForRank2In(OpKind::kAllReduce, RecordState::kStarted);
   const JobReport& job = onlyJob(report);
   ASSERT_FALSE(job.verdicts.empty()) << text(report);
   const Verdict& v = job.verdicts[0];
@@ -669,13 +674,7 @@ TEST(DeadRank, ProcessGoneWhileOthersWait) {
 // The others wait for the gone rank in a teardown (ncclCommDestroy): a dead rank, not an init
 // hang (a job's end is no initialisation; PyTorch after an abort showed it so).
 TEST(DeadRank, AWaitInTeardownIsNotAnInitHang) {
-  auto ranks = world(4);
-  history(ranks, 3);
-  for (int r = 0; r < 4; ++r) {
-    if (r != 2) ranks[r].call(kWorld, OpKind::kDestroy, 0, RecordState::kIssued, 10 * kMs);
-  }
-  auto traces = files(ranks);
-  Report report = analyze(traces, ended());
+  Report report = analyzeOthersWaitingForRank2In(OpKind::kDestroy, RecordState::kIssued);
   const JobReport& job = onlyJob(report);
   EXPECT_EQ(find(job, VerdictKind::kInitHang), nullptr) << text(report);
   const Verdict* v = firstIs(report, VerdictKind::kDeadRank, {2});

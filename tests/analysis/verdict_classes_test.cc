@@ -465,12 +465,8 @@ TEST(TwoRanks, WithoutAShiftItSaysItCannotDecide) {
   EXPECT_TRUE(contains(v->explanation, "neither skipped a call")) << v->explanation;
 }
 
-// Two ranks against two: ranks 1 and 3 took `if loss > x: all_reduce(stats)` (a call no rank
-// made before), ranks 0 and 2 went on to the step's usual all_reduce. Read as "ranks 0,2 skipped
-// it" (the same records, seen from the other side) it blamed the ranks that did nothing new.
-TEST(Ties, HalfTheRanksOnABranchWithANewCallMadeTheExtraCall) {
-  auto ranks = world(4);
-  history(ranks, 3);
+// Ranks 1 and 3 all-reduce 4 values (then the step's 1024), ranks 0 and 2 only the 1024.
+Report analyzeBranchOnHalf(std::vector<Rank>& ranks) {
   for (int r : {1, 3}) {
     ranks[r].call(kWorld, OpKind::kAllReduce, 4, RecordState::kStarted, 10 * kMs);
     ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kIssued, 11 * kMs);
@@ -479,7 +475,16 @@ TEST(Ties, HalfTheRanksOnABranchWithANewCallMadeTheExtraCall) {
     ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
   }
   auto traces = files(ranks);
-  Report report = analyze(traces, ended());
+  return analyze(traces, ended());
+}
+
+// Two ranks against two: ranks 1 and 3 took `if loss > x: all_reduce(stats)` (a call no rank
+// made before), ranks 0 and 2 went on to the step's usual all_reduce. Read as "ranks 0,2 skipped
+// it" (the same records, seen from the other side) it blamed the ranks that did nothing new.
+TEST(Ties, HalfTheRanksOnABranchWithANewCallMadeTheExtraCall) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  Report report = analyzeBranchOnHalf(ranks);
   const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {1, 3});
   ASSERT_NE(v, nullptr);
   EXPECT_TRUE(contains(v->explanation, "issued an extra AllReduce 4")) << v->explanation;
@@ -499,15 +504,7 @@ TEST(Ties, HalfTheRanksThatLeaveOutARegularCallSkippedIt) {
       r.call(kWorld, OpKind::kAllReduce, 1024, RecordState::kCompleted, (2 * step + 2) * kMs);
     }
   }
-  for (int r : {1, 3}) {
-    ranks[r].call(kWorld, OpKind::kAllReduce, 4, RecordState::kStarted, 10 * kMs);
-    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kIssued, 11 * kMs);
-  }
-  for (int r : {0, 2}) {
-    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
-  }
-  auto traces = files(ranks);
-  Report report = analyze(traces, ended());
+  Report report = analyzeBranchOnHalf(ranks);
   const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {0, 2});
   ASSERT_NE(v, nullptr);
   EXPECT_TRUE(contains(v->explanation, "ranks 0,2 skipped AllReduce 4")) << v->explanation;
