@@ -141,6 +141,7 @@ std::vector<RolledBack> rollBackToBeforeAborts(std::vector<trace::TraceFile>& fi
         slot->second.atNs = wall;
         slot->second.rank = file.header.rank;
         slot->second.comm = abort.commHash;
+        slot->second.byNcclwatch = (abort.flags & trace::kRecordByNcclwatch) != 0;
       }
       break;  // its first such abort
     }
@@ -174,12 +175,15 @@ std::vector<RolledBack> rollBackToBeforeAborts(std::vector<trace::TraceFile>& fi
 
 std::string rolledBackText(const RolledBack& rolled) {
   auto calls = [](uint64_t n) { return std::to_string(n) + (n == 1 ? " call" : " calls"); };
-  return "Read as of " + wallText(rolled.atNs) + ", just before rank " +
-         std::to_string(rolled.rank) + " aborted comm " + shortHash(rolled.comm) +
-         " with a call of its own on it unfinished: that abort ended the hang, so " +
-         calls(rolled.undone) + " that finished after it " + (rolled.undone == 1 ? "is" : "are") +
-         " read as pending and " + calls(rolled.left) + " issued after it " +
-         (rolled.left == 1 ? "is" : "are") + " left out.";
+  std::string who = rolled.byNcclwatch
+                        ? "ncclwatch aborted comm " + shortHash(rolled.comm) + " on rank " +
+                              std::to_string(rolled.rank) + " (run --abort or NCCLWATCH_ON_HANG)"
+                        : "rank " + std::to_string(rolled.rank) + " aborted comm " +
+                              shortHash(rolled.comm) + " with a call of its own on it unfinished";
+  return "Read as of " + wallText(rolled.atNs) + ", just before " + who +
+         ": that abort ended the hang, so " + calls(rolled.undone) + " that finished after it " +
+         (rolled.undone == 1 ? "is" : "are") + " read as pending and " + calls(rolled.left) +
+         " issued after it " + (rolled.left == 1 ? "is" : "are") + " left out.";
 }
 
 }  // namespace ncclwatch::analysis

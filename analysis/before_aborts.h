@@ -28,11 +28,12 @@ namespace ncclwatch::analysis {
 
 struct RolledBack {
   std::string jobId;
-  int64_t atNs = 0;     // wall clock of the first abort that ended a hang
-  int rank = -1;        // the rank that issued it
-  uint64_t comm = 0;    // the communicator it aborted
-  uint64_t left = 0;    // records issued from then on, left out
-  uint64_t undone = 0;  // records whose later start, completion, failure or abort was undone
+  int64_t atNs = 0;          // wall clock of the first abort that ended a hang
+  int rank = -1;             // the rank that issued it
+  uint64_t comm = 0;         // the communicator it aborted
+  bool byNcclwatch = false;  // ncclwatch made that abort (trace::kRecordByNcclwatch)
+  uint64_t left = 0;         // records issued from then on, left out
+  uint64_t undone = 0;       // records whose later start, completion, failure or abort was undone
 };
 
 // Per job id: puts the files of each job whose hang an abort ended back as they were just

@@ -356,6 +356,7 @@ void JobAnalysis::checkMismatches(Comm& comm) {
   int64_t divergence = INT64_MAX;
   bool teardown = false;
   OpKind teardownOp = OpKind::kDestroy;
+  bool ourAbort = false;  // the teardown is ncclwatch's own abort (trace::kRecordByNcclwatch)
   int shiftKind = 0;
   for (int c = 0; c < static_cast<int>(classes.size()); ++c) {
     RankClass rc;
@@ -374,6 +375,8 @@ void JobAnalysis::checkMismatches(Comm& comm) {
       if (isTeardown(rc.call.op) && !isTeardown(majorityCall.op)) {
         teardown = true;
         teardownOp = rc.call.op;
+        const CallRecord& record = procs_[m0.proc].rec(m0.at(divergent));
+        ourAbort |= (record.flags & trace::kRecordByNcclwatch) != 0;
       }
       int s = c == majorityIdx ? 0 : shift(classes[c].second[0], rep);
       if (s != 0) shiftKind = s;
@@ -440,7 +443,17 @@ void JobAnalysis::checkMismatches(Comm& comm) {
   // A rank at teardown is missing from the call, not a call with another op: no fields differ
   // (docs/verdicts.md: fields are a mismatch's), and "(op differ)" in its headline misled.
   if (teardown) v.fields.clear();
-  if (teardown && teardownOp == OpKind::kAbort) {
+  if (teardown && teardownOp == OpKind::kAbort && ourAbort) {
+    // What an abort ncclwatch was asked for left behind, never a cause of its own.
+    v.kind = VerdictKind::kMissing;
+    v.primary = false;
+    v.explanation = "ncclwatch aborted the communicator on " + who +
+                    " (run --abort or "
+                    "NCCLWATCH_ON_HANG=abort, for a verdict) where " +
+                    others + " wait in " + callText(majorityCall) + " " + seqText +
+                    ": the job is being torn down; the verdict that asked for the abort is the "
+                    "cause";
+  } else if (teardown && teardownOp == OpKind::kAbort) {
     v.kind = VerdictKind::kMissing;
     v.explanation = who + " aborted the communicator (ncclCommAbort) where " + others +
                     " wait in " + callText(majorityCall) + " " + seqText +

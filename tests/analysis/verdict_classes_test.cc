@@ -738,9 +738,21 @@ TEST(AfterAbort, NcclwatchsOwnAbortOfARankWithNothingPendingEndedTheHang) {
         ncclwatch::trace::kRecordByNcclwatch;
   }
   auto traces = files(ranks);
+  // As the live collector reads it (no roll-back): the abort is not the application's.
+  std::vector<TraceFile> asLeft = traces;
+  Report live = analyze(asLeft, ended());
+  for (const Verdict& v : job(live).verdicts) {
+    EXPECT_FALSE(v.primary && contains(v.explanation, "aborted the communicator")) << text(live);
+    if (contains(v.explanation, "aborted the communicator")) {
+      EXPECT_TRUE(contains(v.explanation, "ncclwatch aborted the communicator on rank 2"))
+          << text(live);
+    }
+  }
   std::vector<RolledBack> rolled = rollBackToBeforeAborts(traces);
   ASSERT_EQ(rolled.size(), 1u);
   EXPECT_EQ(rolled[0].rank, 2);
+  EXPECT_TRUE(contains(rolledBackText(rolled[0]), "just before ncclwatch aborted comm"))
+      << rolledBackText(rolled[0]);
   Report report = analyze(traces, ended());
   ASSERT_FALSE(primaries(report).empty()) << text(report);
   EXPECT_EQ(primaries(report)[0]->culprits, std::vector<int>{2}) << text(report);
