@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "collect.h"
+#include "command.h"
 #include "harness.h"
 #include "relay.h"
 #include "trace/fingerprint.h"
@@ -336,17 +337,12 @@ TEST_F(RelayLinkTest, AnIdleRelayEnds) {
 // write: the collector reads a host's frames of a poll as one TCP segment, not one per agent.
 // A fake collector (a plain socket) counts the data segments its end of the link received.
 TEST(RelayGathering, AHostsFramesOfOnePollReachTheCollectorInOneWrite) {
-  int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  ASSERT_EQ(listen(listener, 4), 0);
-  socklen_t length = sizeof address;
-  getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
+  int port = 0;
+  int listener = testsupport::listenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
   std::string name = "ncclwatch-relay-gather-" + std::to_string(getpid());
   std::ostringstream relayLog;
-  auto relay = startRelay(name, ntohs(address.sin_port), relayLog);
+  auto relay = startRelay(name, port, relayLog);
   constexpr int kAgents = 8;
   int agents[kAgents];
   for (int& agent : agents) agent = connectAbstract(name);

@@ -727,8 +727,10 @@ TEST(Completion, RunAbortFailsAJobThatExitsZeroAfterItsCommunicatorWasAborted) {
   EXPECT_EQ(out.status, 1) << out.text;
   EXPECT_NE(out.text.find("STUCK"), std::string::npos) << out.text;
   EXPECT_NE(out.text.find("destroy: no error"), std::string::npos) << out.text;  // it exited 0
-  EXPECT_NE(out.text.find("the job exited 0, but after a verdict --abort asked its ranks to abort 1 communicator"),
-            std::string::npos)
+  EXPECT_NE(
+      out.text.find(
+          "the job exited 0, but after a verdict --abort asked its ranks to abort 1 communicator"),
+      std::string::npos)
       << out.text;
   EXPECT_EQ(out.text.find("use after free"), std::string::npos) << out.text;
 }

@@ -16,4 +16,8 @@ Output command(const std::string& line, const std::string& stderrTo = "2>&1");
 // 0 if none could be bound.
 int freeLoopbackPort();
 
+// A socket listening on a loopback port the kernel chose (`*port`), standing in for a collector
+// or a relay's collector; -1 if none could be set up.
+int listenOnLoopback(int* port);
+
 }  // namespace testsupport

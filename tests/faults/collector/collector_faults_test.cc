@@ -216,15 +216,9 @@ TEST(CollectorFaults, CollectorOfAnotherVersionRefusesOnce) {
   std::vector<std::string> args = {"--steps", "100", "--step-ms", "25"};
   int expected = baselineAllReduces("other-version-base", 2, args);
   std::string logs = testsupport::freshDirectory("other-version");
-  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  ASSERT_EQ(listen(listener, 16), 0);
-  socklen_t length = sizeof address;
-  getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
-  int port = ntohs(address.sin_port);
+  int port = 0;
+  int listener = testsupport::listenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
   // REFUSED from version 3: magic "NWP1", type 18, version 3, length 2, reserved 0; version 3.
   const unsigned char refused[] = {0x4e, 0x57, 0x50, 0x31, 18, 0, 3, 0, 2,
                                    0,    0,    0,    0,    0,  0, 0, 3, 0};
