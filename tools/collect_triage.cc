@@ -165,6 +165,15 @@ int Triage::hello(size_t connection, const wire::Hello& hello) {
   }
   Process& process = processes_[static_cast<size_t>(found->second)];
   if (process.connected) return -1;  // one connection per process
+  // A process that connects again may never have read the aborts asked on its lost connection:
+  // its COMMS, next, asks them again (an agent whose communicator is aborted already says so).
+  if (!added) {
+    auto index = static_cast<size_t>(found->second);
+    for (auto asked = abortsAsked_.lower_bound({index, 0});
+         asked != abortsAsked_.end() && asked->first == index;) {
+      asked = abortsAsked_.erase(asked);
+    }
+  }
   process.connected = true;
   process.connection = static_cast<int64_t>(connection);
   counters_.agents++;
@@ -394,9 +403,16 @@ bool Triage::frame(int processIndex, wire::Frame& frame) {
         if (comm.commHash == 0 || comm.nranks <= 0) continue;
         file.comms.push_back(comm);
         triage_.addComm(comm);
-        // A job being aborted for a dead rank: a communicator reported now is aborted too.
-        if (abortingProcesses_.count(index) != 0 &&
-            abortsAsked_.insert({index, comm.commHash}).second) {
+        // A job being aborted for a dead rank: a communicator reported now is aborted too; so
+        // is one a verdict had aborted, reported by a rank that was not connected then.
+        if (abortsAsked_.count({index, comm.commHash}) != 0) continue;
+        bool aborted = abortingProcesses_.count(index) != 0;
+        if (!aborted) {
+          auto job = abortedComms_.find(trace::jobIdOf(file.header));
+          aborted = job != abortedComms_.end() && job->second.count(comm.commHash) != 0;
+        }
+        if (aborted) {
+          abortsAsked_.insert({index, comm.commHash});
           pendingAborts_.push_back({index, comm.commHash, steadyNs()});
         }
       }
@@ -635,6 +651,8 @@ void Triage::scheduleAborts(const analysis::Verdict& verdict, const std::string&
   // The aborts go out a little after the dump requests: a rank that aborts fails and exits at
   // once, its launcher stops the job, and ranks still taking their dump would lose it.
   int64_t abortAt = steadyNs() + kAbortAfterDumpNs;
+  std::set<uint64_t>& jobComms = abortedComms_[jobId];
+  jobComms.insert(toAbort.begin(), toAbort.end());
   abortedFor_.try_emplace(
       jobId, AbortedJob{analysis::upperCase(analysis::kindName(verdict.kind)) + " on comm " +
                             analysis::hashText(verdict.comm.hash) + " at call #" +

@@ -273,6 +273,10 @@ class Triage : public FrameSink {
   // Processes of a job aborted whole (a dead rank under --abort): communicators they report
   // later are aborted as they arrive.
   std::set<size_t> abortingProcesses_;
+  // Per job, the communicators its verdicts had aborted: a rank of the job that reports one of
+  // them later (its agent connected after the verdict, or again after a lost connection: every
+  // connection starts with COMMS) is aborted there too, or it would wait in it for ever.
+  std::map<std::string, std::set<uint64_t>, std::less<>> abortedComms_;
 };
 
 }  // namespace ncclwatch::collect

@@ -663,6 +663,54 @@ TEST(CollectorAgents, AVerdictAfterTheAbortIsSaidAsItsConsequence) {
   for (int fd : agents) close(fd);
 }
 
+// Under --abort, a rank whose agent was not connected when the aborts went out (it came late, or
+// its connection was lost before it read them) is aborted once it connects: every connection
+// starts with COMMS, and a communicator a verdict aborted is aborted there too. Before, such a
+// rank waited in it for ever (pytorch_hangs/skip once, its ranks 2 and 3 under a loaded CI).
+TEST(CollectorAgents, ARankConnectingAfterTheAbortsIsAbortedToo) {
+  constexpr uint64_t kComm = 0xab0128ull;
+  std::ostringstream out;
+  Collector collector;
+  ncclwatch::collect::Options options;
+  options.secret = "abort-late";
+  options.quietMs = 300;
+  options.abortOnVerdict = true;
+  std::string error;
+  ASSERT_TRUE(collector.start(options, out, &error)) << error;
+  int agents[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<ncclwatch::trace::CallRecord> records{allReduce(kComm, 1, 1024),
+                                                      allReduce(kComm, 2, rank ? 512 : 1024)};
+    records[0].state = ncclwatch::trace::RecordState::kCompleted;
+    records[0].completeNs = records[0].startNs + 1000;
+    agents[rank] = joinAgent(collector.port(), "abort-late", rank, 2, "late-job", kComm, records);
+  }
+  ASSERT_TRUE(eventually([&] { return collector.counters().abortsSent.load() >= 2; }, 8000ms))
+      << out.str();
+  // Rank 1's connection is lost before it read anything; it connects again.
+  close(agents[1]);
+  ASSERT_TRUE(eventually([&] { return collector.counters().connected.load() == 1; })) << out.str();
+  agents[1] = joinAgent(collector.port(), "abort-late", 1, 2, "late-job", kComm, {});
+  wire::Frame frame;
+  std::vector<std::byte> received;
+  bool aborted = eventually([&] {
+    std::byte buffer[4096];
+    ssize_t n = recv(agents[1], buffer, sizeof buffer, MSG_DONTWAIT);
+    if (n > 0) received.insert(received.end(), buffer, buffer + n);
+    std::span<const std::byte> rest(received);
+    size_t consumed = 0;
+    while (wire::decodeFrame(rest, &frame, &consumed, &error) == wire::DecodeStatus::kFrame) {
+      if (frame.type == wire::FrameType::kAbort && frame.commHash == kComm) return true;
+      rest = rest.subspan(consumed);
+    }
+    return false;
+  });
+  EXPECT_TRUE(aborted) << out.str();
+  EXPECT_EQ(collector.counters().abortsSent.load(), 3u) << out.str();
+  collector.stop();
+  for (int fd : agents) close(fd);
+}
+
 // A job that ends normally (every rank said BYE) is analysed to its last record before the
 // collector exits: ranks whose calls disagree only in dtype complete them (silent corruption),
 // end at once, and the collector is stopped right away; the verdict is still said.
