@@ -448,9 +448,8 @@ void JobAnalysis::checkMismatches(Comm& comm) {
     v.kind = VerdictKind::kMissing;
     v.primary = false;
     v.explanation = "ncclwatch aborted the communicator on " + who +
-                    " (run --abort or "
-                    "NCCLWATCH_ON_HANG=abort, for a verdict) where " +
-                    others + " wait in " + callText(majorityCall) + " " + seqText +
+                    " (run --abort or NCCLWATCH_ON_HANG=abort, for a verdict) where " + others +
+                    " wait in " + callText(majorityCall) + " " + seqText +
                     ": the job is being torn down; the verdict that asked for the abort is the "
                     "cause";
   } else if (teardown && teardownOp == OpKind::kAbort) {
@@ -506,12 +505,16 @@ void JobAnalysis::checkMismatches(Comm& comm) {
       }
       std::vector<uint64_t> again;
       size_t repeats = 0;
-      for (uint64_t k = divergent + 1; culpritMember >= 0 && k <= hi; ++k) {
-        uint64_t mine = keyAt(culpritMember, k), theirs = keyAt(rep, k);
-        if (mine == 0 || theirs == 0 || mine == theirs) continue;
-        ++repeats;
-        uint32_t i = comm.members[culpritMember].at(k);
-        if (again.size() < 3) again.push_back(procs_[comm.members[culpritMember].proc].rec(i).seq);
+      if (culpritMember >= 0) {
+        // Over the culprit's window only: ordinals far past it (a damaged trace's seq) hold
+        // nothing to compare.
+        const Member& m = comm.members[culpritMember];
+        for (uint64_t k = std::max(divergent + 1, m.base); k < m.base + m.coll.size(); ++k) {
+          uint64_t mine = keyAt(culpritMember, k), theirs = keyAt(rep, k);
+          if (mine == 0 || theirs == 0 || mine == theirs) continue;
+          ++repeats;
+          if (again.size() < 3) again.push_back(procs_[m.proc].rec(m.coll[k - m.base]).seq);
+        }
       }
       std::string repeated;
       if (repeats > 0) {
