@@ -588,6 +588,27 @@ TEST(CollectorAgents, ARankThatEndsNormallyIsNotDeadOneThatVanishesIs) {
   close(waits);
 }
 
+// A collector under --abort (a quiet time of 300 ms), for the tests of what aborts reach.
+bool startAborting(Collector& collector, std::ostringstream& out, const std::string& secret) {
+  ncclwatch::collect::Options options;
+  options.secret = secret;
+  options.quietMs = 300;
+  options.abortOnVerdict = true;
+  std::string error;
+  bool started = collector.start(options, out, &error);
+  EXPECT_TRUE(started) << error;
+  return started;
+}
+
+// A rank's two allreduces on `comm`, the first completed; rank 1's second has another count.
+std::vector<ncclwatch::trace::CallRecord> secondCallDiffers(uint64_t comm, int rank) {
+  std::vector<ncclwatch::trace::CallRecord> records{allReduce(comm, 1, 1024),
+                                                    allReduce(comm, 2, rank ? 512 : 1024)};
+  records[0].state = ncclwatch::trace::RecordState::kCompleted;
+  records[0].completeNs = records[0].startNs + 1000;
+  return records;
+}
+
 // Under --abort, what the job does once aborted (here a call that then fails on the rank the
 // abort left alone in the communicator) is said as what the abort set off, not headed as a
 // finding of its own.
@@ -595,21 +616,14 @@ TEST(CollectorAgents, AVerdictAfterTheAbortIsSaidAsItsConsequence) {
   constexpr uint64_t kComm = 0xab0127ull;
   std::ostringstream out;
   Collector collector;
-  ncclwatch::collect::Options options;
-  options.secret = "abort-then";
-  options.quietMs = 300;
-  options.abortOnVerdict = true;
+  ASSERT_TRUE(startAborting(collector, out, "abort-then"));
   std::string error;
-  ASSERT_TRUE(collector.start(options, out, &error)) << error;
   int agents[2];
   wire::RecordEncoder encoders[2];
   std::vector<std::byte> frame;
   for (int rank = 0; rank < 2; ++rank) {
     agents[rank] = joinAgent(collector.port(), "abort-then", rank, 2, "aborted-job", kComm, {});
-    std::vector<ncclwatch::trace::CallRecord> records{allReduce(kComm, 1, 1024),
-                                                      allReduce(kComm, 2, rank ? 512 : 1024)};
-    records[0].state = ncclwatch::trace::RecordState::kCompleted;
-    records[0].completeNs = records[0].startNs + 1000;
+    std::vector<ncclwatch::trace::CallRecord> records = secondCallDiffers(kComm, rank);
     frame.clear();
     wire::encodeRecords(2'000'000'000, records, encoders[rank], frame);
     sendAll(agents[rank], frame);
@@ -671,19 +685,12 @@ TEST(CollectorAgents, ARankConnectingAfterTheAbortsIsAbortedToo) {
   constexpr uint64_t kComm = 0xab0128ull;
   std::ostringstream out;
   Collector collector;
-  ncclwatch::collect::Options options;
-  options.secret = "abort-late";
-  options.quietMs = 300;
-  options.abortOnVerdict = true;
+  ASSERT_TRUE(startAborting(collector, out, "abort-late"));
   std::string error;
-  ASSERT_TRUE(collector.start(options, out, &error)) << error;
   int agents[2];
   for (int rank = 0; rank < 2; ++rank) {
-    std::vector<ncclwatch::trace::CallRecord> records{allReduce(kComm, 1, 1024),
-                                                      allReduce(kComm, 2, rank ? 512 : 1024)};
-    records[0].state = ncclwatch::trace::RecordState::kCompleted;
-    records[0].completeNs = records[0].startNs + 1000;
-    agents[rank] = joinAgent(collector.port(), "abort-late", rank, 2, "late-job", kComm, records);
+    agents[rank] = joinAgent(collector.port(), "abort-late", rank, 2, "late-job", kComm,
+                             secondCallDiffers(kComm, rank));
   }
   ASSERT_TRUE(eventually([&] { return collector.counters().abortsSent.load() >= 2; }, 8000ms))
       << out.str();
