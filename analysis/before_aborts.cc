@@ -64,7 +64,7 @@ std::vector<Candidate> candidates(const trace::TraceFile& file) {
     }
     // ncclwatch's own abort ends the hang it was asked for, whatever the aborting rank had
     // pending (a rank stuck outside NCCL, the dead rank of the verdict, had nothing).
-    if (!c.unfinished.empty() || (abort.flags & trace::kRecordByNcclwatch) != 0) {
+    if (!c.unfinished.empty() || trace::madeByNcclwatch(abort)) {
       out.push_back(std::move(c));
     }
   }
@@ -129,7 +129,7 @@ std::vector<RolledBack> rollBackToBeforeAborts(std::vector<trace::TraceFile>& fi
   for (size_t f = 0; f < files.size(); ++f) {
     const trace::TraceFile& file = files[f];
     for (const Candidate& c : perFile[f]) {
-      bool endedAHang = (file.records[c.abort].flags & trace::kRecordByNcclwatch) != 0 ||
+      bool endedAHang = trace::madeByNcclwatch(file.records[c.abort]) ||
                         std::any_of(c.unfinished.begin(), c.unfinished.end(),
                                     [&](size_t i) { return hung(file, file.records[i]); });
       if (!endedAHang) continue;
@@ -141,7 +141,7 @@ std::vector<RolledBack> rollBackToBeforeAborts(std::vector<trace::TraceFile>& fi
         slot->second.atNs = wall;
         slot->second.rank = file.header.rank;
         slot->second.comm = abort.commHash;
-        slot->second.byNcclwatch = (abort.flags & trace::kRecordByNcclwatch) != 0;
+        slot->second.byNcclwatch = trace::madeByNcclwatch(abort);
       }
       break;  // its first such abort
     }

@@ -155,7 +155,7 @@ void JobAnalysis::checkDeadAndMissing() {
     // Read as of before the abort that ended the hang, a process that issued calls after it
     // (its own abort) was running then, whatever ended it later: alive but silent, as the live
     // collector saw it.
-    const bool aliveThen = proc.alive || (proc.file->readBeforeAbort && proc.file->ranAfterAbort);
+    const bool aliveThen = proc.alive || proc.file->ranAfterAbort;
     const bool failedExit = proc.clean && proc.exitStatus && *proc.exitStatus != 0;
     dead.call.note =
         aliveThen    ? "alive but silent: no NCCL call for a while"

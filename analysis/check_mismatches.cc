@@ -376,7 +376,7 @@ void JobAnalysis::checkMismatches(Comm& comm) {
         teardown = true;
         teardownOp = rc.call.op;
         const CallRecord& record = procs_[m0.proc].rec(m0.at(divergent));
-        ourAbort |= (record.flags & trace::kRecordByNcclwatch) != 0;
+        ourAbort |= trace::madeByNcclwatch(record);
       }
       int s = c == majorityIdx ? 0 : shift(classes[c].second[0], rep);
       if (s != 0) shiftKind = s;
@@ -410,13 +410,14 @@ void JobAnalysis::checkMismatches(Comm& comm) {
   std::string others =
       (v.classes[0].ranks.size() == 1 ? "rank " : "ranks ") + formatRanks(v.classes[0].ranks);
   std::string seqText = "#" + std::to_string(majorityCall.seq);
+  // A member of the last class outside the majority (-1: none), the one the texts compare.
+  int culpritMember = -1;
+  for (int c = 0; c < static_cast<int>(classes.size()); ++c) {
+    if (c != majorityIdx) culpritMember = classes[c].second[0];
+  }
   // Calls the culprit made fewer (or more) of than the majority: names the skipped call even
   // when identical calls hid the shift.
   auto countDifference = [&]() -> std::string {
-    int culpritMember = -1;
-    for (int c = 0; c < static_cast<int>(classes.size()); ++c) {
-      if (c != majorityIdx) culpritMember = classes[c].second[0];
-    }
     if (culpritMember < 0) return "";
     std::map<uint64_t, std::pair<int64_t, uint32_t>> tally;  // key -> (majority - culprit, record)
     auto add = [&](int mi, int sign) {
@@ -499,10 +500,6 @@ void JobAnalysis::checkMismatches(Comm& comm) {
       v.effect = Effect::kSilentDataCorruption;
       // Nothing hangs, so the job goes on, mostly repeating it each step: said, so that no one
       // takes one step for the only one hurt.
-      int culpritMember = -1;
-      for (int c = 0; c < static_cast<int>(classes.size()); ++c) {
-        if (c != majorityIdx) culpritMember = classes[c].second[0];
-      }
       std::vector<uint64_t> again;
       size_t repeats = 0;
       if (culpritMember >= 0) {

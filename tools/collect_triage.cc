@@ -405,14 +405,12 @@ bool Triage::frame(int processIndex, wire::Frame& frame) {
         triage_.addComm(comm);
         // A job being aborted for a dead rank: a communicator reported now is aborted too; so
         // is one a verdict had aborted, reported by a rank that was not connected then.
-        if (abortsAsked_.count({index, comm.commHash}) != 0) continue;
         bool aborted = abortingProcesses_.count(index) != 0;
         if (!aborted) {
           auto job = abortedComms_.find(trace::jobIdOf(file.header));
           aborted = job != abortedComms_.end() && job->second.count(comm.commHash) != 0;
         }
-        if (aborted) {
-          abortsAsked_.insert({index, comm.commHash});
+        if (aborted && abortsAsked_.insert({index, comm.commHash}).second) {
           pendingAborts_.push_back({index, comm.commHash, steadyNs()});
         }
       }

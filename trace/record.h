@@ -137,6 +137,12 @@ static_assert(sizeof(CallRecord) == 128);
 static_assert(std::is_trivially_copyable_v<CallRecord>);
 static_assert(std::is_standard_layout_v<CallRecord>);
 
+// A call ncclwatch made itself (kRecordByNcclwatch: the abort a verdict or the hang watchdog
+// asked for), not the application.
+inline bool madeByNcclwatch(const CallRecord& record) {
+  return (record.flags & kRecordByNcclwatch) != 0;
+}
+
 // A call in its communicator's sequence, the one the analysis aligns (and a host's relay judges,
 // tools/relay_fold.h): init and group marks are outside it.
 inline bool isSequenced(const CallRecord& record) {

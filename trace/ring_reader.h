@@ -52,9 +52,9 @@ struct TraceFile {
   // Put back as it was just before an abort that ended its job's hang (analysis/before_aborts.h):
   // its process ran then, whatever its end (a clean exit after the abort ends no hang).
   bool readBeforeAbort = false;
-  // With readBeforeAbort: the process issued calls after that abort (its own abort, say), so it
-  // was running then: a dead-rank verdict says it was alive but silent, as the live collector
-  // did, not gone (whatever ended it later).
+  // Set only with readBeforeAbort: the process issued calls after that abort (its own abort,
+  // say), so it was running then: a dead-rank verdict says it was alive but silent, as the live
+  // collector did, not gone (whatever ended it later).
   bool ranAfterAbort = false;
 };
 
