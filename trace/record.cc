@@ -2,6 +2,7 @@
 
 #include "trace/ring_format.h"
 
+#include <cstddef>
 #include <cstdio>
 
 namespace ncclwatch::trace {
@@ -119,6 +120,15 @@ const char* kernelText(KernelState state) {
 }
 
 }  // namespace
+
+uint32_t waitNoteCheck(const WaitNote& note) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&note);
+  uint32_t hash = 2166136261u;
+  for (size_t i = 0; i < offsetof(WaitNote, check); ++i) {
+    hash = (hash ^ bytes[i]) * 16777619u;
+  }
+  return hash == 0 ? 1 : hash;
+}
 
 std::string describeWait(const trace::WaitNote& note, int64_t nowNs) {
   char text[256];

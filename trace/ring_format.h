@@ -78,10 +78,16 @@ struct WaitNote {
   uint8_t channelsStarted;
   uint8_t channelsStopped;
   uint8_t nChannels;  // as NCCL announced for the operation; 0 unknown
-  uint8_t reserved[6];
+  uint8_t reserved[2];
+  // waitNoteCheck of the bytes above, so that a reader can keep the whole notes of a table its
+  // writer ended inside; 0: not checked (empty entries, files before session 22).
+  uint32_t check;
 };
 static_assert(sizeof(WaitNote) == 64);
+static_assert(offsetof(WaitNote, check) == 60);
 inline constexpr uint32_t kWaitNoteCapacity = 32;
+// FNV-1a of a note's first 60 bytes, never 0 (0 in `check` means unchecked).
+uint32_t waitNoteCheck(const WaitNote& note);
 // "SendPeerWait", "RecvWait", ... for a WaitNote::stepState; "" for 0 and unknown numbers.
 const char* proxyStepStateName(uint8_t state);
 // How much a step in `state` says about why its call waits, for choosing one to report: 3 for

@@ -34,26 +34,55 @@ bool copyStableSlot(const std::byte* slot, CallRecord* out) {
   return false;
 }
 
-// The header's wait notes, copied between two equal even reads of their seqlock word.
+// The header's wait notes, copied between two equal even reads of their seqlock word. A table
+// still being written after three tries was left so by a process that ended inside the write:
+// its writer rewrites only the entries that change, each with its check, so the whole entries
+// (old or new) are kept and a torn one is dropped.
 void readWaits(std::span<const std::byte> bytes, TraceFile& file) {
   if (bytes.size() < offsetof(RingHeader, waits) + sizeof(RingHeader::waits)) return;
   const std::byte* version = bytes.data() + offsetof(RingHeader, waitsVersion);
   const std::byte* table = bytes.data() + offsetof(RingHeader, waits);
   WaitNote notes[kWaitNoteCapacity];
-  for (int attempt = 0; attempt < 3; ++attempt) {
+  bool settled = false;
+  for (int attempt = 0; attempt < 3 && !settled; ++attempt) {
     uint32_t before, after;
     std::memcpy(&before, version, sizeof before);
     std::atomic_thread_fence(std::memory_order_acquire);
     std::memcpy(notes, table, sizeof notes);
     std::atomic_thread_fence(std::memory_order_acquire);
     std::memcpy(&after, version, sizeof after);
-    if (before != after || (before & 1u) != 0) continue;
-    for (const WaitNote& note : notes) {
-      if (note.commHash != 0) file.waits.push_back(note);
-    }
-    return;
+    settled = before == after && (before & 1u) == 0;
   }
-  problem(file, offsetof(RingHeader, waits), "wait notes torn: their writer was inside them");
+  size_t dropped = 0;
+  for (const WaitNote& note : notes) {
+    if (note.commHash == 0) continue;
+    // Settled, an unchecked note is one of a file before the checks; unsettled, it cannot be
+    // told from a torn one.
+    bool whole = note.check == 0 ? settled : note.check == waitNoteCheck(note);
+    if (!whole) {
+      ++dropped;
+      continue;
+    }
+    // Unsettled, an entry not yet rewritten may hold a call the new table holds elsewhere.
+    auto same = std::find_if(file.waits.begin(), file.waits.end(), [&](const WaitNote& kept) {
+      return kept.commHash == note.commHash && kept.seq == note.seq;
+    });
+    if (same == file.waits.end()) {
+      file.waits.push_back(note);
+    } else if (note.updatedNs > same->updatedNs) {
+      *same = note;
+    }
+  }
+  if (dropped > 0) {
+    bool one = dropped == 1;
+    std::string what = std::to_string(dropped) + (one ? " wait note " : " wait notes ");
+    if (settled) {
+      what += one ? "fails its check: dropped" : "fail their check: dropped";
+    } else {
+      what += one ? "torn: its writer ended inside it" : "torn: their writer ended inside them";
+    }
+    problem(file, offsetof(RingHeader, waits), std::move(what));
+  }
 }
 
 // Field checks of one record but its ringIndex: the first invalid field, or empty when valid.

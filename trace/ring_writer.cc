@@ -228,6 +228,7 @@ void RingWriter::initializeHeader(const ProcessInfo& info, bool continuous) {
   long page = sysconf(_SC_PAGESIZE);
   pageBytes_ = page > 0 ? static_cast<size_t>(page) : 4096;
   continuous_ = continuous;
+  std::memset(writtenWaits_, 0, sizeof writtenWaits_);  // a fresh header has none
   if (continuous) {
     persistCursor_ = 0;
     segment_.assign(sizeof(SegmentHeader) + kSegmentRecords * sizeof(CallRecord), std::byte{0});
@@ -321,19 +322,34 @@ void RingWriter::addRecordingSource(RecordingSource source) {
 }
 
 void RingWriter::writeWaits(std::span<const WaitNote> notes) {
+  // Only the entries that changed are rewritten, each with its check: a process that ends inside
+  // this (killed, or _exit on another thread) leaves at most the entry being written torn, and a
+  // reader keeps the others whole (trace/ring_reader.cc readWaits).
+  size_t count = std::min<size_t>(notes.size(), kWaitNoteCapacity);
+  WaitNote wanted[kWaitNoteCapacity]{};
+  bool changed = false;
+  for (size_t i = 0; i < kWaitNoteCapacity; ++i) {
+    if (i < count && notes[i].commHash != 0) {
+      wanted[i] = notes[i];
+      wanted[i].check = 0;
+      wanted[i].check = waitNoteCheck(wanted[i]);
+    }
+    changed |= std::memcmp(&wanted[i], &writtenWaits_[i], sizeof(WaitNote)) != 0;
+  }
+  if (!changed) return;
   auto version = atomicField(header_->waitsVersion);
   uint32_t inside = version.load(std::memory_order_relaxed) | 1u;
   version.store(inside, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
-  size_t count = std::min<size_t>(notes.size(), kWaitNoteCapacity);
   for (size_t i = 0; i < kWaitNoteCapacity; ++i) {
-    WaitNote note = i < count ? notes[i] : WaitNote{};
+    if (std::memcmp(&wanted[i], &writtenWaits_[i], sizeof(WaitNote)) == 0) continue;
     // Word by word with relaxed atomics: a reader in another process may copy concurrently.
-    const auto* from = reinterpret_cast<const uint64_t*>(&note);
+    const auto* from = reinterpret_cast<const uint64_t*>(&wanted[i]);
     auto* to = reinterpret_cast<uint64_t*>(&header_->waits[i]);
     for (size_t w = 0; w < sizeof(WaitNote) / 8; ++w) {
       std::atomic_ref<uint64_t>(to[w]).store(from[w], std::memory_order_relaxed);
     }
+    writtenWaits_[i] = wanted[i];
   }
   version.store(inside + 1, std::memory_order_release);
 }
@@ -606,6 +622,12 @@ void RingWriter::replaceWithMemory(size_t offset, size_t bytes) {
     // far, so that readers take the jump for records lost, never for time going backwards.
     size_t restored = std::min(bytes, sizeof(RingHeader) - offset);
     std::memcpy(base + offset, headerCopy_.data() + offset, restored);
+    // The wait notes as last written (the copy taken at open has none): writeWaits rewrites
+    // only the entries that change.
+    size_t waitsAt = offsetof(RingHeader, waits);
+    if (offset <= waitsAt && offset + restored >= waitsAt + sizeof header_->waits) {
+      std::memcpy(base + waitsAt, writtenWaits_, sizeof writtenWaits_);
+    }
     if (offset <= offsetof(RingHeader, nextIndex)) {
       header_->nextIndex = lastSeenNext_.load(std::memory_order_relaxed) + (uint64_t{1} << 32);
     }

@@ -232,6 +232,7 @@ class RingWriter {
   // Restores the header's identity after its page faulted: written when the header changes
   // (never on the hot path), read by the SIGBUS handler.
   std::vector<std::byte> headerCopy_;
+  WaitNote writtenWaits_[kWaitNoteCapacity]{};     // the header's wait notes as last written
   mutable std::atomic<uint64_t> lastSeenNext_{0};  // nextIndex() as background readers saw it
   std::atomic<uint64_t> unwrittenBlocks_{0};
   std::atomic<uint64_t> failedSegmentWrites_{0};

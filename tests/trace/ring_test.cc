@@ -15,6 +15,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -219,6 +220,88 @@ TEST_F(Salvage, BadHeadersAreRejectedWithTheField) {
 }
 
 // ---- Storage that cannot fault ----
+
+// The header's wait notes: the watchdog rewrites only the entries that change, each with its
+// check, so that a process ending inside a rewrite loses at most the entry it was writing.
+class WaitNotes : public ::testing::Test {
+ protected:
+  static WaitNote note(uint64_t seq, int64_t updatedNs) {
+    WaitNote note{};
+    note.commHash = 0xc0ffee;
+    note.seq = seq;
+    note.updatedNs = updatedNs;
+    note.sinceNs = 5;
+    note.step = 3;
+    note.stepState = 20;
+    return note;
+  }
+  void write(std::initializer_list<WaitNote> notes) {
+    std::vector<WaitNote> table(notes);
+    writer_.writeWaits(table);
+  }
+  void SetUp() override {
+    path_ = tempPath("waits");
+    ASSERT_TRUE(writer_.open(path_, 32, {1, 2, 1, "h", "j"}, nullptr));
+  }
+  void TearDown() override {
+    writer_.close();
+    unlink(path_.c_str());
+  }
+  // The file as a reader finds it, with `change` applied to its header first.
+  TraceFile readWith(const std::function<void(RingHeader&)>& change) {
+    std::vector<std::byte> bytes = fileBytes(path_);
+    change(*reinterpret_cast<RingHeader*>(bytes.data()));
+    return parseTrace(bytes, "t");
+  }
+  std::string path_;
+  RingWriter writer_;
+};
+
+TEST_F(WaitNotes, ReadBackAsWrittenAndOnlyChangesAreRewritten) {
+  write({note(1, 100), note(2, 100)});
+  uint32_t version = writer_.header()->waitsVersion;
+  EXPECT_EQ(version % 2, 0u);
+  write({note(1, 100), note(2, 100)});
+  EXPECT_EQ(writer_.header()->waitsVersion, version);  // nothing changed: nothing written
+  write({note(2, 200)});
+  EXPECT_EQ(writer_.header()->waitsVersion, version + 2);
+  TraceFile file = readTraceFile(path_);
+  EXPECT_TRUE(file.problems.empty()) << file.problems[0].what;
+  ASSERT_EQ(file.waits.size(), 1u);
+  EXPECT_EQ(file.waits[0].seq, 2u);
+  EXPECT_EQ(file.waits[0].updatedNs, 200);
+  EXPECT_EQ(file.waits[0].step, 3);
+}
+
+TEST_F(WaitNotes, ATableItsWriterEndedInsideKeepsItsWholeEntries) {
+  write({note(1, 100), note(2, 100), note(3, 100)});
+  TraceFile file = readWith([](RingHeader& header) {
+    header.waitsVersion |= 1u;          // the writer ended inside a rewrite ...
+    header.waits[0] = header.waits[1];  // ... having moved call 2 up to entry 0 (newer) ...
+    header.waits[0].updatedNs = 200;
+    header.waits[0].check = 0;
+    header.waits[0].check = waitNoteCheck(header.waits[0]);
+    header.waits[1].seq = 4;  // ... and written half of entry 1
+  });
+  ASSERT_EQ(file.problems.size(), 1u);
+  EXPECT_EQ(file.problems[0].what, "1 wait note torn: its writer ended inside it");
+  ASSERT_EQ(file.waits.size(), 2u);
+  EXPECT_EQ(file.waits[0].seq, 2u);
+  EXPECT_EQ(file.waits[0].updatedNs, 200);
+  EXPECT_EQ(file.waits[1].seq, 3u);
+}
+
+TEST_F(WaitNotes, ASettledEntryFailingItsCheckIsDroppedAndUncheckedOnesKept) {
+  write({note(1, 100), note(2, 100)});
+  TraceFile file = readWith([](RingHeader& header) {
+    header.waits[0].peer = 7;   // damaged after it was written
+    header.waits[1].check = 0;  // as a file before the checks holds it
+  });
+  ASSERT_EQ(file.problems.size(), 1u);
+  EXPECT_EQ(file.problems[0].what, "1 wait note fails its check: dropped");
+  ASSERT_EQ(file.waits.size(), 1u);
+  EXPECT_EQ(file.waits[0].seq, 2u);
+}
 
 TEST(RingStorage, ReservesEveryBlockOfTheFile) {
   std::string path = tempPath("reserved");
