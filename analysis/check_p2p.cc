@@ -77,7 +77,9 @@ void JobAnalysis::checkP2p(Comm& comm) {
     std::string what;
     bool novel;
     std::string field;
-    int absentPeer = -1;  // global rank of the peer that never posted the other side
+    int absentPeer = -1;    // global rank of the peer that never posted the other side
+    int absentMember = -1;  // and its member index
+    bool held = false;      // the absent peer is held in an unmatched transfer of its own
   };
   std::vector<Item> items;
   // A send or receive its stream never reached, queued behind an earlier call of its process
@@ -164,7 +166,7 @@ void JobAnalysis::checkP2p(Comm& comm) {
             items.push_back({side,
                              "rank " + std::to_string(globalRank(comm, peer)) +
                                  " never posts the matching Recv",
-                             novel(side), "", globalRank(comm, peer)});
+                             novel(side), "", globalRank(comm, peer), rj});
           }
           ++a;
         } else {
@@ -173,7 +175,7 @@ void JobAnalysis::checkP2p(Comm& comm) {
             Side side{rj, (*recvList)[b]};
             items.push_back({side,
                              "rank " + std::to_string(procs_[sender.proc].rank) + " never sends it",
-                             novel(side), "", procs_[sender.proc].rank});
+                             novel(side), "", procs_[sender.proc].rank, mi});
           }
           ++b;
         }
@@ -205,12 +207,44 @@ void JobAnalysis::checkP2p(Comm& comm) {
           Side side{mi, i};
           items.push_back({side,
                            "rank " + std::to_string(globalRank(comm, peer)) + " never sends it",
-                           novel(side), "", globalRank(comm, peer)});
+                           novel(side), "", globalRank(comm, peer), pm});
         }
       }
     }
   }
   if (items.empty()) return;
+  // A rank that waits for a peer held in an unmatched transfer of its own, a peer that has not
+  // finished the step in which it served this rank's previous transfer the same way, waits
+  // because of it: the peer has not got here (a ring where one rank sent to the wrong peer: the
+  // ranks that finished the step wait in the next one for the ranks still in it). Counted, they
+  // named an innocent rank beside the culprit.
+  std::vector<bool> waitsUnmatched(static_cast<size_t>(count), false);
+  for (const Item& item : items) {
+    if (item.field.empty()) waitsUnmatched[static_cast<size_t>(item.side.member)] = true;
+  }
+  auto previousStillPending = [&](const Item& item) {
+    const Member& m = comm.members[item.side.member];
+    const CallRecord& mine = procs_[m.proc].rec(item.side.index);
+    if (mine.p2pSeq <= 1) return false;
+    const Member& peer = comm.members[item.absentMember];
+    const auto& lists = mine.op == OpKind::kSend ? recvsFrom : sendsTo;
+    auto list = lists[static_cast<size_t>(item.absentMember)].find(m.commRank);
+    if (list == lists[static_cast<size_t>(item.absentMember)].end()) return false;
+    for (uint32_t i : list->second) {
+      const CallRecord& theirs = procs_[peer.proc].rec(i);
+      if (theirs.p2pSeq == mine.p2pSeq - 1) return isPending(theirs);
+    }
+    return false;
+  };
+  for (Item& item : items) {
+    if (!item.field.empty() || item.absentMember < 0) continue;
+    if (!waitsUnmatched[static_cast<size_t>(item.absentMember)] || !previousStillPending(item)) {
+      continue;
+    }
+    item.held = true;
+    item.what = "waits for rank " + std::to_string(item.absentPeer) +
+                ", which is held in a transfer of its own";
+  }
   std::sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
     const Proc& pa = procs_[comm.members[a.side.member].proc];
     const Proc& pb = procs_[comm.members[b.side.member].proc];
@@ -224,7 +258,7 @@ void JobAnalysis::checkP2p(Comm& comm) {
   auto p2pCoverCulprits = [&](const std::vector<Item>& list) {
     std::vector<std::pair<int, int>> pairs;  // (rank with the call, absent peer)
     for (const Item& item : list) {
-      if (item.field.empty() && item.absentPeer >= 0) {
+      if (item.field.empty() && item.absentPeer >= 0 && !item.held) {
         pairs.push_back({procs_[comm.members[item.side.member].proc].rank, item.absentPeer});
       }
     }
@@ -311,13 +345,48 @@ void JobAnalysis::checkP2p(Comm& comm) {
   v.culprits.assign(culprits.begin(), culprits.end());
   v.divergenceNs = divergence == INT64_MAX ? 0 : divergence;
   std::string who = (v.culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(v.culprits);
+  // A rank that sends to (receives from) one peer where another waits for that transfer: the
+  // two unmatched sides of the same size, one of them the culprit's.
+  auto wrongPeerText = [&](int culprit) -> std::string {
+    auto bytes = [&](const Item& item) {
+      const CallRecord& r = procs_[comm.members[item.side.member].proc].rec(item.side.index);
+      return r.count * static_cast<uint64_t>(trace::dtypeBytes(r.dtype));
+    };
+    auto rankOf = [&](const Item& item) { return procs_[comm.members[item.side.member].proc].rank; };
+    auto opOf = [&](const Item& item) {
+      return procs_[comm.members[item.side.member].proc].rec(item.side.index).op;
+    };
+    for (const Item& mine : items) {
+      if (!mine.field.empty() || mine.held || rankOf(mine) != culprit) continue;
+      for (const Item& other : items) {
+        if (!other.field.empty() || other.held || other.absentPeer != culprit ||
+            rankOf(other) == mine.absentPeer || opOf(other) == opOf(mine) ||
+            bytes(other) != bytes(mine)) {
+          continue;
+        }
+        std::string c = std::to_string(culprit), wrong = std::to_string(mine.absentPeer),
+                    right = std::to_string(rankOf(other)), size = std::to_string(bytes(mine));
+        if (opOf(mine) == OpKind::kSend) {
+          return "rank " + c + " sends " + size + " bytes to rank " + wrong +
+                 ", which never receives from it, while rank " + right + " waits for " + size +
+                 " bytes from rank " + c + " (did it mean rank " + right + "?)";
+        }
+        return "rank " + c + " waits for " + size + " bytes from rank " + wrong +
+               ", which never sends to it, while rank " + right + " sends " + size +
+               " bytes to rank " + c + " (did it mean rank " + right + "?)";
+      }
+    }
+    return {};
+  };
   size_t unmatched = 0;
   bool culpritAbsentEverywhere = v.culprits.size() == 1;
   for (const Item& item : items) {
-    if (!item.field.empty()) continue;
+    if (!item.field.empty() || item.held) continue;
     ++unmatched;
     culpritAbsentEverywhere &= item.absentPeer == v.culprits.front();
   }
+  const std::string swappedPeer =
+      fields.empty() && v.culprits.size() == 1 ? wrongPeerText(v.culprits.front()) : "";
   if (!fields.empty() && !reorderings.empty()) {
     std::string pairs;
     for (size_t i = 0; i < reorderings.size() && i < 4; ++i)
@@ -349,6 +418,8 @@ void JobAnalysis::checkP2p(Comm& comm) {
                     " (rank i's k-th send to j needs j's k-th receive from i): look for the "
                     "send or receive " +
                     who + " skips";
+  } else if (!swappedPeer.empty()) {
+    v.explanation = swappedPeer + ": check how " + who + " computes its peers";
   } else if (v.culprits.size() == 1) {
     v.explanation = "every one of the " + std::to_string(unmatched) +
                     " unmatched sends and receives involves " + who +

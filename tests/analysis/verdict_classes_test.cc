@@ -241,7 +241,41 @@ TEST(P2p, AWrongPeerNamesTheSenderAloneNotItsInnocentNeighbour) {
   const Verdict* v = onlyPrimary(report, VerdictKind::kUnmatchedP2p, {1});
   ASSERT_NE(v, nullptr);
   EXPECT_EQ(v->classes.size(), 2u) << text(report);  // rank 1's send, rank 2's receive
-  EXPECT_TRUE(contains(v->explanation, "involves rank 1")) << v->explanation;
+  EXPECT_TRUE(contains(v->explanation, "rank 1 sends 2048 bytes to rank 3, which never receives "
+                                       "from it, while rank 2 waits for 2048 bytes from rank 1 "
+                                       "(did it mean rank 2?)"))
+      << v->explanation;
+}
+
+// PyTorch's batch_isend_irecv ring (exp22's ring_wrong_peer): in step 1 rank 2 sends to rank 0
+// instead of rank 3. Ranks 0 and 1 finish the step (rank 0 gets its data from rank 3) and wait
+// in step 2: rank 0 for rank 3, rank 1 for rank 2, both held in step 1. Those two waits named
+// rank 3 beside rank 2 ("no one rank is in all of them").
+TEST(P2p, AWrongPeerTheOthersWentPastNamesItsSenderAlone) {
+  auto ranks = world(4);
+  auto exchange = [&](int r, int to, int from, RecordState state, int64_t at) {
+    ranks[r].call(kWorld, OpKind::kSend, 32, state, at, kF32, kSum, to).flags |=
+        ncclwatch::trace::kRecordInGroup;
+    ranks[r].call(kWorld, OpKind::kRecv, 32, state, at, kF32, kSum, from).flags |=
+        ncclwatch::trace::kRecordInGroup;
+  };
+  for (int r = 0; r < 4; ++r) exchange(r, (r + 1) % 4, (r + 3) % 4, RecordState::kCompleted, kMs);
+  exchange(0, 1, 3, RecordState::kCompleted, 2 * kMs);
+  exchange(1, 2, 0, RecordState::kCompleted, 2 * kMs);
+  exchange(2, 0, 1, RecordState::kStarted, 2 * kMs);  // the wrong peer
+  exchange(3, 0, 2, RecordState::kStarted, 2 * kMs);  // its send went; its receive waits
+  exchange(0, 1, 3, RecordState::kStarted, 3 * kMs);
+  exchange(1, 2, 0, RecordState::kStarted, 3 * kMs);
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kUnmatchedP2p, {2});
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(contains(v->explanation, "rank 2 sends 128 bytes to rank 0, which never receives "
+                                       "from it, while rank 3 waits for 128 bytes from rank 2"))
+      << v->explanation;
+  // The step-2 waits of ranks 0 and 1 stay listed, as held by the ranks they wait for.
+  EXPECT_TRUE(contains(text(report), "waits for rank 3, which is held in a transfer of its own"))
+      << text(report);
 }
 
 TEST(P2p, AMissingReceiveNamesTheRankThatNeverPostedIt) {
