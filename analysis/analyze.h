@@ -57,7 +57,10 @@ struct CallDesc {
   // return address, a site number), and a class's call may come from any of its ranks.
   int callRank = -1;
   std::string issuedAt;  // the Python line that issued it ("train.py:88 step"), when known
-  int threadId = 0;      // the thread that issued it
+  // The torch.distributed function that line called ("barrier"), set only where the classes of
+  // one verdict called different ones: a barrier reads as an AllReduce of one element.
+  std::string pythonApi;
+  int threadId = 0;  // the thread that issued it
   uint64_t commHash =
       0;             // where the class is when it is elsewhere (another comm); else the verdict's
   std::string note;  // "never issued", "process ended", ... when there is no call

@@ -352,7 +352,9 @@ void JobAnalysis::checkP2p(Comm& comm) {
       const CallRecord& r = procs_[comm.members[item.side.member].proc].rec(item.side.index);
       return r.count * static_cast<uint64_t>(trace::dtypeBytes(r.dtype));
     };
-    auto rankOf = [&](const Item& item) { return procs_[comm.members[item.side.member].proc].rank; };
+    auto rankOf = [&](const Item& item) {
+      return procs_[comm.members[item.side.member].proc].rank;
+    };
     auto opOf = [&](const Item& item) {
       return procs_[comm.members[item.side.member].proc].rec(item.side.index).op;
     };

@@ -98,6 +98,10 @@ void jsonCall(std::string& out, const CallDesc& d) {
   }
   out += ",\"issued_at\":";
   jsonString(out, d.issuedAt);
+  if (!d.pythonApi.empty()) {
+    out += ",\"python_api\":";
+    jsonString(out, d.pythonApi);
+  }
   out += ",\"call_site\":";
   if (d.callSite != 0 && !trace::isPythonSite(d.callSite)) {
     out += "\"" + hex(d.callSite) + "\"";
@@ -371,7 +375,9 @@ void printVerdictText(const Verdict& v, std::ostream& out, const TextStyle& styl
                 (rc.call.startInferred ? "reached" : trace::stateName(rc.call.state)) + ")";
       }
       if (!rc.call.issuedAt.empty()) {
-        line += " issued at " + readableNames(rc.call.issuedAt);
+        line += " issued " +
+                (rc.call.pythonApi.empty() ? std::string() : "by " + rc.call.pythonApi + "() ") +
+                "at " + readableNames(rc.call.issuedAt);
       } else if (rc.call.callSite != 0 && !trace::isPythonSite(rc.call.callSite)) {
         line += " at " + hex(rc.call.callSite);
       }

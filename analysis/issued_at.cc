@@ -10,6 +10,48 @@
 
 namespace ncclwatch::analysis {
 
+namespace {
+
+// Keeps the classes' torch.distributed functions where they differ, and says so in a mismatch's
+// explanation: rank 0's dist.barrier() against the others' all_reduce() reads as an AllReduce
+// whose count differs, which points the user at the wrong tensor.
+void nameDifferentApis(Verdict& verdict) {
+  std::vector<std::pair<std::string, std::vector<int>>> ranksByApi;  // in class order
+  for (const RankClass& rankClass : verdict.classes) {
+    const std::string& api = rankClass.call.pythonApi;
+    if (api.empty()) continue;
+    auto same = std::find_if(ranksByApi.begin(), ranksByApi.end(),
+                             [&](const auto& entry) { return entry.first == api; });
+    if (same == ranksByApi.end()) same = ranksByApi.insert(ranksByApi.end(), {api, {}});
+    same->second.insert(same->second.end(), rankClass.ranks.begin(), rankClass.ranks.end());
+  }
+  if (ranksByApi.size() < 2) {
+    for (RankClass& rankClass : verdict.classes) rankClass.call.pythonApi.clear();
+    return;
+  }
+  constexpr std::string_view kSaid = " (in Python: ";
+  if (verdict.kind != VerdictKind::kMismatch ||
+      verdict.explanation.find(kSaid) != std::string::npos) {
+    return;
+  }
+  // The culprits' function first, as the explanation names the culprits' call first.
+  std::stable_partition(ranksByApi.begin(), ranksByApi.end(), [&](const auto& entry) {
+    return std::any_of(entry.second.begin(), entry.second.end(), [&](int rank) {
+      return std::find(verdict.culprits.begin(), verdict.culprits.end(), rank) !=
+             verdict.culprits.end();
+    });
+  });
+  std::string said;
+  for (auto& [api, ranks] : ranksByApi) {
+    std::sort(ranks.begin(), ranks.end());
+    said += (said.empty() ? "" : ", ") + std::string(ranks.size() == 1 ? "rank " : "ranks ") +
+            formatRanks(ranks) + " " + api + "()";
+  }
+  verdict.explanation += std::string(kSaid) + said + ")";
+}
+
+}  // namespace
+
 NewestTraces newestTraces(std::span<const trace::TraceFile> files, const std::string& job) {
   NewestTraces newest;
   for (const trace::TraceFile& file : files) {
@@ -54,8 +96,20 @@ void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files) {
         for (const trace::PythonSite& site : found->second->pythonSites) {
           if (site.number == number) {
             call.issuedAt = trace::issuedAtText(site);
+            call.pythonApi = trace::pythonApiOf(site);
             break;
           }
+        }
+      }
+      std::string said = verdict.explanation;
+      nameDifferentApis(verdict);
+      // The job's summary quotes its first cause's explanation, written before the lines were
+      // known.
+      if (said != verdict.explanation) {
+        constexpr std::string_view kFirstCause = "First cause: ";
+        size_t at = job.summary.find(std::string(kFirstCause) + said + ".");
+        if (at != std::string::npos) {
+          job.summary.replace(at + kFirstCause.size(), said.size(), verdict.explanation);
         }
       }
     }

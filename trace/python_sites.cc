@@ -71,6 +71,27 @@ bool parsePythonSites(std::string_view text, std::vector<PythonSite>* sites, std
   return true;
 }
 
+std::string pythonApiOf(const PythonSite& site) {
+  size_t first = 0;
+  while (first < site.frames.size() && libraryFrame(site.frames[first])) ++first;
+  if (first == 0 || first == site.frames.size()) return {};
+  // Frames are "path:line function", innermost first: walk inward from the user's call past the
+  // wrappers a decorator adds (c10d_logger's `wrapper`, contextlib's `__exit__`).
+  for (size_t i = first; i-- > 0;) {
+    const std::string& frame = site.frames[i];
+    size_t space = frame.rfind(' ');
+    if (space == std::string::npos) return {};
+    std::string_view function = std::string_view(frame).substr(space + 1);
+    std::string_view path = std::string_view(frame).substr(0, frame.rfind(':', space));
+    bool decorator = path.ends_with("/c10d_logger.py") || path.ends_with("/contextlib.py") ||
+                     path.ends_with("/functools.py") || function == "wrapper";
+    if (decorator) continue;
+    if (path.find("/torch/distributed/") == std::string_view::npos) return {};
+    return std::string(function);
+  }
+  return {};
+}
+
 std::string issuedAtText(const PythonSite& site) {
   size_t first = 0;
   while (first < site.frames.size() && libraryFrame(site.frames[first])) ++first;

@@ -44,5 +44,9 @@ bool parsePythonSites(std::string_view text, std::vector<PythonSite>* sites, std
 // caller, "train.py:88 step ← train.py:120 main" (from the innermost frame when every frame is
 // such a frame). Empty when the site has no frames.
 std::string issuedAtText(const PythonSite& site);
+// The torch.distributed function the user's code called to issue the site's call ("barrier",
+// "all_reduce", "batch_isend_irecv"): the library frame right inside the first user frame, past
+// decorators; "" when that frame is not in torch/distributed or the site has no user frame.
+std::string pythonApiOf(const PythonSite& site);
 
 }  // namespace ncclwatch::trace

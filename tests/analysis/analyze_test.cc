@@ -758,6 +758,51 @@ TEST(IssuedAt, ANativeSiteIsFoundInAnyRankOfTheClass) {
   EXPECT_EQ(v->classes[0].call.issuedAt, "libframework.so+0x1234") << text(report);
 }
 
+// exp22's barrier_rank0: rank 0 calls dist.barrier() inside `if rank == 0:` where the others go
+// on to the next all_reduce. NCCL sees an AllReduce of one element against one of 64: the
+// verdict names the two torch.distributed functions, or "count differ" sends the user looking
+// at tensor sizes.
+TEST(IssuedAt, AMismatchNamesTheTorchFunctionsWhereTheyDiffer) {
+  const std::string torchDir = "/venv/lib/python3.11/site-packages/torch/distributed/";
+  auto site = [&](uint32_t number, const std::string& api, int line) {
+    return ncclwatch::trace::PythonSite{
+        number,
+        0,
+        {torchDir + "distributed_c10d.py:4000 " + api, torchDir + "c10d_logger.py:83 wrapper",
+         "train.py:" + std::to_string(line) + " step", "train.py:200 main"}};
+  };
+  // Rank 0's call goes through `rankZeroApi`, the others' through all_reduce.
+  auto job = [&](const std::string& rankZeroApi) {
+    auto ranks = world(4);
+    history(ranks, 2);
+    for (int r = 0; r < 4; ++r) {
+      bool barrier = r == 0;
+      uint32_t number = barrier ? 2 : 1;
+      ranks[r].file().pythonSites = {site(1, "all_reduce", 119), site(2, rankZeroApi, 124)};
+      ranks[r]
+          .call(kWorld, OpKind::kAllReduce, barrier ? 1 : 64, RecordState::kStarted, 10 * kMs)
+          .callSite = ncclwatch::trace::kPythonSiteTag | number;
+    }
+    return files(ranks);
+  };
+  auto traces = job("barrier");
+  Report report = analyze(traces, ended());
+  const Verdict* v = firstIs(report, VerdictKind::kMismatch, {0});
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_NE(v->explanation.find("(in Python: rank 0 barrier(), ranks 1-3 all_reduce())"),
+            std::string::npos)
+      << v->explanation;
+  EXPECT_NE(text(report).find("issued by barrier() at train.py:124 step"), std::string::npos)
+      << text(report);
+  EXPECT_NE(onlyJob(report).summary.find("First cause: " + v->explanation + "."), std::string::npos)
+      << onlyJob(report).summary;
+  // Where every class called the same function, the lines stay as they were.
+  traces = job("all_reduce");
+  report = analyze(traces, ended());
+  EXPECT_EQ(text(report).find("issued by"), std::string::npos) << text(report);
+  EXPECT_EQ(text(report).find("in Python:"), std::string::npos) << text(report);
+}
+
 // Rank 2 died right after a send its peer received: its own record of the send never saw the
 // completion, but the send is done, so rank 2 waits for nothing and is the dead rank; and its
 // dump says where it was.

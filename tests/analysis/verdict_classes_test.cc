@@ -241,9 +241,10 @@ TEST(P2p, AWrongPeerNamesTheSenderAloneNotItsInnocentNeighbour) {
   const Verdict* v = onlyPrimary(report, VerdictKind::kUnmatchedP2p, {1});
   ASSERT_NE(v, nullptr);
   EXPECT_EQ(v->classes.size(), 2u) << text(report);  // rank 1's send, rank 2's receive
-  EXPECT_TRUE(contains(v->explanation, "rank 1 sends 2048 bytes to rank 3, which never receives "
-                                       "from it, while rank 2 waits for 2048 bytes from rank 1 "
-                                       "(did it mean rank 2?)"))
+  EXPECT_TRUE(contains(v->explanation,
+                       "rank 1 sends 2048 bytes to rank 3, which never receives "
+                       "from it, while rank 2 waits for 2048 bytes from rank 1 "
+                       "(did it mean rank 2?)"))
       << v->explanation;
 }
 
@@ -270,8 +271,9 @@ TEST(P2p, AWrongPeerTheOthersWentPastNamesItsSenderAlone) {
   Report report = analyze(traces, ended());
   const Verdict* v = onlyPrimary(report, VerdictKind::kUnmatchedP2p, {2});
   ASSERT_NE(v, nullptr);
-  EXPECT_TRUE(contains(v->explanation, "rank 2 sends 128 bytes to rank 0, which never receives "
-                                       "from it, while rank 3 waits for 128 bytes from rank 2"))
+  EXPECT_TRUE(contains(v->explanation,
+                       "rank 2 sends 128 bytes to rank 0, which never receives "
+                       "from it, while rank 3 waits for 128 bytes from rank 2"))
       << v->explanation;
   // The step-2 waits of ranks 0 and 1 stay listed, as held by the ranks they wait for.
   EXPECT_TRUE(contains(text(report), "waits for rank 3, which is held in a transfer of its own"))
