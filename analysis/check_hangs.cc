@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string>
@@ -14,6 +15,16 @@
 #include <vector>
 
 #include "analysis/describe.h"
+
+namespace {
+
+// "SIGSEGV" for 11; the number alone where the C library has no name.
+std::string signalText(int signal) {
+  const char* abbreviation = sigabbrev_np(signal);
+  return abbreviation != nullptr ? std::string("SIG") + abbreviation : std::to_string(signal);
+}
+
+}  // namespace
 
 namespace ncclwatch::analysis::internal {
 
@@ -157,8 +168,20 @@ void JobAnalysis::checkDeadAndMissing() {
     // collector saw it.
     const bool aliveThen = proc.alive || proc.file->ranAfterAbort;
     const bool failedExit = proc.clean && proc.exitStatus && *proc.exitStatus != 0;
+    // How an unclean end came: a fatal signal its handler saw, or (its ring says none) one no
+    // handler sees: SIGKILL, which the OOM killer and launchers send, or _exit().
+    const int fatalSignal = proc.file->header.fatalSignal;
+    const bool killedUnseen =
+        !aliveThen && !proc.clean && fatalSignal == 0 && proc.file->endRecorded;
+    const std::string signalName =
+        fatalSignal > 0 ? std::to_string(fatalSignal) + " (" + signalText(fatalSignal) + ")" : "";
     dead.call.note =
-        aliveThen    ? "alive but silent: no NCCL call for a while"
+        aliveThen                        ? "alive but silent: no NCCL call for a while"
+        : !proc.clean && fatalSignal > 0 ? "process died of signal " + signalName
+        : killedUnseen                   ? std::string(
+                                               "process ended with no exit() and no fatal signal a handler "
+                                                                 "saw: killed by SIGKILL (the OOM killer, a launcher) or "
+                                                                 "ended by _exit()")
         : failedExit ? "process exited with status " + std::to_string(*proc.exitStatus) +
                            " (a failure) without issuing it, its communicator never destroyed"
         : proc.clean ? std::string("process exited normally (returned from main or called exit") +
@@ -192,6 +215,17 @@ void JobAnalysis::checkDeadAndMissing() {
                       ": its stack (the dump) shows where it is: a long host step (a checkpoint, "
                       "data loading) ends by itself, a wait outside NCCL (a lock, a queue, "
                       "another library's barrier) does not";
+    } else if (fatalSignal > 0) {
+      v.explanation = "rank " + std::to_string(proc.rank) + " died of signal " + signalName +
+                      " while the others wait for it in #" + std::to_string(v.seq) +
+                      ": its crash is the cause; its dump (`ncclwatch stacks`), core dump or "
+                      "log say where";
+    } else if (killedUnseen) {
+      v.explanation = "rank " + std::to_string(proc.rank) +
+                      " ended while the others wait for it in #" + std::to_string(v.seq) +
+                      " with no exit() and no fatal signal a handler saw: SIGKILL (the OOM "
+                      "killer, a launcher) or _exit(): look for the OOM killer in the kernel log "
+                      "(dmesg) and at its launcher's log for the exit code";
     } else {
       v.explanation = "rank " + std::to_string(proc.rank) +
                       " is gone while the others wait for it in #" + std::to_string(v.seq) +

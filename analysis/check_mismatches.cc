@@ -485,6 +485,21 @@ void JobAnalysis::checkMismatches(Comm& comm) {
     v.explanation = who + " issued " + callText(culpritCall) + " and " + callText(majorityCall) +
                     " in the opposite order of " + others + " (at " + seqText +
                     "): issue collectives in the same order on every rank";
+    // Two threads of the culprit's process issued the two calls (a metrics thread beside the
+    // training loop): their order is the timing's, on every rank, and no line of either is wrong.
+    if (culpritMember >= 0) {
+      const Member& m = comm.members[culpritMember];
+      uint32_t first = m.at(divergent), second = m.at(divergent + 1);
+      if (first != kNone && second != kNone) {
+        int32_t a = procs_[m.proc].rec(first).threadId, b = procs_[m.proc].rec(second).threadId;
+        if (a != 0 && b != 0 && a != b) {
+          v.explanation += "; the two come from two threads of its process (threads " +
+                           std::to_string(a) + " and " + std::to_string(b) +
+                           "), whose order on the communicator is the timing's: issue them from "
+                           "one thread, or give each thread its own communicator";
+        }
+      }
+    }
   } else if (shiftKind < 0) {
     v.explanation = who + " skipped " + callText(majorityCall) + ": its call " + seqText + " (" +
                     callText(culpritCall) +

@@ -390,6 +390,10 @@ void Triage::reloadFromFile(size_t index) {
   }
   for (const trace::CallRecord& record : file.records) store(index, record);
   known.dumps = std::move(file.dumps);
+  // How it ended, as its handlers wrote it (nothing: SIGKILL or _exit).
+  known.header.fatalSignal = file.header.fatalSignal;
+  known.header.fatalThread = file.header.fatalThread;
+  known.endRecorded = true;
 }
 
 bool Triage::frame(int processIndex, wire::Frame& frame) {

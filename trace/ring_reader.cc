@@ -358,6 +358,7 @@ TraceFile parseTrace(std::span<const std::byte> bytes, const std::string& path) 
     return file;
   }
   file.usable = true;
+  file.endRecorded = true;
   if (h.traceMode > static_cast<uint32_t>(TraceMode::kFull)) {
     problem(file, offsetof(RingHeader, traceMode),
             "traceMode " + std::to_string(h.traceMode) + " is unknown: read as full");

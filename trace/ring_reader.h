@@ -56,6 +56,11 @@ struct TraceFile {
   // say), so it was running then: a dead-rank verdict says it was alive but silent, as the live
   // collector did, not gone (whatever ended it later).
   bool ranAfterAbort = false;
+  // The header was read from the process's ring file once it could write no more (a file read
+  // offline, or the live collector's reread of a process that died on its host): a zero
+  // fatalSignal there means no handler of ours saw one (SIGKILL, or _exit), not that it is
+  // unknown, as it is in the header the collector builds from HELLO.
+  bool endRecorded = false;
 };
 
 // Parses the bytes of a ring file. `path` only labels problems.

@@ -671,6 +671,38 @@ TEST(DeadRank, ProcessGoneWhileOthersWait) {
   EXPECT_EQ(find(job, VerdictKind::kMissing), nullptr) << text(report);
 }
 
+// How rank 2 ended, as far as its trace tells: a fatal signal its handler recorded; none in a
+// header read from its ring (SIGKILL, _exit: no handler runs); or a header that cannot tell (the
+// live collector's, built from HELLO, before it reread the ring).
+TEST(DeadRank, ItsEndIsSaidAsFarAsItsTraceTells) {
+  struct Case {
+    int signal;
+    bool endRecorded;
+    const char* note;
+    const char* explanation;
+  };
+  for (const Case& c : {Case{11, true, "process died of signal 11 (SIGSEGV)",
+                             "rank 2 died of signal 11 (SIGSEGV) while the others wait"},
+                        Case{0, true, "killed by SIGKILL (the OOM killer, a launcher) or ended by",
+                             "look for the OOM killer in the kernel log"},
+                        Case{0, false, "process ended without a clean shutdown (crashed or exited)",
+                             "rank 2 is gone while the others wait"}}) {
+    auto ranks = world(4);
+    history(ranks, 3);
+    ranks[2].file().header.fatalSignal = c.signal;
+    ranks[2].file().endRecorded = c.endRecorded;
+    for (int r : {0, 1, 3}) {
+      ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+    }
+    auto traces = files(ranks);
+    Report report = analyze(traces, ended());
+    const Verdict* v = firstIs(report, VerdictKind::kDeadRank, {2});
+    ASSERT_NE(v, nullptr) << text(report);
+    EXPECT_NE(v->classes.back().call.note.find(c.note), std::string::npos) << text(report);
+    EXPECT_NE(v->explanation.find(c.explanation), std::string::npos) << v->explanation;
+  }
+}
+
 // The others wait for the gone rank in a teardown (ncclCommDestroy): a dead rank, not an init
 // hang (a job's end is no initialisation; PyTorch after an abort showed it so).
 TEST(DeadRank, AWaitInTeardownIsNotAnInitHang) {

@@ -461,6 +461,42 @@ TEST(Corruption, AnExtraCallThatShiftsEverythingAfterIsAnInsertion) {
       << v->explanation;
 }
 
+// exp22's thread_race: a metrics thread all-reduces a loss scalar while the main thread
+// all-reduces gradients, on the one communicator; rank 3's metrics thread runs late, so its two
+// calls come in the other order. `threads`: whether the two calls came from two threads.
+Report swappedOnRankThree(bool threads) {
+  auto ranks = world(4);
+  history(ranks, 2);
+  for (int r = 0; r < 4; ++r) {
+    bool swapped = r == 3;
+    int32_t mainThread = 1000 + r, metricsThread = threads ? 2000 + r : mainThread;
+    for (int c = 0; c < 2; ++c) {
+      bool metrics = (c == 0) != swapped;
+      ranks[r]
+          .call(kWorld, OpKind::kAllReduce, metrics ? 1 : 256,
+                c == 0 ? RecordState::kStarted : RecordState::kIssued, (10 + c) * kMs)
+          .threadId = metrics ? metricsThread : mainThread;
+    }
+  }
+  auto traces = files(ranks);
+  return analyze(traces, ended());
+}
+
+TEST(Order, TwoCallsOfTwoThreadsInTheOtherOrderSayTheirOrderIsTheTimings) {
+  Report report = swappedOnRankThree(true);
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {3});
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(contains(v->explanation, "in the opposite order of ranks 0-2")) << v->explanation;
+  EXPECT_TRUE(contains(v->explanation,
+                       "the two come from two threads of its process (threads "
+                       "1003 and 2003)"))
+      << v->explanation;
+  report = swappedOnRankThree(false);
+  v = onlyPrimary(report, VerdictKind::kMismatch, {3});
+  ASSERT_NE(v, nullptr);
+  EXPECT_FALSE(contains(v->explanation, "threads")) << v->explanation;
+}
+
 // ----- 2-rank communicators -----
 
 TEST(TwoRanks, TheShiftNamesTheRankThatSkipped) {
