@@ -175,19 +175,24 @@ void JobAnalysis::checkDeadAndMissing() {
         !aliveThen && !proc.clean && fatalSignal == 0 && proc.file->endRecorded;
     const std::string signalName =
         fatalSignal > 0 ? std::to_string(fatalSignal) + " (" + signalText(fatalSignal) + ")" : "";
-    dead.call.note =
-        aliveThen                        ? "alive but silent: no NCCL call for a while"
-        : !proc.clean && fatalSignal > 0 ? "process died of signal " + signalName
-        : killedUnseen                   ? std::string(
-                                               "process ended with no exit() and no fatal signal a handler "
-                                                                 "saw: killed by SIGKILL (the OOM killer, a launcher) or "
-                                                                 "ended by _exit()")
-        : failedExit ? "process exited with status " + std::to_string(*proc.exitStatus) +
-                           " (a failure) without issuing it, its communicator never destroyed"
-        : proc.clean ? std::string("process exited normally (returned from main or called exit") +
-                           (proc.exitStatus ? " 0" : "") +
-                           ") without issuing it, its communicator never destroyed"
-                     : "process ended without a clean shutdown (crashed or exited)";
+    if (aliveThen) {
+      dead.call.note = "alive but silent: no NCCL call for a while";
+    } else if (!proc.clean && fatalSignal > 0) {
+      dead.call.note = "process died of signal " + signalName;
+    } else if (killedUnseen) {
+      dead.call.note =
+          "process ended with no exit() and no fatal signal a handler saw: killed by SIGKILL (the "
+          "OOM killer, a launcher) or ended by _exit()";
+    } else if (failedExit) {
+      dead.call.note = "process exited with status " + std::to_string(*proc.exitStatus) +
+                       " (a failure) without issuing it, its communicator never destroyed";
+    } else if (proc.clean) {
+      dead.call.note = std::string("process exited normally (returned from main or called exit") +
+                       (proc.exitStatus ? " 0" : "") +
+                       ") without issuing it, its communicator never destroyed";
+    } else {
+      dead.call.note = "process ended without a clean shutdown (crashed or exited)";
+    }
     v.classes.push_back(std::move(waiting));
     v.classes.push_back(std::move(dead));
     v.culprits = {proc.rank};

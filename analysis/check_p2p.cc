@@ -242,6 +242,18 @@ void JobAnalysis::checkP2p(Comm& comm) {
       continue;
     }
     item.held = true;
+  }
+  // Ranks that hold each other so (each waiting for a step the other has not finished) leave no
+  // cause: then every wait stands as itself.
+  const bool causeLeft = std::any_of(items.begin(), items.end(), [](const Item& item) {
+    return item.field.empty() && !item.held;
+  });
+  for (Item& item : items) {
+    if (!item.held) continue;
+    if (!causeLeft) {
+      item.held = false;
+      continue;
+    }
     item.what = "waits for rank " + std::to_string(item.absentPeer) +
                 ", which is held in a transfer of its own";
   }
@@ -385,7 +397,7 @@ void JobAnalysis::checkP2p(Comm& comm) {
   for (const Item& item : items) {
     if (!item.field.empty() || item.held) continue;
     ++unmatched;
-    culpritAbsentEverywhere &= item.absentPeer == v.culprits.front();
+    culpritAbsentEverywhere = culpritAbsentEverywhere && item.absentPeer == v.culprits.front();
   }
   const std::string swappedPeer =
       fields.empty() && v.culprits.size() == 1 ? wrongPeerText(v.culprits.front()) : "";
