@@ -106,6 +106,28 @@ ncclComm* newComm(const ncclConfig_t* config, bool inheritedBlocking,
   return comm;
 }
 
+// NCCL's host identity: NCCL_HOSTID when set, else the host name (NCCL adds the boot id, the same
+// for every process of a machine).
+uint64_t hostHash() {
+  std::string identity;
+  if (const char* id = std::getenv("NCCL_HOSTID"); id != nullptr && id[0] != '\0') {
+    identity = id;
+  } else {
+    char name[256] = {};
+    gethostname(name, sizeof name - 1);
+    identity = name;
+  }
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : identity) hash = (hash ^ c) * 1099511628211ull;
+  return hash;
+}
+
+// The device's PCI bus id as NCCL prints it in "Duplicate GPU detected" (its digits read as one
+// hex number): the sim's bus id of device d is 0000:dd:00.0.
+unsigned busIdNumber(int device) {
+  return static_cast<unsigned>(device) << 12;
+}
+
 // The collective part of every init: map the segment, claim the rank, wait for all ranks.
 ncclResult_t rendezvousInit(ncclComm* comm) {
   const std::string name = segmentName(comm->creatorPid, comm->segmentKey);
@@ -117,6 +139,8 @@ ncclResult_t rendezvousInit(ncclComm* comm) {
                                       " was claimed twice in one communicator");
   }
   mine->pid = getpid();
+  mine->hostHash = hostHash();
+  mine->device = comm->cudaDevice;
   comm->sendsExecutedTo.assign(comm->nranks, 0);
   comm->recvsExecutedFrom.assign(comm->nranks, 0);
   SegmentHeader* head = comm->segment.header();
@@ -136,6 +160,34 @@ ncclResult_t rendezvousInit(ncclComm* comm) {
       });
   if (!complete) return fail(ncclInvalidUsage, "init: communicator aborted while initializing");
   comm->segment.markUsedUp();
+  // NCCL's check of the peers' info: a rank that shares its host and GPU with another rank of
+  // the communicator is refused; the others go on into the rest of the bootstrap, which the
+  // refused ranks never join, and wait there (in init, until aborted or killed).
+  int duplicateOfMine = -1;
+  bool anyDuplicate = false;
+  for (int a = 0; a < comm->nranks; ++a) {
+    const RankSlot* first = comm->segment.slot(a);
+    for (int b = a + 1; b < comm->nranks; ++b) {
+      const RankSlot* second = comm->segment.slot(b);
+      if (first->hostHash != second->hostHash || first->device != second->device) continue;
+      anyDuplicate = true;
+      if (a == comm->rank && duplicateOfMine < 0) duplicateOfMine = b;
+      if (b == comm->rank && duplicateOfMine < 0) duplicateOfMine = a;
+    }
+  }
+  if (duplicateOfMine >= 0) {
+    char text[128];
+    std::snprintf(text, sizeof text,
+                  "Duplicate GPU detected : rank %d and rank %d both on CUDA device %x", comm->rank,
+                  duplicateOfMine, busIdNumber(comm->cudaDevice));
+    return fail(ncclInvalidUsage, text);
+  }
+  if (anyDuplicate) {
+    waitOnSegment(
+        comm, comm->aborted, [] { return false; },
+        [&] { debugLine(commLabel(comm) + " init waits for ranks refused on a duplicate GPU"); });
+    return fail(ncclInvalidUsage, "init: communicator aborted while initializing");
+  }
   profilerAttach(comm);
   return ncclSuccess;
 }

@@ -59,6 +59,10 @@ struct SplitPost {
 struct alignas(64) RankSlot {
   std::atomic<uint32_t> claimed;
   int32_t pid;
+  // Written before the rank counts itself attached: NCCL's peer info, which refuses two ranks of
+  // one communicator on one GPU of one host.
+  uint64_t hostHash;
+  int32_t device;
   std::atomic<uint64_t> postedColl;  // barrier 1: descriptor of this collective number is posted
   std::atomic<uint64_t> doneColl;    // barrier 2: finished reading peers' buffers
   CollDescriptor descriptor;

@@ -284,6 +284,39 @@ TEST(Lifecycle, ShrinkAbortEndsAHungParentOperation) {
   EXPECT_TRUE(result.allExitedZero()) << result.summary();
 }
 
+// Ranks 1 and 2 on one GPU (a device computed wrongly): NCCL refuses both with
+// ncclInvalidUsage, "Duplicate GPU detected", and the others wait in the rest of the init,
+// which the refused ranks never join, until aborted. The sim had let them all in.
+TEST(Lifecycle, TwoRanksOnOneGpuAreRefusedAndTheOthersWaitInInit) {
+  const auto result = run(3, [](const RankContext& c) {
+    if (c.rank == 2) cudaSetDevice(1);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = c.rank == 0 ? 0 : 1;
+    ncclComm_t comm = nullptr;
+    const ncclResult_t started = ncclCommInitRankConfig(&comm, c.nranks, c.id, c.rank, &config);
+    if (c.rank != 0) {
+      SIMTEST_CHECK(started == ncclInvalidUsage, c, "a rank on a shared GPU is refused");
+      const std::string expected = "Duplicate GPU detected : rank " + std::to_string(c.rank) +
+                                   " and rank " + std::to_string(3 - c.rank) +
+                                   " both on CUDA device 1000";
+      SIMTEST_CHECK(std::string(ncclGetLastError(nullptr)) == expected, c,
+                    std::string("last error: ") + ncclGetLastError(nullptr));
+      return 0;
+    }
+    SIMTEST_CHECK(started == ncclInProgress, c, "non-blocking init returns ncclInProgress");
+    ncclResult_t state = ncclInProgress;
+    const double deadline = simtest::nowSeconds() + 0.5;
+    while (state == ncclInProgress && simtest::nowSeconds() < deadline) {
+      SIMTEST_NCCL(ncclCommGetAsyncError(comm, &state), c);
+      sleepMs(5);
+    }
+    SIMTEST_CHECK(state == ncclInProgress, c, "the init of the others never completes");
+    SIMTEST_NCCL(ncclCommAbort(comm), c);
+    return 0;
+  });
+  EXPECT_TRUE(result.allExitedZero()) << result.summary();
+}
+
 TEST(Lifecycle, NonBlockingInitSplitAndFinalize) {
   const auto result = run(2, [](const RankContext& c) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

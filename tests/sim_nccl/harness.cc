@@ -87,6 +87,9 @@ JobResult runJob(const JobOptions& options,
     if (pid == 0) {
       dup2(errFd, 2);
       close(errFd);
+      // Eight GPUs a host, as a real job of more ranks spans hosts: NCCL refuses two ranks of one
+      // communicator on one GPU of one host.
+      setenv("NCCL_HOSTID", ("simhost" + std::to_string(rank / 8)).c_str(), 1);
       for (auto& [name, value] : options.env) setenv(name.c_str(), value.c_str(), 1);
       int code = 1;
       try {

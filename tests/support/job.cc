@@ -72,6 +72,11 @@ Job::Job(JobSpec spec) : directory_(makeDirectory()) {
       setenv("RANK", std::to_string(rank).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(spec.ranks).c_str(), 1);
+      // More ranks than the sim's eight GPUs span hosts of eight, as a real job does: NCCL
+      // refuses two ranks of one communicator on one GPU of one host.
+      if (spec.ranks > 8) {
+        setenv("NCCL_HOSTID", ("simhost" + std::to_string(rank / 8)).c_str(), 1);
+      }
       setenv("NCCLWATCH_JOB", jobId.c_str(), 1);
       setenv("TMPDIR", directory_.c_str(), 1);  // the examples' file rendezvous lands here
       unsetenv("MASTER_ADDR");
