@@ -15,6 +15,17 @@
 #include "analysis/describe.h"
 
 namespace ncclwatch::analysis::internal {
+namespace {
+
+// NCCL's message for a failed record, when its process wrote one for that very call (the
+// header keeps the newest failure's).
+std::string ncclMessageFor(const Proc& proc, const CallRecord& record) {
+  const trace::TraceFile& file = *proc.file;
+  if (file.lastNcclError.empty() || file.lastNcclErrorIndex != record.ringIndex) return {};
+  return file.lastNcclError;
+}
+
+}  // namespace
 
 bool JobAnalysis::othersWaitOn(uint64_t hash, int except) const {
   for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
@@ -93,6 +104,9 @@ void JobAnalysis::checkErrors() {
         }
         rc.call.note = std::string("returned ") + ncclResultName(r.result) + " (" +
                        ncclResultText(r.result) + ")";
+        if (std::string said = ncclMessageFor(proc, r); !said.empty()) {
+          rc.call.note += ": NCCL said \"" + said + "\"";
+        }
       }
       rc.ranks.push_back(proc.rank);
       if (!anyLocal || r.result != 6) v.culprits.push_back(proc.rank);
@@ -162,11 +176,14 @@ void JobAnalysis::checkErrors() {
                   (first.op == OpKind::kInit ? " never finished creating that communicator"
                    : waiting.size() == 1     ? " waits for its part there"
                                              : " wait for its part there");
+    const std::string said = ncclMessageFor(firstProc, first);
     v.explanation = who + "'s " + call + " returned " + ncclResultName(first.result) + " (" +
-                    ncclResultText(first.result) + ")" + after + othersText + "." + stale +
-                    " NCCL tells no other rank: see " + who +
-                    "'s log for NCCL's message, fix the call, and on an error abort the "
-                    "communicator on every rank (ncclCommAbort) so that none waits for ever";
+                    ncclResultText(first.result) + ")" +
+                    (said.empty() ? "" : ": NCCL said \"" + said + "\"") + after + othersText +
+                    "." + stale + " NCCL tells no other rank: " +
+                    (said.empty() ? "see " + who + "'s log for NCCL's message, fix" : "fix") +
+                    " the call, and on an error abort the communicator on every rank "
+                    "(ncclCommAbort) so that none waits for ever";
     verdicts_.push_back(std::move(v));
   }
 }

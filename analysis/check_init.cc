@@ -31,6 +31,7 @@ void JobAnalysis::checkInit() {
   bool hung = stalled_ || (!ended_ && now_ - jobLastActivity_ >= options_.quietNs) ||
               (ended_ && !none.empty());
   for (int p : none) hung &= !procs_[p].clean;
+  if (!none.empty() && hung && root == nullptr && checkRootInitWait(none)) return;
   if (!none.empty() && hung) {
     Verdict v = make(VerdictKind::kInitHang, root, 0);
     RankClass waiting;
@@ -79,6 +80,122 @@ void JobAnalysis::checkInit() {
     restsOnTiming(v);
     verdicts_.push_back(std::move(v));
   }
+}
+
+// Processes held inside a root init (their Init record pending: recorded before NCCL runs, since
+// session 22) wait for the comm ranks that never joined it: those are the cause. Named by what
+// their traces show: none (it never called NCCL), the init of another unique id, or elsewhere.
+// False when no such wait is recorded (traces of before session 22, or inits not pending).
+bool JobAnalysis::checkRootInitWait(const std::vector<int>& none) {
+  struct Waited {
+    int nranks = 0;
+    std::vector<int> waiting;           // procs with the init pending
+    std::map<int, int> commRankOfProc;  // every proc with an Init record on it
+    uint32_t anyIndex = 0;              // a waiting proc's record, for the call's description
+    int anyProc = -1;
+  };
+  std::map<uint64_t, Waited> byHash;
+  std::map<int, uint64_t> pendingHashOf;  // proc -> the root init it waits in
+  for (int p = 0; p < static_cast<int>(procs_.size()); ++p) {
+    const Proc& proc = procs_[p];
+    for (uint32_t i = 0; i < proc.records.size(); ++i) {
+      const CallRecord& r = proc.rec(i);
+      if (r.op != OpKind::kInit || r.commHash == 0 || r.count == 0) continue;
+      Waited& w = byHash[r.commHash];
+      w.nranks = static_cast<int>(r.count);
+      w.commRankOfProc[p] = r.rootOrPeer;
+      if (isPending(r) && std::find(none.begin(), none.end(), p) != none.end()) {
+        w.waiting.push_back(p);
+        pendingHashOf[p] = r.commHash;
+        w.anyIndex = i;
+        w.anyProc = p;
+      }
+    }
+  }
+  auto most = byHash.end();
+  for (auto it = byHash.begin(); it != byHash.end(); ++it) {
+    if (!it->second.waiting.empty() &&
+        (most == byHash.end() || it->second.waiting.size() > most->second.waiting.size())) {
+      most = it;
+    }
+  }
+  if (most == byHash.end()) return false;
+  const uint64_t hash = most->first;
+  Waited& w = most->second;
+  std::set<int> joined;
+  bool identity = true;  // every joined process's comm rank is its job rank
+  for (auto& [p, commRank] : w.commRankOfProc) {
+    joined.insert(commRank);
+    identity &= commRank == procs_[p].rank;
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < w.nranks; ++r) {
+    if (joined.count(r) == 0) missing.push_back(r);
+  }
+  if (missing.empty()) return false;  // everyone is inside: a hang in NCCL's init itself
+  Verdict v = make(VerdictKind::kInitHang, nullptr, 0);
+  v.comm.hash = hash;
+  v.comm.size = w.nranks;
+  RankClass waiting;
+  for (int p : w.waiting) waiting.ranks.push_back(procs_[p].rank);
+  std::sort(waiting.ranks.begin(), waiting.ranks.end());
+  waiting.call = describe(procs_[w.anyProc], w.anyIndex);
+  waiting.call.note = "waits in the init for " +
+                      std::string(missing.size() == 1 ? "comm rank " : "comm ranks ") +
+                      formatRanks(missing);
+  v.classes.push_back(std::move(waiting));
+  std::string why;
+  if (identity) {
+    // Comm ranks are job ranks: say what each absent rank's trace shows.
+    std::vector<int> untraced, elsewhere, otherInit;
+    for (int r : missing) {
+      const Proc* proc = procOfRank(r);
+      if (proc == nullptr) {
+        untraced.push_back(r);
+      } else if (pendingHashOf.count(static_cast<int>(proc - procs_.data())) != 0) {
+        otherInit.push_back(r);
+      } else {
+        elsewhere.push_back(r);
+      }
+    }
+    auto addClass = [&](const std::vector<int>& ranks, const std::string& note) {
+      if (ranks.empty()) return;
+      RankClass absent;
+      absent.ranks = ranks;
+      absent.call.op = OpKind::kInit;
+      absent.call.note = note;
+      v.classes.push_back(std::move(absent));
+    };
+    addClass(untraced, "no trace: never called NCCL (or ran without ncclwatch)");
+    addClass(otherInit, "waits in the init of another communicator (another unique id)");
+    addClass(elsewhere, "never called this init (its stack says where it is)");
+    v.culprits = missing;
+    const bool one = missing.size() == 1;
+    why = !untraced.empty()
+              ? (untraced.size() == missing.size() ? std::string(one ? "it has" : "they have")
+                                                   : "ranks " + formatRanks(untraced) + " have") +
+                    " no trace, so never called NCCL: held before the init (a download, a data "
+                    "loader, a lock: the rank's own log or stack says where), or run without "
+                    "ncclwatch"
+          : !otherInit.empty()
+              ? std::string(one ? "it waits" : "they wait") +
+                    " in the init of another communicator: the unique id did not reach every "
+                    "rank alike (check how the id is shared: a store key, a file, MPI)"
+              : std::string(one ? "it never called" : "they never called") +
+                    " this init: the stack says where";
+    why = (one ? "rank " : "ranks ") + formatRanks(missing) + ", which" + " never joined: " + why;
+  } else {
+    why = std::string(missing.size() == 1 ? "comm rank " : "comm ranks ") + formatRanks(missing) +
+          ", which never joined (the joined processes' comm ranks are not their job ranks, so "
+          "which job ranks those are is not known)";
+  }
+  const std::vector<int>& held = v.classes.front().ranks;
+  v.explanation = (held.size() == 1 ? "rank " : "ranks ") + formatRanks(held) +
+                  (held.size() == 1 ? " waits" : " wait") + " in the init of a " +
+                  std::to_string(w.nranks) + "-rank communicator for " + why;
+  restsOnTiming(v);
+  verdicts_.push_back(std::move(v));
+  return true;
 }
 
 }  // namespace ncclwatch::analysis::internal

@@ -409,6 +409,7 @@ class JobAnalysis {
   void assessConfidence();
   void noteEvidenceGaps(JobReport& report) const;
   std::vector<int> untracedRanks(int world) const;
+  bool checkRootInitWait(const std::vector<int>& none);
   const Proc* procOfRank(int rank) const;
   void restsOnTiming(Verdict& v) const;
   void addStackTops();

@@ -52,20 +52,51 @@ class ChildInFlight {
   CommEntry* parent_;
 };
 
-// A root communicator: its hash comes from the unique id, known even when init fails, so a
-// failed init is still recorded under the communicator it was meant to create. `sharedId`:
-// the id came from the job's rendezvous (not made in this process by ncclCommInitAll), so the
-// first such id is what every rank can derive the collector's secret from.
+// A root communicator's Init record: its hash comes from the unique id, known before NCCL runs
+// and even when init fails, so a failed init is still recorded under the communicator it was
+// meant to create.
+CallDescription rootInitCall(uint64_t hash, int nranks, int rank) {
+  CallDescription call;
+  call.op = OpKind::kInit;
+  call.count = static_cast<uint64_t>(nranks);
+  call.rootOrPeer = rank;
+  call.countsInSequence = false;
+  call.commHash = hash;
+  call.callSite = detail::t_lifecycleSite;  // where the application called it
+  return call;
+}
+
+// A root init about to run, recorded before NCCL is called: a rank held inside it (a peer that
+// never comes, a GPU another rank took) has a trace with the init pending, and its watchdog
+// speaks to the collector while it waits. Only for ids from the job's rendezvous (not made in
+// this process by ncclCommInitAll): the first such id is what every rank can derive the
+// collector's secret from.
+struct PendingInit {
+  Recorder* recorder = nullptr;
+  IssuedCall issued;
+};
+
+PendingInit beginRootInit(const ncclUniqueId& id, int nranks, int rank) {
+  PendingInit pending;
+  pending.recorder = Recorder::get();
+  if (pending.recorder == nullptr) return pending;
+  const uint64_t hash = trace::rootCommHash(&id, sizeof id);
+  watchdog::offerCommHashForSecret(hash);  // before the watchdog starts, for its first step
+  pending.issued = pending.recorder->issue(nullptr, rootInitCall(hash, nranks, rank));
+  pending.recorder->startWatchdog();
+  return pending;
+}
+
+// After the root init returned: the communicator registered, its Init record finished (the
+// pending one, or one made now).
 ncclResult_t finishRootInit(ncclResult_t result, ncclComm_t comm, const ncclUniqueId& id,
-                            int nranks, int rank, bool sharedId) {
-  Recorder* recorder = Recorder::get();
+                            int nranks, int rank, const PendingInit* pending) {
+  Recorder* recorder = pending != nullptr ? pending->recorder : Recorder::get();
   if (recorder == nullptr) return result;
-  // Before the watchdog starts below, so that its first step already has the secret.
   CommCreation creation;
   creation.comm = comm;
   creation.hash = trace::rootCommHash(&id, sizeof id);
   creation.magic = trace::uniqueIdMagic(&id);
-  if (sharedId && accepted(result)) watchdog::offerCommHashForSecret(creation.hash);
   creation.nranks = nranks;
   creation.rank = rank;
   CommEntry* entry = nullptr;
@@ -76,13 +107,10 @@ ncclResult_t finishRootInit(ncclResult_t result, ncclComm_t comm, const ncclUniq
     entry = recorder->add(creation);
     recorder->communicatorCreated();
   }
-  CallDescription call;
-  call.op = OpKind::kInit;
-  call.count = static_cast<uint64_t>(nranks);
-  call.rootOrPeer = rank;
-  call.countsInSequence = false;
-  call.commHash = creation.hash;
-  recorder->finish(recorder->issue(entry, call), comm, result);
+  IssuedCall issued = pending != nullptr
+                          ? pending->issued
+                          : recorder->issue(entry, rootInitCall(creation.hash, nranks, rank));
+  recorder->finish(issued, comm, result);
   return result;
 }
 
@@ -124,25 +152,28 @@ void addSplitChild(ncclComm_t child, CommEntry* parent, uint64_t hash, OpKind ki
 
 ncclResult_t lifecycle_ncclCommInitRank(decltype(&::pncclCommInitRank) real, ncclComm_t* comm,
                                         int nranks, ncclUniqueId commId, int rank) {
+  PendingInit pending = beginRootInit(commId, nranks, rank);
   ncclResult_t result = real(comm, nranks, commId, rank);
-  return finishRootInit(result, comm != nullptr ? *comm : nullptr, commId, nranks, rank, true);
+  return finishRootInit(result, comm != nullptr ? *comm : nullptr, commId, nranks, rank, &pending);
 }
 
 ncclResult_t lifecycle_ncclCommInitRankConfig(decltype(&::pncclCommInitRankConfig) real,
                                               ncclComm_t* comm, int nranks, ncclUniqueId commId,
                                               int rank, ncclConfig_t* config) {
+  PendingInit pending = beginRootInit(commId, nranks, rank);
   ncclResult_t result = real(comm, nranks, commId, rank, config);
-  return finishRootInit(result, comm != nullptr ? *comm : nullptr, commId, nranks, rank, true);
+  return finishRootInit(result, comm != nullptr ? *comm : nullptr, commId, nranks, rank, &pending);
 }
 
 ncclResult_t lifecycle_ncclCommInitRankScalable(decltype(&::pncclCommInitRankScalable) real,
                                                 ncclComm_t* newcomm, int nranks, int myrank,
                                                 int nId, ncclUniqueId* commIds,
                                                 ncclConfig_t* config) {
+  if (commIds == nullptr || nId < 1) return real(newcomm, nranks, myrank, nId, commIds, config);
+  PendingInit pending = beginRootInit(commIds[0], nranks, myrank);
   ncclResult_t result = real(newcomm, nranks, myrank, nId, commIds, config);
-  if (commIds == nullptr || nId < 1) return result;
   return finishRootInit(result, newcomm != nullptr ? *newcomm : nullptr, commIds[0], nranks, myrank,
-                        true);
+                        &pending);
 }
 
 ncclResult_t lifecycle_ncclCommInitAll(decltype(&::pncclCommInitAll) real, ncclComm_t* comms,
@@ -151,7 +182,7 @@ ncclResult_t lifecycle_ncclCommInitAll(decltype(&::pncclCommInitAll) real, ncclC
   ncclUniqueId id;
   if (!takeNestedUniqueId(&id) || comms == nullptr) return result;
   for (int i = 0; i < ndev; ++i) {
-    finishRootInit(result, accepted(result) ? comms[i] : nullptr, id, ndev, i, false);
+    finishRootInit(result, accepted(result) ? comms[i] : nullptr, id, ndev, i, nullptr);
   }
   return result;
 }

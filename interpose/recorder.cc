@@ -595,8 +595,21 @@ namespace {
 // The result lands before the state: continuous mode persists a record once its state is final.
 // The time it failed is its completion time: a split that fails because its parent was aborted
 // under it then reads as one unfinished until that abort (analysis/before_aborts.h).
+// NCCL's own words for it go to the header: on this thread, right after the call, its
+// thread-local last error is this call's ("Duplicate GPU detected : rank 1 and rank 2 ...",
+// which PyTorch does not show without NCCL_DEBUG).
 void markFailed(trace::RingWriter& writer, uint64_t index, ncclResult_t result) {
   writer.updateResult(index, static_cast<int32_t>(result));
+  // The message before the state: a collector that sees the failed state reads it from the
+  // header of this host's trace file.
+  using LastError = const char* (*)(ncclComm_t);
+  static std::atomic<LastError> lastError{nullptr};
+  LastError real = lastError.load(std::memory_order_relaxed);
+  if (real == nullptr) {
+    real = reinterpret_cast<LastError>(resolveReal("pncclGetLastError"));
+    lastError.store(real, std::memory_order_relaxed);
+  }
+  if (real != nullptr) writer.noteLastError(index, real(nullptr));
   writer.updateState(index, trace::RecordState::kFailed, 0, trace::FastClock::nowNs());
 }
 
@@ -824,6 +837,11 @@ void Recorder::finish(const IssuedCall& issued, ncclComm_t comm, ncclResult_t re
     int64_t now = trace::FastClock::nowNs();
     state->writer.updateState(issued.index, trace::RecordState::kCompleted, now, now);
   }
+}
+
+void Recorder::startWatchdog() {
+  auto* state = static_cast<State*>(this);
+  watchdog::Agent::start(state->writer, state->agentOptions);
 }
 
 void Recorder::communicatorCreated() {

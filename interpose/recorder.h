@@ -159,6 +159,9 @@ class Recorder {
   // A new communicator exists: the watchdog thread starts (once) and the current CUDA context
   // gets its event pool.
   void communicatorCreated();
+  // The watchdog thread starts (once), before any communicator exists: a rank held in its first
+  // init is watched too. The event pool waits for communicatorCreated.
+  void startWatchdog();
   // Around the outermost ncclGroupEnd: events for every stream the group's calls used.
   void beforeGroupEnd();
   void afterGroupEnd(ncclResult_t result);

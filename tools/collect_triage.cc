@@ -1,5 +1,6 @@
 #include "collect_triage.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -185,6 +186,13 @@ int Triage::hello(size_t connection, const wire::Hello& hello) {
 // Keeps the newest copy of each ring index, the newest `window` indices of the process.
 void Triage::store(size_t index, const trace::CallRecord& record) {
   Process& process = processes_[index];
+  // A failed call: NCCL's message for it is in the header of its process's trace file, when
+  // that file is on this host (a relayed rank on another host keeps it to the offline reading).
+  if (record.state == trace::RecordState::kFailed && record.result != 0 &&
+      (files_[index].lastNcclError.empty() ||
+       files_[index].lastNcclErrorIndex != record.ringIndex)) {
+    readLastNcclError(files_[index]);
+  }
   trace::RecordWindow& records = files_[index].records;
   size_t before = records.size();
   analysis_.touch(record.commHash);  // the next pass redoes this communicator
@@ -378,6 +386,24 @@ size_t Triage::droppable(const trace::RecordWindow& records, size_t drop, size_t
   return drop;
 }
 
+// NCCL's message for the newest failed call of `file`'s process, from its trace's header: one
+// read of the header, on a failure only.
+void Triage::readLastNcclError(trace::TraceFile& file) {
+  if (file.path.empty()) return;
+  int fd = open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  std::vector<std::byte> header(trace::kRingHeaderBytes);
+  ssize_t got = pread(fd, header.data(), header.size(), 0);
+  close(fd);
+  if (got != static_cast<ssize_t>(header.size())) return;
+  const auto* ring = reinterpret_cast<const trace::RingHeader*>(header.data());
+  if (std::memcmp(ring->magic, trace::kRingMagic, sizeof trace::kRingMagic) != 0 ||
+      ring->pid != file.header.pid) {
+    return;  // another process's file by now, or not a trace
+  }
+  trace::lastNcclErrorOf(header, &file.lastNcclError, &file.lastNcclErrorIndex);
+}
+
 // A process that died on this host took its last unsent calls with it, but its ring file
 // survives: read them from there, so that the verdict shows where it really stopped.
 void Triage::reloadFromFile(size_t index) {
@@ -394,6 +420,8 @@ void Triage::reloadFromFile(size_t index) {
   known.header.fatalSignal = file.header.fatalSignal;
   known.header.fatalThread = file.header.fatalThread;
   known.endRecorded = true;
+  known.lastNcclError = file.lastNcclError;
+  known.lastNcclErrorIndex = file.lastNcclErrorIndex;
 }
 
 bool Triage::frame(int processIndex, wire::Frame& frame) {

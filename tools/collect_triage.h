@@ -163,6 +163,7 @@ class Triage : public FrameSink {
   // copies never came (a member holding calls the others lack would read as the others behind).
   void dropFolded(size_t process, const std::vector<trace::wire::FoldedNote>& notes);
   void reloadFromFile(size_t process);
+  void readLastNcclError(trace::TraceFile& file);
   // `final`: the job is over (every rank said BYE): every verdict is said, none waits to settle.
   // `first`: communicators where the triage saw a divergence, redone before the others.
   void analyze(int64_t now, bool final = false, const std::set<uint64_t>* first = nullptr);

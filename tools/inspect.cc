@@ -36,11 +36,13 @@ void printLiveVerdicts(const std::string& directory, std::ostream& out) {
     }
     std::string_view kind, hash, explanation;
     int64_t seq = 0, size = 0;
-    if (verdict["kind"].get(kind) || verdict["comm"]["hash"].get(hash) || verdict["seq"].get(seq) ||
+    if (verdict["kind"].get(kind) || verdict["seq"].get(seq) ||
         verdict["explanation"].get(explanation)) {
       ++unreadable;
       continue;
     }
+    // A verdict on no communicator (an init nobody finished) has "comm": null.
+    const bool onComm = !verdict["comm"]["hash"].get(hash);
     if (verdict["comm"]["size"].get(size)) size = 0;
     std::string culprits;
     simdjson::dom::array list;
@@ -53,9 +55,10 @@ void printLiveVerdicts(const std::string& directory, std::ostream& out) {
     }
     bool primary = true;
     if (verdict["primary"].get(primary)) primary = true;  // older lines have no such field
-    lines.push_back("  " + analysis::upperCase(kind) + " on comm " +
-                    std::string(hash.substr(0, 4)) + "\u2026(" + std::to_string(size) +
-                    " ranks) at call #" + std::to_string(seq) +
+    lines.push_back("  " + analysis::upperCase(kind) +
+                    (onComm ? " on comm " + std::string(hash.substr(0, 4)) + "\u2026(" +
+                                  std::to_string(size) + " ranks) at call #" + std::to_string(seq)
+                            : std::string()) +
                     (culprits.empty() ? "" : ", culprit " + culprits) +
                     (primary ? "" : " [consequence]") + ": " + std::string(explanation));
   }

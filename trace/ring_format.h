@@ -155,6 +155,12 @@ struct RingHeader {
   // Zeros in files written before session 18 and in processes that never reached exit().
   int32_t exitStatus;
   uint32_t exitStatusKnown;
+  // NCCL's own words for the newest failed call (ncclGetLastError on the failing thread, right
+  // after the call returned): lastErrorIndex is that call's ring index + 1 (0: none; all ones
+  // while a thread writes the text, so a reader drops what it copied then). Zeros in files
+  // before session 22.
+  uint64_t lastErrorIndex;
+  char lastError[256];
 };
 static_assert(offsetof(RingHeader, droppedRecords) == 80);
 static_assert(offsetof(RingHeader, traceMode) == 92);
@@ -169,6 +175,8 @@ static_assert(offsetof(RingHeader, waits) == 512 + kCommTableCapacity * sizeof(C
 static_assert(offsetof(RingHeader, unwrittenBlocks) ==
               512 + kCommTableCapacity * sizeof(CommInfo) + kWaitNoteCapacity * sizeof(WaitNote));
 static_assert(offsetof(RingHeader, exitStatus) == offsetof(RingHeader, storageReserved) + 4);
+static_assert(offsetof(RingHeader, lastErrorIndex) == 14880);
+inline constexpr uint64_t kLastErrorWriting = ~uint64_t{0};
 static_assert(sizeof(RingHeader) <= kRingHeaderBytes);
 static_assert(std::is_trivially_copyable_v<RingHeader>);
 

@@ -331,6 +331,21 @@ void keepNewest(RecordWindow& records) {
 
 }  // namespace
 
+bool lastNcclErrorOf(std::span<const std::byte> header, std::string* text, uint64_t* index) {
+  if (header.size() < offsetof(RingHeader, lastError) + sizeof(RingHeader::lastError)) return false;
+  uint64_t before, after;
+  char copied[sizeof(RingHeader::lastError)];
+  std::memcpy(&before, header.data() + offsetof(RingHeader, lastErrorIndex), sizeof before);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  std::memcpy(copied, header.data() + offsetof(RingHeader, lastError), sizeof copied);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  std::memcpy(&after, header.data() + offsetof(RingHeader, lastErrorIndex), sizeof after);
+  if (before != after || before == 0 || before == kLastErrorWriting) return false;
+  text->assign(copied, strnlen(copied, sizeof copied));
+  *index = before - 1;
+  return true;
+}
+
 TraceFile parseTrace(std::span<const std::byte> bytes, const std::string& path) {
   TraceFile file;
   file.path = path;
@@ -401,6 +416,7 @@ TraceFile parseTrace(std::span<const std::byte> bytes, const std::string& path) 
   }
 
   readWaits(bytes, file);
+  lastNcclErrorOf(bytes, &file.lastNcclError, &file.lastNcclErrorIndex);
 
   const std::byte* slots = bytes.data() + kRingHeaderBytes;
   RecordWindow ringCopies;

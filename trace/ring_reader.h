@@ -61,10 +61,18 @@ struct TraceFile {
   // fatalSignal there means no handler of ours saw one (SIGKILL, or _exit), not that it is
   // unknown, as it is in the header the collector builds from HELLO.
   bool endRecorded = false;
+  // NCCL's message for the newest failed call (header lastError), and that call's ring index;
+  // empty when none was written, or the read caught its writer inside it.
+  std::string lastNcclError;
+  uint64_t lastNcclErrorIndex = 0;
 };
 
 // Parses the bytes of a ring file. `path` only labels problems.
 TraceFile parseTrace(std::span<const std::byte> bytes, const std::string& path = "");
+// NCCL's message for the newest failed call of a ring header's process (header lastError), and
+// that call's ring index, copied between two equal reads of the index; false when none was
+// written or the copy caught its writer inside it.
+bool lastNcclErrorOf(std::span<const std::byte> header, std::string* text, uint64_t* index);
 
 // A whole file's bytes, read in blocks (a trace is megabytes; byte by byte it took seconds in a
 // sanitized build). False, with `error` set (strerror), when it cannot be opened.

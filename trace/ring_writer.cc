@@ -354,6 +354,23 @@ void RingWriter::writeWaits(std::span<const WaitNote> notes) {
   version.store(inside + 1, std::memory_order_release);
 }
 
+void RingWriter::noteLastError(uint64_t index, const char* text) {
+  if (header_ == nullptr || text == nullptr || text[0] == '\0') return;
+  auto marker = atomicField(header_->lastErrorIndex);
+  uint64_t previous = marker.load(std::memory_order_relaxed);
+  if (previous == kLastErrorWriting ||
+      !marker.compare_exchange_strong(previous, kLastErrorWriting, std::memory_order_acquire)) {
+    return;
+  }
+  char copied[sizeof header_->lastError] = {};
+  std::strncpy(copied, text, sizeof copied - 1);
+  // Byte by byte with relaxed atomics: a reader in another process may copy concurrently.
+  for (size_t i = 0; i < sizeof copied; ++i) {
+    std::atomic_ref<char>(header_->lastError[i]).store(copied[i], std::memory_order_relaxed);
+  }
+  marker.store(index + 1, std::memory_order_release);
+}
+
 void RingWriter::setNcclLibrary(int version, const std::string& path) {
   for (RingHeader* header : {header_, copiedHeader()}) {
     header->ncclVersion = version;

@@ -168,6 +168,9 @@ class RingWriter {
   // Replaces the header's wait notes (at most kWaitNoteCapacity; the rest are left out). One
   // writer only: the watchdog thread.
   void writeWaits(std::span<const WaitNote> notes);
+  // NCCL's message for the failed call at ring `index` (any thread; a failure path, never the hot
+  // one). A thread that finds another one writing leaves the text to it.
+  void noteLastError(uint64_t index, const char* text);
   // From a fatal-signal handler: async-signal-safe (two atomic stores into the mapping).
   void noteFatalSignal(int signal, int threadId);
   // Records reserved so far (the next record's ring index).

@@ -944,6 +944,70 @@ TEST(InitHang, RankWithoutCommunicator) {
   EXPECT_EQ(v->culprits, std::vector<int>{3});
 }
 
+// exp23's late_init: rank 2 never reaches dist.init_process_group (a download that never ends);
+// ranks 0, 1 and 3 wait inside ncclCommInitRankConfig, their Init recorded pending before NCCL
+// ran. Before, the verdict named the three waiting ranks as its culprits. `rankTwo`: "none" (no
+// trace), "other" (its Init pending on another unique id's communicator).
+Report analyzeInitWaitingForRankTwo(const std::string& rankTwo) {
+  std::vector<Rank> ranks;
+  for (int r = 0; r < 4; ++r) {
+    if (r == 2 && rankTwo == "none") continue;
+    ranks.emplace_back(r, 4);
+    uint64_t hash = r == 2 ? kB : kA;
+    ranks.back().call(hash, OpKind::kInit, 4, RecordState::kIssued, kMs, kF32, kSum, r);
+  }
+  auto traces = files(ranks);
+  return analyze(traces, ended());
+}
+
+TEST(InitHang, TheRanksWaitingInARootInitNameTheRankThatNeverJoined) {
+  Report report = analyzeInitWaitingForRankTwo("none");
+  const Verdict* v = find(onlyJob(report), VerdictKind::kInitHang);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->culprits, std::vector<int>{2}) << text(report);
+  EXPECT_EQ(v->comm.hash, kA);
+  EXPECT_EQ(v->comm.size, 4);
+  EXPECT_NE(v->explanation.find("ranks 0-1,3 wait in the init of a 4-rank communicator for rank "
+                                "2, which never joined: it has no trace"),
+            std::string::npos)
+      << v->explanation;
+  report = analyzeInitWaitingForRankTwo("other");
+  v = find(onlyJob(report), VerdictKind::kInitHang);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->culprits, std::vector<int>{2}) << text(report);
+  EXPECT_NE(v->explanation.find("it waits in the init of another communicator"), std::string::npos)
+      << v->explanation;
+}
+
+// NCCL's message for a failed call, which PyTorch does not show without NCCL_DEBUG, is said with
+// the error (exp23's dup_gpu: two ranks on one GPU).
+TEST(Error, NcclsOwnMessageForTheFailedCallIsSaid) {
+  std::vector<Rank> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.emplace_back(r, 4);
+    bool refused = r == 1 || r == 2;
+    ncclwatch::trace::CallRecord& init = ranks.back().call(
+        kA, OpKind::kInit, 4, refused ? RecordState::kFailed : RecordState::kIssued, kMs, kF32,
+        kSum, r);
+    if (!refused) continue;
+    init.result = 5;  // ncclInvalidUsage
+    ranks.back().file().lastNcclError = "Duplicate GPU detected : rank " + std::to_string(r) +
+                                        " and rank " + std::to_string(3 - r) +
+                                        " both on CUDA device 1000";
+    ranks.back().file().lastNcclErrorIndex = init.ringIndex;
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kError);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->culprits, (std::vector<int>{1, 2})) << text(report);
+  EXPECT_NE(v->explanation.find("returned ncclInvalidUsage (invalid usage): NCCL said \"Duplicate "
+                                "GPU detected : rank 1 and rank 2 both on CUDA device 1000\""),
+            std::string::npos)
+      << v->explanation;
+  EXPECT_EQ(v->explanation.find("log for NCCL's message"), std::string::npos) << v->explanation;
+}
+
 TEST(InitHang, SplitSomeRanksNeverCalled) {
   auto ranks = world(4);
   history(ranks, 2);

@@ -53,6 +53,19 @@ TEST_F(InspectLive, TheLiveVerdictsComeFirstAndABadLineIsCounted) {
   EXPECT_NE(text.find("Job job-live"), std::string::npos) << text;  // the offline part follows
 }
 
+// An init nobody finished is a verdict on no communicator ("comm": null): read, not skipped
+// (exp23's late_init showed it as an unreadable line).
+TEST_F(InspectLive, AVerdictOnNoCommunicatorIsRead) {
+  std::ofstream(dir_ + "/verdicts.jsonl")
+      << R"({"kind":"init_hang","comm":null,"seq":0,"culprits":[2],)"
+      << R"("explanation":"rank 2 never joined"})"
+      << "\n";
+  std::string text = inspect();
+  EXPECT_NE(text.find("\n  INIT_HANG, culprit 2: rank 2 never joined\n"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("unreadable"), std::string::npos) << text;
+}
+
 TEST_F(InspectLive, WithoutTheFileThereIsNoSuchSection) {
   EXPECT_EQ(inspect().find("Live verdicts"), std::string::npos);
 }

@@ -303,6 +303,28 @@ TEST_F(WaitNotes, ASettledEntryFailingItsCheckIsDroppedAndUncheckedOnesKept) {
   EXPECT_EQ(file.waits[0].seq, 2u);
 }
 
+// NCCL's message for the newest failed call: kept with that call's ring index; one caught being
+// written is dropped, not read torn.
+TEST(Ring, TheLastNcclErrorIsKeptWithItsCall) {
+  std::string path = tempPath("last-error");
+  RingWriter writer;
+  ASSERT_TRUE(writer.open(path, 32, {1, 2, 1, "h", "j"}, nullptr));
+  writer.append(makeRecord(1));
+  uint64_t failed = writer.append(makeRecord(2));
+  writer.noteLastError(failed,
+                       "Duplicate GPU detected : rank 1 and rank 2 both on CUDA device 1000");
+  TraceFile file = readTraceFile(path);
+  EXPECT_EQ(file.lastNcclError,
+            "Duplicate GPU detected : rank 1 and rank 2 both on CUDA device 1000");
+  EXPECT_EQ(file.lastNcclErrorIndex, failed);
+  std::vector<std::byte> bytes = fileBytes(path);
+  reinterpret_cast<RingHeader*>(bytes.data())->lastErrorIndex = kLastErrorWriting;
+  file = parseTrace(bytes, "t");
+  EXPECT_TRUE(file.lastNcclError.empty());
+  writer.close();
+  unlink(path.c_str());
+}
+
 TEST(RingStorage, ReservesEveryBlockOfTheFile) {
   std::string path = tempPath("reserved");
   RingWriter writer;
