@@ -57,7 +57,7 @@ def main():
     assert cudart.cudaSetDevice(args.rank % 8) == 0
     uid = unique_id(args)
     comm = ctypes.c_void_p()
-    assert nccl.ncclCommInitRank(ctypes.byref(comm), args.ranks, uid, args.rank) == 0
+    assert nccl.ncclCommInitRank(ctypes.byref(comm), args.ranks, uid, args.rank) == 0  # SITE init
     buffer = ctypes.c_void_p()
     assert cudart.cudaMalloc(ctypes.byref(buffer), 4096) == 0
     for _ in range(args.steps):
