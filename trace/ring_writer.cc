@@ -364,6 +364,12 @@ void RingWriter::noteLastError(uint64_t index, const char* text) {
   }
   char copied[sizeof header_->lastError] = {};
   std::strncpy(copied, text, sizeof copied - 1);
+  // NCCL keeps a thread's last message until its next error: the same text again is most likely
+  // that older failure's (a call that failed without a message of its own), so it stays with it.
+  if (previous != 0 && std::memcmp(copied, header_->lastError, sizeof copied) == 0) {
+    marker.store(previous, std::memory_order_release);
+    return;
+  }
   // Byte by byte with relaxed atomics: a reader in another process may copy concurrently.
   for (size_t i = 0; i < sizeof copied; ++i) {
     std::atomic_ref<char>(header_->lastError[i]).store(copied[i], std::memory_order_relaxed);

@@ -169,7 +169,8 @@ class RingWriter {
   // writer only: the watchdog thread.
   void writeWaits(std::span<const WaitNote> notes);
   // NCCL's message for the failed call at ring `index` (any thread; a failure path, never the hot
-  // one). A thread that finds another one writing leaves the text to it.
+  // one). A thread that finds another one writing leaves the text to it; the text already kept
+  // stays with its call (NCCL's last error outlives the failure that set it).
   void noteLastError(uint64_t index, const char* text);
   // From a fatal-signal handler: async-signal-safe (two atomic stores into the mapping).
   void noteFatalSignal(int signal, int threadId);

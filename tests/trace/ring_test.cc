@@ -317,6 +317,11 @@ TEST(Ring, TheLastNcclErrorIsKeptWithItsCall) {
   EXPECT_EQ(file.lastNcclError,
             "Duplicate GPU detected : rank 1 and rank 2 both on CUDA device 1000");
   EXPECT_EQ(file.lastNcclErrorIndex, failed);
+  // A later failure NCCL gave no message of its own: the thread's old one stays with its call.
+  uint64_t later = writer.append(makeRecord(3));
+  writer.noteLastError(later,
+                       "Duplicate GPU detected : rank 1 and rank 2 both on CUDA device 1000");
+  EXPECT_EQ(readTraceFile(path).lastNcclErrorIndex, failed);
   std::vector<std::byte> bytes = fileBytes(path);
   reinterpret_cast<RingHeader*>(bytes.data())->lastErrorIndex = kLastErrorWriting;
   file = parseTrace(bytes, "t");
