@@ -324,7 +324,14 @@ void JobAnalysis::checkMismatches(Comm& comm) {
       // on a rank-dependent path (`if loss > x: all_reduce(...)` taken on half the ranks): the
       // extra call, and its side the culprits; a call made before is one a side skipped.
       int skipper = skip0 ? c0 : c1, caller = skip0 ? c1 : c0;
-      bool extra = shift(caller, skipper) == 1 &&
+      // Only where both windows hold the communicator's whole history: calls a window dropped
+      // or a relay folded (the live collector behind relays never sees a host's settled calls)
+      // would read as never made, and a skip as an extra call (two_rank_skip behind relays).
+      auto wholeHistory = [&](int mi) {
+        const Member& m = comm.members[mi];
+        return m.base <= 1 && procs_[m.proc].file->foldedLatestNs == 0;
+      };
+      bool extra = shift(caller, skipper) == 1 && wholeHistory(skipper) && wholeHistory(caller) &&
                    !madeBefore(comm, keyAt(caller, divergent), {skipper, caller}, divergent);
       majorityIdx = (skipper == c0) != extra ? 1 : 0;
       tieDoubt = std::to_string(classes[0].second.size()) + " ranks on each side, no majority: " +

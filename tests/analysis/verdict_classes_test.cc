@@ -582,6 +582,19 @@ TEST(Ties, HalfTheRanksThatLeaveOutARegularCallSkippedIt) {
   EXPECT_TRUE(contains(v->explanation, "ranks 0,2 skipped AllReduce 4")) << v->explanation;
 }
 
+// The same, as the live collector behind relays sees it: the relays folded the settled calls
+// (AllReduce 4 among them), so no window holds them; "no rank made it before" would be a guess,
+// and the old reading stands (scenarios_corpus_relay's two_rank_skip flaked so: the rank that
+// skipped named as the other one's extra call).
+TEST(Ties, WithoutTheWholeHistoryATieIsReadAsASkip) {
+  auto ranks = world(4);
+  for (Rank& r : ranks) r.file().foldedLatestNs = kMs;  // calls before these were folded
+  Report report = analyzeBranchOnHalf(ranks);
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {0, 2});
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(contains(v->explanation, "ranks 0,2 skipped AllReduce 4")) << v->explanation;
+}
+
 // ----- confidence and evidence gaps -----
 
 TEST(Confidence, AVerdictOnTimingAloneIsMediumAndSaysWhy) {

@@ -616,6 +616,7 @@ int shrinkClean() {
 struct Scenario {
   std::function<int()> run;
   bool nonBlockingWorld = false;
+  int neverInits = -1;  // a rank held before the world's init (the others wait inside it)
 };
 
 const std::map<std::string, Scenario>& scenarios() {
@@ -660,6 +661,7 @@ const std::map<std::string, Scenario>& scenarios() {
       {"solo_pause", {soloPause}},
       {"slow_rank", {slowRank}},
       {"shrink_clean", {shrinkClean}},
+      {"init_rank_never_comes", {clean, false, 3}},
   };
   return table;
 }
@@ -686,6 +688,10 @@ int main(int argc, char** argv) {
   g.data = deviceFloats(kCount * static_cast<size_t>(g.world));
   g.out = deviceFloats(kCount * static_cast<size_t>(g.world));
   g.firstId = examples::shareUniqueId(g.env);
+  if (g.rank == scenario.neverInits) {
+    // Held before its init (a download, a data loader) until the test ends the job.
+    for (;;) sleepMs(1000);
+  }
   if (scenario.nonBlockingWorld) {
     g.comm = nonBlockingWorld();
   } else {
