@@ -171,6 +171,10 @@ struct Options {
   // A job with a running process counts as hung after this long without any recorded
   // activity (issue, start or completion) on any rank.
   int64_t quietNs = 10'000'000'000;
+  // Ranks of a running job waiting inside a root init (the others not there) are read as hung
+  // only this long after the last of them arrived: a launch's ranks reach the init seconds
+  // apart (imports, data set-up), and a late one is no hang yet.
+  int64_t initPatienceNs = 30'000'000'000;
   // Whether to look for running processes on this host (/proc). Tests of synthetic traces
   // set it false and say which processes are alive through `aliveRanks`.
   bool probeProcesses = true;

@@ -122,6 +122,18 @@ bool JobAnalysis::checkRootInitWait(const std::vector<int>& none) {
   if (most == byHash.end()) return false;
   const uint64_t hash = most->first;
   Waited& w = most->second;
+  if (!ended_) {
+    int64_t lastArrival = 0;
+    for (int p : w.waiting) {
+      for (uint32_t i = 0; i < procs_[p].records.size(); ++i) {
+        const CallRecord& r = procs_[p].rec(i);
+        if (r.op == OpKind::kInit && r.commHash == hash && isPending(r)) {
+          lastArrival = std::max(lastArrival, procs_[p].wall(r.issueNs));
+        }
+      }
+    }
+    if (now_ - lastArrival < options_.initPatienceNs) return true;  // not yet: no verdict
+  }
   std::set<int> joined;
   bool identity = true;  // every joined process's comm rank is its job rank
   for (auto& [p, commRank] : w.commRankOfProc) {

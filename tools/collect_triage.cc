@@ -44,6 +44,28 @@ constexpr int64_t kDivergenceWaitSettles = 8;
 // agent's polls (100 ms) and the way.
 constexpr int64_t kSiteWaitNs = 300 * kMs;
 
+// How long ranks wait inside a root init before the job reads as hung there
+// (analysis::Options::initPatienceNs): NCCLWATCH_INIT_PATIENCE_MS, read once; a bad value is
+// said once and the default kept.
+int64_t initPatienceNs() {
+  static const int64_t patience = [] {
+    const int64_t fallback = analysis::Options{}.initPatienceNs;
+    const char* text = std::getenv("NCCLWATCH_INIT_PATIENCE_MS");
+    if (text == nullptr || *text == '\0') return fallback;
+    char* end = nullptr;
+    errno = 0;
+    long long ms = std::strtoll(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || ms < 0 || ms > 86'400'000) {
+      std::fprintf(stderr,
+                   "[ncclwatch] NCCLWATCH_INIT_PATIENCE_MS=%s is not 0-86400000 ms: kept %lld ms\n",
+                   text, static_cast<long long>(fallback / kMs));
+      return fallback;
+    }
+    return static_cast<int64_t>(ms) * kMs;
+  }();
+  return patience;
+}
+
 // Whether a class's call was issued from a Python line whose text has not arrived yet.
 bool sitesPending(const analysis::Verdict& verdict) {
   return std::any_of(verdict.classes.begin(), verdict.classes.end(), [](const auto& rankClass) {
@@ -830,6 +852,7 @@ void Triage::analyze(int64_t now, bool final, const std::set<uint64_t>* first) {
   analysis::Options analysisOptions;
   analysisOptions.nowNs = realtimeNs();
   analysisOptions.quietNs = options_.quietMs * kMs;
+  analysisOptions.initPatienceNs = initPatienceNs();
   analysisOptions.probeProcesses = false;
   analysisOptions.threads =
       options_.analysisThreads > 0 ? options_.analysisThreads : analysis::defaultAnalysisThreads();

@@ -944,6 +944,28 @@ TEST(InitHang, RankWithoutCommunicator) {
   EXPECT_EQ(v->culprits, std::vector<int>{3});
 }
 
+// While the job runs, ranks waiting in a root init are a hang only once the last of them has
+// waited initPatienceNs (30 s): a launch's ranks reach init seconds apart.
+TEST(InitHang, ARunningJobsInitWaitIsAHangOnlyAfterThePatience) {
+  std::vector<Rank> ranks;
+  for (int r : {0, 1, 3}) {
+    ranks.emplace_back(r, 4);
+    ranks.back().call(kA, OpKind::kInit, 4, RecordState::kIssued, kMs, kF32, kSum, r);
+  }
+  auto traces = files(ranks);
+  Options options = ended();
+  options.aliveRanks = {0, 1, 3};
+  options.quietNs = 3000 * kMs;
+  options.nowNs = synthetic::kAnchorWall + 20'000 * kMs;  // 20 s after they arrived
+  Report report = analyze(traces, options);
+  EXPECT_EQ(find(onlyJob(report), VerdictKind::kInitHang), nullptr) << text(report);
+  options.nowNs = synthetic::kAnchorWall + 32'000 * kMs;
+  report = analyze(traces, options);
+  const Verdict* v = find(onlyJob(report), VerdictKind::kInitHang);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->culprits, std::vector<int>{2}) << text(report);
+}
+
 // exp23's late_init: rank 2 never reaches dist.init_process_group (a download that never ends);
 // ranks 0, 1 and 3 wait inside ncclCommInitRankConfig, their Init recorded pending before NCCL
 // ran. Before, the verdict named the three waiting ranks as its culprits. `rankTwo`: "none" (no

@@ -109,10 +109,17 @@ class Launched {
     // Everything the child needs is built here: between fork and exec a child of a threaded
     // process (runAll's workers) may only make async-signal-safe calls.
     std::vector<std::string> environment;
-    static const char* const kDropped[] = {
-        "NCCLWATCH_COLLECTOR", "NCCLWATCH_SECRET", "NCCLWATCH_JOB", "NCCLWATCH_COLLECTOR_PORT",
-        "NCCLWATCH_CLI",       "NCCLSIM_MISMATCH", "NCCLSIM_FAULT", "LD_PRELOAD",
-        "NCCLWATCH_DIR",       "LD_LIBRARY_PATH"};
+    static const char* const kDropped[] = {"NCCLWATCH_COLLECTOR",
+                                           "NCCLWATCH_SECRET",
+                                           "NCCLWATCH_JOB",
+                                           "NCCLWATCH_COLLECTOR_PORT",
+                                           "NCCLWATCH_CLI",
+                                           "NCCLSIM_MISMATCH",
+                                           "NCCLSIM_FAULT",
+                                           "LD_PRELOAD",
+                                           "NCCLWATCH_DIR",
+                                           "LD_LIBRARY_PATH",
+                                           "NCCLWATCH_INIT_PATIENCE_MS"};
     for (char** entry = environ; *entry != nullptr; ++entry) {
       std::string text = *entry;
       std::string name = text.substr(0, text.find('='));
@@ -124,6 +131,8 @@ class Launched {
     environment.push_back("LD_LIBRARY_PATH=" + std::string(NCCLWATCH_SIM_LIB_DIR) +
                           (path ? std::string(":") + path : ""));
     environment.push_back("NCCLWATCH_DIR=" + logs);
+    // init_rank_never_comes speaks within kVerdictBound (the default patience is 30 s).
+    environment.push_back("NCCLWATCH_INIT_PATIENCE_MS=3000");
     if (mode == Mode::kSidecar)
       environment.push_back(std::string("LD_PRELOAD=") + NCCLWATCH_PRELOAD);
     std::vector<char*> argv, envp;
