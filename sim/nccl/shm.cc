@@ -61,17 +61,20 @@ size_t Segment::sizeFor(int nranks) {
 }
 
 RankSlot* Segment::slot(int rank) const {
-  return reinterpret_cast<RankSlot*>(static_cast<char*>(base_) + kSlotsOffset) + rank;
+  return reinterpret_cast<RankSlot*>(static_cast<char*>(base_.load(std::memory_order_acquire)) +
+                                     kSlotsOffset) +
+         rank;
 }
 
 Mailbox* Segment::mailbox(int src, int dst) const {
-  auto* first = reinterpret_cast<Mailbox*>(static_cast<char*>(base_) + kSlotsOffset +
-                                           static_cast<size_t>(nranks_) * sizeof(RankSlot));
+  auto* first =
+      reinterpret_cast<Mailbox*>(static_cast<char*>(base_.load(std::memory_order_acquire)) +
+                                 kSlotsOffset + static_cast<size_t>(nranks_) * sizeof(RankSlot));
   return first + static_cast<size_t>(src) * nranks_ + dst;
 }
 
 Segment::~Segment() {
-  if (base_) munmap(base_, size_);
+  if (void* base = base_.load()) munmap(base, size_);
 }
 
 std::string Segment::attach(const std::string& name, int nranks) {
@@ -117,12 +120,10 @@ std::string Segment::attach(const std::string& name, int nranks) {
     shm_unlink(name.c_str());
     return message;
   }
-  base_ = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* mapped = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
-  if (base_ == MAP_FAILED) {
-    base_ = nullptr;
-    return std::string("mmap: ") + std::strerror(errno);
-  }
+  if (mapped == MAP_FAILED) return std::string("mmap: ") + std::strerror(errno);
+  base_.store(mapped, std::memory_order_release);
   SegmentHeader* head = header();
   if (creator) {
     head->nranks = nranks;

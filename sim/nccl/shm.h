@@ -108,7 +108,9 @@ class Segment {
 
   static size_t sizeFor(int nranks);
 
-  SegmentHeader* header() const { return static_cast<SegmentHeader*>(base_); }
+  SegmentHeader* header() const {
+    return static_cast<SegmentHeader*>(base_.load(std::memory_order_acquire));
+  }
   RankSlot* slot(int rank) const;
   Mailbox* mailbox(int src, int dst) const;
 
@@ -126,7 +128,9 @@ class Segment {
   void sleep(uint32_t seenValue, int timeoutMs);
 
  private:
-  void* base_ = nullptr;
+  // Atomic: ncclCommAbort on another thread reads it while a non-blocking init's thread maps
+  // the segment (it wakes that init's wait through it).
+  std::atomic<void*> base_{nullptr};
   size_t size_ = 0;
   int nranks_ = 0;
   std::string name_;
