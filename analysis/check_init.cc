@@ -93,6 +93,7 @@ bool JobAnalysis::checkRootInitWait(const std::vector<int>& none) {
     std::map<int, int> commRankOfProc;  // every proc with an Init record on it
     uint32_t anyIndex = 0;              // a waiting proc's record, for the call's description
     int anyProc = -1;
+    int64_t lastArrival = 0;  // the latest issue (wall) of a pending Init on it
   };
   std::map<uint64_t, Waited> byHash;
   std::map<int, uint64_t> pendingHashOf;  // proc -> the root init it waits in
@@ -109,6 +110,7 @@ bool JobAnalysis::checkRootInitWait(const std::vector<int>& none) {
         pendingHashOf[p] = r.commHash;
         w.anyIndex = i;
         w.anyProc = p;
+        w.lastArrival = std::max(w.lastArrival, proc.wall(r.issueNs));
       }
     }
   }
@@ -122,18 +124,7 @@ bool JobAnalysis::checkRootInitWait(const std::vector<int>& none) {
   if (most == byHash.end()) return false;
   const uint64_t hash = most->first;
   Waited& w = most->second;
-  if (!ended_) {
-    int64_t lastArrival = 0;
-    for (int p : w.waiting) {
-      for (uint32_t i = 0; i < procs_[p].records.size(); ++i) {
-        const CallRecord& r = procs_[p].rec(i);
-        if (r.op == OpKind::kInit && r.commHash == hash && isPending(r)) {
-          lastArrival = std::max(lastArrival, procs_[p].wall(r.issueNs));
-        }
-      }
-    }
-    if (now_ - lastArrival < options_.initPatienceNs) return true;  // not yet: no verdict
-  }
+  if (!ended_ && now_ - w.lastArrival < options_.initPatienceNs) return true;  // not yet
   std::set<int> joined;
   bool identity = true;  // every joined process's comm rank is its job rank
   for (auto& [p, commRank] : w.commRankOfProc) {
@@ -195,7 +186,7 @@ bool JobAnalysis::checkRootInitWait(const std::vector<int>& none) {
                     "rank alike (check how the id is shared: a store key, a file, MPI)"
               : std::string(one ? "it never called" : "they never called") +
                     " this init: the stack says where";
-    why = (one ? "rank " : "ranks ") + formatRanks(missing) + ", which" + " never joined: " + why;
+    why = (one ? "rank " : "ranks ") + formatRanks(missing) + ", which never joined: " + why;
   } else {
     why = std::string(missing.size() == 1 ? "comm rank " : "comm ranks ") + formatRanks(missing) +
           ", which never joined (the joined processes' comm ranks are not their job ranks, so "
