@@ -15,6 +15,14 @@
 #include "analysis/describe.h"
 
 namespace ncclwatch::analysis::internal {
+namespace {
+
+// The bytes a send or receive moves: what its peer's side must match.
+uint64_t transferBytes(const CallRecord& r) {
+  return r.count * static_cast<uint64_t>(trace::dtypeBytes(r.dtype));
+}
+
+}  // namespace
 
 // Per communicator; a partial pass keeps the verdicts of those it does not redo, unless it
 // aligned them for the hang checks and the job's state they were drawn in changed.
@@ -153,9 +161,8 @@ void JobAnalysis::checkP2p(Comm& comm) {
                              false,
                              field});
             items.push_back({{rj, (*recvList)[b]}, "does not match the send", false, field});
-            sentBytes.push_back(sr->count * static_cast<uint64_t>(trace::dtypeBytes(sr->dtype)));
-            receivedBytes.push_back(rr->count *
-                                    static_cast<uint64_t>(trace::dtypeBytes(rr->dtype)));
+            sentBytes.push_back(transferBytes(*sr));
+            receivedBytes.push_back(transferBytes(*rr));
           }
           ++a;
           ++b;
@@ -303,7 +310,7 @@ void JobAnalysis::checkP2p(Comm& comm) {
     for (const Member& m : c.members) {
       for (uint32_t i : m.p2p) {
         const CallRecord& r = procs_[m.proc].rec(i);
-        ++sizes[r.count * static_cast<uint64_t>(trace::dtypeBytes(r.dtype))];
+        ++sizes[transferBytes(r)];
       }
     }
     uint64_t usual = std::max_element(sizes.begin(), sizes.end(), [](auto& a, auto& b) {
@@ -315,7 +322,7 @@ void JobAnalysis::checkP2p(Comm& comm) {
       const Proc& proc = procs_[c.members[item.side.member].proc];
       const CallRecord& r = proc.rec(item.side.index);
       all.insert(proc.rank);
-      if (r.count * static_cast<uint64_t>(trace::dtypeBytes(r.dtype)) != usual) {
+      if (transferBytes(r) != usual) {
         odd.insert(proc.rank);
       }
     }
@@ -361,8 +368,7 @@ void JobAnalysis::checkP2p(Comm& comm) {
   // two unmatched sides of the same size, one of them the culprit's.
   auto wrongPeerText = [&](int culprit) -> std::string {
     auto bytes = [&](const Item& item) {
-      const CallRecord& r = procs_[comm.members[item.side.member].proc].rec(item.side.index);
-      return r.count * static_cast<uint64_t>(trace::dtypeBytes(r.dtype));
+      return transferBytes(procs_[comm.members[item.side.member].proc].rec(item.side.index));
     };
     auto rankOf = [&](const Item& item) {
       return procs_[comm.members[item.side.member].proc].rank;
