@@ -123,7 +123,8 @@ JobReport JobAnalysis::run(const std::string& jobId, int attempt) {
   report.verdicts = std::move(verdicts_);
   summarize(report);
   noteEvidenceGaps(report);
-  report.summary = whatHappened(report, now_, jobLastActivity_);
+  report.readAtNs = now_;
+  report.lastActivityNs = jobLastActivity_;
   return report;
 }
 
@@ -452,6 +453,10 @@ Report analyzeJobs(std::span<const trace::TraceFile> files, const Options& optio
   }
   annotateInNccl(report, files);
   annotateIssuedAt(report, files);
+  // Written last: it quotes the first cause's explanation, which the Python lines add to.
+  for (JobReport& job : report.jobs) {
+    job.summary = whatHappened(job, job.readAtNs, job.lastActivityNs);
+  }
   return report;
 }
 

@@ -148,6 +148,10 @@ struct JobReport {
   // completion), one sentence each; empty when every rank's calls are all there.
   std::vector<std::string> evidenceGaps;
   std::string summary;  // the "what happened" paragraph
+  // What it is written with once the verdicts' texts are final (after the Python lines): the
+  // analysis's "now" and the job's last activity, both wall clock.
+  int64_t readAtNs = 0;
+  int64_t lastActivityNs = 0;
   std::vector<Verdict> verdicts;
   std::vector<CommSummary> comms;
 };

@@ -101,17 +101,7 @@ void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files) {
           }
         }
       }
-      std::string said = verdict.explanation;
       nameDifferentApis(verdict);
-      // The job's summary quotes its first cause's explanation, written before the lines were
-      // known.
-      if (said != verdict.explanation) {
-        constexpr std::string_view kFirstCause = "First cause: ";
-        size_t at = job.summary.find(std::string(kFirstCause) + said + ".");
-        if (at != std::string::npos) {
-          job.summary.replace(at + kFirstCause.size(), said.size(), verdict.explanation);
-        }
-      }
     }
   }
 }
