@@ -20,6 +20,7 @@ if [ "$verb" = pack ]; then
   cp "$build/lib/libncclwatch.so" "$dest/lib/"
   cp "$build"/examples/{allreduce_loop,train_loop,nccl_probe} "$dest/examples/"
   cp "$build"/bench/{overhead_loop,driver_cost,libnull_profiler_plugin.so,recording_cost,collector_load} "$dest/bench/"
+  strip --strip-debug "$dest"/bench/{recording_cost,collector_load}  # 41 MB of debug info
   # GPU_CHECK_BASE_LIB: an older libncclwatch.so to measure beside this one (step 3).
   if [ -n "${GPU_CHECK_BASE_LIB:-}" ]; then
     mkdir -p "$dest/lib-base" && cp "$GPU_CHECK_BASE_LIB" "$dest/lib-base/"
