@@ -228,14 +228,19 @@ void JobAnalysis::assessConfidence() {
     auto known = commIndex_.find(v.comm.hash);
     int members =
         known == commIndex_.end() ? 0 : static_cast<int>(comms_[known->second].members.size());
+    // "rank 3" or "ranks 0-2": a user reads "ranks 3 ... have" as a typo.
+    auto named = [](const std::vector<int>& ranks) {
+      return (ranks.size() == 1 ? "rank " : "ranks ") + formatRanks(ranks);
+    };
     if (known != commIndex_.end() && members < v.comm.size) {
-      doubt(0.5, std::to_string(v.comm.size - members) + " of the communicator's " +
-                     std::to_string(v.comm.size) + " ranks have no trace (" +
-                     (untraced.empty() ? std::string("not recorded")
-                                       : "ranks " + formatRanks(untraced)) +
-                     "): what they did is unknown");
+      int missing = v.comm.size - members;
+      doubt(0.5, std::to_string(missing) + " of the communicator's " + std::to_string(v.comm.size) +
+                     " ranks " + (missing == 1 ? "has" : "have") + " no trace (" +
+                     (untraced.empty() ? "not recorded" : named(untraced)) + "): what " +
+                     (missing == 1 ? "it" : "they") + " did is unknown");
     } else if (!untraced.empty()) {
-      doubt(0.8, "ranks " + formatRanks(untraced) + " of the job have no trace");
+      doubt(0.8, named(untraced) + " of the job " + (untraced.size() == 1 ? "has" : "have") +
+                     " no trace");
     }
     std::vector<int> involved = involvedRanks(v);
     std::vector<int> lossy, untracked;
@@ -251,7 +256,7 @@ void JobAnalysis::assessConfidence() {
       }
     }
     if (!lossy.empty()) {
-      doubt(0.6, std::to_string(lost) + " records of ranks " + formatRanks(lossy) +
+      doubt(0.6, std::to_string(lost) + " records of " + named(lossy) +
                      " were lost: calls between the ones kept are unknown");
     }
     // Completion tracking: each class's first rank's record of its call stands for the class.

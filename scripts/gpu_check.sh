@@ -21,6 +21,8 @@ if [ "$verb" = pack ]; then
   cp "$build"/examples/{allreduce_loop,train_loop,nccl_probe} "$dest/examples/"
   cp "$build"/bench/{overhead_loop,driver_cost,libnull_profiler_plugin.so,recording_cost,collector_load} "$dest/bench/"
   strip --strip-debug "$dest"/bench/{recording_cost,collector_load}  # 41 MB of debug info
+  # recording_cost's BM_WholeCallEvents loads the stub driver from beside itself.
+  mkdir -p "$dest/bench/stub_cuda" && cp "$build/bench/stub_cuda/libcuda.so.1" "$dest/bench/stub_cuda/"
   # GPU_CHECK_BASE_LIB: an older libncclwatch.so to measure beside this one (step 3).
   if [ -n "${GPU_CHECK_BASE_LIB:-}" ]; then
     mkdir -p "$dest/lib-base" && cp "$GPU_CHECK_BASE_LIB" "$dest/lib-base/"
@@ -56,8 +58,9 @@ mkdir -p "$out"
 cli="$prefix/bin/ncclwatch"
 preload="$prefix/lib/libncclwatch.so"
 say() { echo "[gpu_check] $*"; }
-# GPU_CHECK_STEPS: which steps to run (default 1 2 3 4 5; 6, the collector at scale, and 7, an
-# abort behind PyTorch's back, on request); GPU_CHECK_ROUNDS: step 3's rounds.
+# GPU_CHECK_STEPS: which steps to run (default 1 2 3 4 5; on request: 6, the collector at scale;
+# 7, an abort behind PyTorch's back; 8, a rank that never reaches NCCL's init);
+# GPU_CHECK_ROUNDS: step 3's rounds.
 steps=" ${GPU_CHECK_STEPS:-1 2 3 4 5} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 
@@ -258,5 +261,28 @@ if want 7; then
     grep -q "use after free\|Segmentation fault\|SIGSEGV" "$out/$name.log" &&
       say "FAIL $name: a crash on the freed communicator" || say "INFO $name: no crash seen"
   done
+fi
+# 8. A rank that never reaches NCCL (rank 1 of 2 sleeps, then fails) while rank 0's first
+# all_reduce waits in NCCL's init for it: the verdict names rank 1 as the one that never joined,
+# while the job still hangs (NCCLWATCH_INIT_PATIENCE_MS 3 s instead of 30). Rank 1 uses no GPU.
+if want 8; then
+  late_s=${GPU_CHECK_LATE_RANK_S:-20}
+  say "step 8: rank 1 of 2 never reaches NCCL ($late_s s, then fails); rank 0 waits in init"
+  rm -rf "${out:?}/late_init"
+  started=$(date +%s%N)
+  NCCLWATCH_INIT_PATIENCE_MS=3000 NCCLWATCH_ON_HANG=dump \
+    timeout 120 "$cli" run --dir "$out/late_init" -- \
+    python3 -m torch.distributed.run --nproc_per_node=2 scripts/gpu_check_torch.py \
+    --late-rank-s "$late_s" >"$out/late_init.log" 2>&1
+  rc=$?
+  say "INFO late_init: exit $rc after $(( ($(date +%s%N) - started) / 1000000 )) ms"
+  grep -E "ncclwatch\]|gave up|rank 0:|INIT_HANG|never joined" "$out/late_init.log" | cut -c1-240 | head -20
+  first=$(grep -m1 '"kind"' "$out/late_init/verdicts.jsonl" 2>/dev/null)
+  if [[ $first == *init_hang* && $first == *"rank 1, which never joined"* ]]; then
+    say "PASS late_init: the first verdict is INIT_HANG naming rank 1"
+  else
+    say "FAIL late_init: the first verdict: ${first:0:300}"
+  fi
+  "$cli" inspect "$out/late_init" 2>&1 | head -20
 fi
 say "done"

@@ -993,6 +993,10 @@ TEST(InitHang, TheRanksWaitingInARootInitNameTheRankThatNeverJoined) {
                                 "2, which never joined: it has no trace"),
             std::string::npos)
       << v->explanation;
+  // The one rank without a trace, in words a user reads as one rank (it said "ranks 2 ... have").
+  EXPECT_NE(std::find(v->doubts.begin(), v->doubts.end(), "rank 2 of the job has no trace"),
+            v->doubts.end())
+      << text(report);
   report = analyzeInitWaitingForRankTwo("other");
   v = find(onlyJob(report), VerdictKind::kInitHang);
   ASSERT_NE(v, nullptr) << text(report);
