@@ -14,6 +14,7 @@
 
 #include "analysis/describe.h"
 #include "analysis/parallel.h"
+#include "trace/python_sites.h"
 
 namespace ncclwatch::analysis::internal {
 
@@ -230,7 +231,7 @@ void JobAnalysis::noteColours(const Comm& comm, const std::vector<int>& members,
 
 void JobAnalysis::checkMismatches(Comm& comm) {
   if (comm.members.size() < 2) return;
-  checkColours(comm);
+  if (!checkGroupSplits(comm)) checkColours(comm);
   uint64_t lo = UINT64_MAX, hi = 0;
   for (const Member& m : comm.members) {
     if (m.coll.empty()) continue;
@@ -656,6 +657,133 @@ void JobAnalysis::checkColours(Comm& comm) {
       return;
     }
   }
+}
+
+std::string JobAnalysis::pythonApiAt(const Proc& proc, uint32_t index) const {
+  uint64_t site = proc.rec(index).callSite;
+  if (!trace::isPythonSite(site)) return {};
+  uint32_t number = trace::pythonSiteNumber(site);
+  for (const trace::PythonSite& known : proc.file->pythonSites) {
+    if (known.number == number) return trace::pythonApiOf(known);
+  }
+  return {};  // the site's frames have not arrived (live) or were not kept
+}
+
+// PyTorch's new_group() makes one group per call on every rank of the parent: its members pass
+// one split colour (derived from the rank list), the others NCCL_SPLIT_NOCOLOR. Two colours at
+// one such split mean the ranks disagree on the group being made: they create their groups in
+// another order, or from other rank lists. Each colour then gets a communicator of its own, and
+// the collectives on it combine the wrong ranks, or none, without an error (exp24's grouporder:
+// rank 3 made its data-parallel groups before its tensor-parallel ones; no verdict before). Only
+// new_group(): split_group(), a device mesh or plain NCCL make several groups in one split.
+bool JobAnalysis::checkGroupSplits(Comm& comm) {
+  if (!comm.hasSplits || comm.members.empty()) return false;
+  struct Disagreement {
+    uint64_t ordinal = 0;
+    uint64_t seq = 0;
+    std::map<int, std::vector<int>> commRanksByColour;
+  };
+  std::vector<Disagreement> found;
+  const Member& first = comm.members.front();
+  for (uint32_t idx = 0; idx < first.coll.size(); ++idx) {
+    uint32_t fi = first.coll[idx];
+    if (fi == kNone || procs_[first.proc].rec(fi).op != OpKind::kSplit) continue;
+    Disagreement d;
+    d.ordinal = first.base + idx;
+    d.seq = procs_[first.proc].rec(fi).seq;
+    bool all = true;
+    for (const Member& m : comm.members) {
+      uint32_t i = m.at(d.ordinal);
+      if (i == kNone || procs_[m.proc].rec(i).op != OpKind::kSplit) {
+        all = false;
+        break;
+      }
+      int colour = procs_[m.proc].rec(i).rootOrPeer;
+      if (colour >= 0) d.commRanksByColour[colour].push_back(m.commRank);
+    }
+    if (!all || d.commRanksByColour.size() < 2) continue;
+    bool byNewGroup = true;
+    for (const auto& [colour, commRanks] : d.commRanksByColour) {
+      for (int r : commRanks) {
+        const Member& m = comm.members[comm.byCommRank.find(r)];
+        byNewGroup &= pythonApiAt(procs_[m.proc], m.at(d.ordinal)) == "new_group";
+      }
+    }
+    if (byNewGroup) found.push_back(std::move(d));
+  }
+  if (found.empty()) return false;
+
+  // Suspects of one split: the ranks outside its one largest colour, or every coloured rank
+  // when no colour is the largest alone. The culprits: the suspects of every such split (rank 3
+  // in each of grouporder's two), else the first split's.
+  auto suspectsOf = [](const Disagreement& d) {
+    size_t largest = 0, ties = 0;
+    for (const auto& [colour, ranks] : d.commRanksByColour) {
+      if (ranks.size() > largest) {
+        largest = ranks.size();
+        ties = 1;
+      } else if (ranks.size() == largest) {
+        ++ties;
+      }
+    }
+    std::vector<int> suspects;
+    for (const auto& [colour, ranks] : d.commRanksByColour) {
+      if (ties > 1 || ranks.size() < largest)
+        suspects.insert(suspects.end(), ranks.begin(), ranks.end());
+    }
+    std::sort(suspects.begin(), suspects.end());
+    return suspects;
+  };
+  std::vector<int> culprits = suspectsOf(found.front());
+  for (size_t i = 1; i < found.size(); ++i) {
+    std::vector<int> next = suspectsOf(found[i]), both;
+    std::set_intersection(culprits.begin(), culprits.end(), next.begin(), next.end(),
+                          std::back_inserter(both));
+    if (!both.empty()) culprits = std::move(both);
+  }
+
+  const Disagreement& d = found.front();
+  Verdict v = make(VerdictKind::kMismatch, &comm, d.seq);
+  v.fields = {"color"};
+  v.effect = Effect::kSilentDataCorruption;
+  auto named = [](const std::vector<int>& ranks) {
+    return (ranks.size() == 1 ? "rank " : "ranks ") + formatRanks(ranks);
+  };
+  std::string sizes, colours;
+  for (const auto& [colour, commRanks] : d.commRanksByColour) {
+    RankClass rc;
+    for (int r : commRanks) rc.ranks.push_back(globalRank(comm, r));
+    const Member& m = comm.members[comm.byCommRank.find(commRanks.front())];
+    rc.call = describe(procs_[m.proc], m.at(d.ordinal));
+    std::sort(rc.ranks.begin(), rc.ranks.end());
+    colours +=
+        (colours.empty() ? "" : ", ") + named(rc.ranks) + " colour " + std::to_string(colour);
+    sizes += (sizes.empty() ? "" : ", ") + std::to_string(rc.ranks.size());
+    v.classes.push_back(std::move(rc));
+  }
+  int64_t divergence = INT64_MAX;
+  for (int r : culprits) {
+    v.culprits.push_back(globalRank(comm, r));
+    const Member& m = comm.members[comm.byCommRank.find(r)];
+    divergence =
+        std::min(divergence, procs_[m.proc].wall(procs_[m.proc].rec(m.at(d.ordinal)).issueNs));
+  }
+  std::sort(v.culprits.begin(), v.culprits.end());
+  v.divergenceNs = divergence;
+  std::string calls;
+  for (const Disagreement& each : found) {
+    calls += (calls.empty() ? "#" : ", #") + std::to_string(each.seq);
+  }
+  std::string who = named(v.culprits);
+  v.explanation =
+      "the ranks disagree on the group that one new_group() call makes (" + colours +
+      "): new_group() makes one group, whose members all pass the same colour, so each colour "
+      "made a communicator of its own (sizes " +
+      sizes + ") and the collectives on them combine the wrong ranks; " + who +
+      (found.size() > 1 ? " disagrees at every such call (" + calls + ")" : " differs") +
+      ": check the order in which " + who + " creates its groups and the rank lists it passes";
+  verdicts_.push_back(std::move(v));
+  return true;
 }
 
 }  // namespace ncclwatch::analysis::internal

@@ -322,6 +322,10 @@ class JobAnalysis {
                    CallDesc& call) const;
   uint64_t firstDivergentOrdinal(const Comm& comm, uint64_t lo, uint64_t hi) const;
   void checkColours(Comm& comm);
+  // Splits issued by PyTorch's new_group() whose members passed two colours; true when it said so.
+  bool checkGroupSplits(Comm& comm);
+  // The torch.distributed function that issued record `index` of `proc` ("" when unknown).
+  std::string pythonApiAt(const Proc& proc, uint32_t index) const;
   // The most common difference between two members' call sites over the calls before
   // `before` on which they agree: the load-address offset between their processes; 0 unknown.
   int64_t siteDelta(const Comm& comm, int a, int b, uint64_t before) const;

@@ -1079,6 +1079,53 @@ TEST(SplitColour, AClassOfSeveralColoursNamesEach) {
       << text(report);
 }
 
+// exp24's grouporder: every rank makes the tensor-parallel groups [0, 1], [2, 3] and then the
+// data-parallel ones [0, 2], [1, 3] with dist.new_group(), but rank 3 makes its data-parallel
+// ones first. PyTorch's colour follows the rank list (its first rank here) and non-members pass
+// NCCL_SPLIT_NOCOLOR: at the second and fourth splits ranks 2 and 3, then 1 and 3, pass two
+// colours, and each got a communicator of one rank. Nothing hangs; the sums are wrong.
+TEST(SplitColour, RanksMakingTheirNewGroupsInAnotherOrderAreNamed) {
+  const std::vector<std::vector<int>> usual = {{0, 1}, {2, 3}, {0, 2}, {1, 3}};
+  const std::vector<std::vector<int>> rankThree = {{0, 2}, {1, 3}, {0, 1}, {2, 3}};
+  auto job = [&](const std::string& api) {
+    auto ranks = world(4);
+    for (int r = 0; r < 4; ++r) {
+      ranks[r].file().pythonSites = {
+          {1,
+           0,
+           {"/venv/site-packages/torch/distributed/distributed_c10d.py:5200 " + api,
+            "train.py:102 build_groups", "train.py:200 main"}}};
+      for (const std::vector<int>& group : r == 3 ? rankThree : usual) {
+        bool member = std::find(group.begin(), group.end(), r) != group.end();
+        ranks[r]
+            .call(kWorld, OpKind::kSplit, 0, RecordState::kCompleted, kMs, 0, 0,
+                  member ? group.front() : -1)
+            .callSite = ncclwatch::trace::kPythonSiteTag | 1;
+      }
+    }
+    return files(ranks);
+  };
+  auto traces = job("new_group");
+  Report report = analyze(traces, ended());
+  const Verdict* v = find(onlyJob(report), VerdictKind::kMismatch);
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->fields, std::vector<std::string>{"color"});
+  EXPECT_EQ(v->culprits, std::vector<int>{3}) << text(report);
+  EXPECT_EQ(v->effect, Effect::kSilentDataCorruption);
+  EXPECT_EQ(v->seq, 2u) << text(report);
+  EXPECT_NE(v->explanation.find("the ranks disagree on the group that one new_group() call makes "
+                                "(rank 3 colour 1, rank 2 colour 2)"),
+            std::string::npos)
+      << v->explanation;
+  EXPECT_NE(v->explanation.find("rank 3 disagrees at every such call (#2, #4)"), std::string::npos)
+      << v->explanation;
+  // split_group() (or a device mesh) makes several groups in one split: two colours are its
+  // design, not a disagreement.
+  traces = job("split_group");
+  report = analyze(traces, ended());
+  EXPECT_EQ(find(onlyJob(report), VerdictKind::kMismatch), nullptr) << text(report);
+}
+
 TEST(Straggler, ConsistentlyLastIsInformation) {
   auto ranks = world(4);
   for (int s = 0; s < 20; ++s) {
