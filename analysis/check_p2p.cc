@@ -90,6 +90,8 @@ void JobAnalysis::checkP2p(Comm& comm) {
     bool held = false;      // the absent peer is held in an unmatched transfer of its own
   };
   std::vector<Item> items;
+  std::vector<std::pair<int, int>> sizePairs;  // (sender, receiver) of each size mismatch
+  bool oneSideOfEvery = false;  // one rank is on a side of every size mismatch: the culprit
   // A send or receive its stream never reached, queued behind an earlier call of its process
   // that is still pending, is not what anyone waits in: its peer's side may well come once that
   // call is done (ranks 1 and 2 already in the next step's gather, to rank 0, which still waits
@@ -163,6 +165,7 @@ void JobAnalysis::checkP2p(Comm& comm) {
             items.push_back({{rj, (*recvList)[b]}, "does not match the send", false, field});
             sentBytes.push_back(transferBytes(*sr));
             receivedBytes.push_back(transferBytes(*rr));
+            sizePairs.push_back({procs_[sender.proc].rank, globalRank(comm, peer)});
           }
           ++a;
           ++b;
@@ -306,6 +309,19 @@ void JobAnalysis::checkP2p(Comm& comm) {
   // A send and receive of different sizes: the side whose size no other transfer on the
   // communicator uses is the odd one; when that does not tell, both.
   auto p2pSizeCulprits = [&](const Comm& c, const std::vector<Item>& list) {
+    // One rank on a side of every mismatched pair explains them all (an all_to_all_single whose
+    // rank 1 kept last step's output splits: its four receives disagree with four senders, whose
+    // sizes no rule of "the usual size" can judge: exp24's a2a named ranks 0-1,3).
+    if (sizePairs.size() >= 2) {
+      std::set<int> inAll = {sizePairs.front().first, sizePairs.front().second};
+      for (const auto& [sender, receiver] : sizePairs) {
+        std::erase_if(inAll, [&](int rank) { return rank != sender && rank != receiver; });
+      }
+      if (inAll.size() == 1) {
+        oneSideOfEvery = true;
+        return inAll;
+      }
+    }
     std::map<uint64_t, int> sizes;  // bytes -> transfers of that size
     for (const Member& m : c.members) {
       for (uint32_t i : m.p2p) {
@@ -398,6 +414,37 @@ void JobAnalysis::checkP2p(Comm& comm) {
     }
     return {};
   };
+  // The other reading of a rank that never posts its side, where it never takes that side with
+  // any rank (no receive at all, where it is sent to) and each unmatched transfer is its pair's
+  // first: the rank talking to it has the wrong peer. A ring whose rank 3 skips its receive and
+  // a pipeline whose last stage sends "to the next stage", (rank + 1) % world, to rank 0, which
+  // only ever sends, leave the same calls (exp24's pipewrap named rank 0 alone). Only where the
+  // silent rank's window holds its whole history; "" where it does not apply.
+  auto strangerReading = [&](int silent) -> std::string {
+    std::string reading;
+    for (const Item& item : items) {
+      if (!item.field.empty() || item.held) continue;
+      const Proc& proc = procs_[comm.members[item.side.member].proc];
+      const CallRecord& mine = proc.rec(item.side.index);
+      if (item.absentPeer != silent || mine.p2pSeq != 1 || item.absentMember < 0) return {};
+      const Member& peer = comm.members[item.absentMember];
+      const OpKind otherSide = mine.op == OpKind::kSend ? OpKind::kRecv : OpKind::kSend;
+      bool stranger = peer.base <= 1 && procs_[peer.proc].file->foldedLatestNs == 0 &&
+                      std::none_of(peer.p2p.begin(), peer.p2p.end(), [&](uint32_t i) {
+                        return procs_[peer.proc].rec(i).op == otherSide;
+                      });
+      if (!stranger) return {};
+      if (!reading.empty()) continue;
+      std::string me = std::to_string(proc.rank), them = std::to_string(silent);
+      reading = mine.op == OpKind::kSend
+                    ? "; or, as rank " + them + " never receives from any rank, rank " + me +
+                          " sends to the wrong peer (a pipeline's last stage has no next stage)"
+                    : "; or, as rank " + them + " never sends to any rank, rank " + me +
+                          " receives from the wrong peer (a pipeline's first stage has no "
+                          "previous stage)";
+    }
+    return reading;
+  };
   size_t unmatched = 0;
   bool culpritAbsentEverywhere = v.culprits.size() == 1;
   for (const Item& item : items) {
@@ -415,12 +462,24 @@ void JobAnalysis::checkP2p(Comm& comm) {
                     "): NCCL pairs a rank's sends to a peer with that peer's receives in the "
                     "order they are issued, and ignores tags (PyTorch's tag= is not sent): issue "
                     "them in the same order on both sides";
+  } else if (!fields.empty() && oneSideOfEvery) {
+    v.explanation = "a send and its receive disagree on " + *fields.begin() + " in " +
+                    std::to_string(sizePairs.size()) + " transfers, each with " + who +
+                    " on one side: its sizes are the likely wrong ones (an all_to_all's split "
+                    "sizes from another step?); sender and receiver must pass the same count and "
+                    "dtype";
   } else if (!fields.empty()) {
     v.explanation = "a send and its receive disagree on " + *fields.begin() + "; " + who +
                     (v.culprits.size() == 1 ? " passes" : " pass") +
                     " a size the others do not use: sender and receiver must pass the same "
                     "count and dtype";
   } else if (v.culprits.size() == 1 && culpritAbsentEverywhere) {
+    const std::string otherReading = strangerReading(v.culprits.front());
+    if (!otherReading.empty()) {
+      v.confidence *= 0.75;
+      v.doubts.push_back("which side is wrong the calls cannot tell: " + who +
+                         " never takes that side with any rank");
+    }
     // Where the rank that never posts its side is instead: the call it waits in (a collective
     // it went on to, believing it had nothing to send), or that it waits in none.
     for (const Member& m : comm.members) {
@@ -437,7 +496,7 @@ void JobAnalysis::checkP2p(Comm& comm) {
                                     : std::to_string(unmatched) + " transfers its peers wait in") +
                     " (rank i's k-th send to j needs j's k-th receive from i): look for the "
                     "send or receive " +
-                    who + " skips";
+                    who + " skips" + otherReading;
   } else if (!swappedPeer.empty()) {
     v.explanation = swappedPeer + ": check how " + who + " computes its peers";
   } else if (v.culprits.size() == 1) {
