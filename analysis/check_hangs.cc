@@ -305,19 +305,23 @@ void JobAnalysis::checkDeadAndMissing() {
     std::sort(v.culprits.begin(), v.culprits.end());
     v.divergenceNs = since == INT64_MAX ? 0 : since;
     std::string who = (v.culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(v.culprits);
+    const std::vector<int>& waitingRanks = v.classes[0].ranks;
+    const std::string waiters = (waitingRanks.size() == 1 ? "rank " : "ranks ") +
+                                formatRanks(waitingRanks) +
+                                (waitingRanks.size() == 1 ? " waits in " : " wait in ");
+    const bool one = v.culprits.size() == 1;
     if (lifecycle) {
-      v.explanation = "ranks " + formatRanks(v.classes[0].ranks) + " wait in " +
-                      trace::opName(v.classes[0].call.op) + " #" + std::to_string(v.seq) +
+      v.explanation = waiters + trace::opName(v.classes[0].call.op) + " #" + std::to_string(v.seq) +
                       ", which " + who + " never called: every member must call it";
     } else {
-      v.explanation = "ranks " + formatRanks(v.classes[0].ranks) + " wait in " +
-                      callText(v.classes[0].call) + " #" + std::to_string(v.seq) + " for " + who +
-                      ", which never issued it and " +
-                      (where.size() == 1 && where.begin()->second.size() == v.culprits.size() &&
-                               whereCall.begin()->second.op != OpKind::kUnknown
-                           ? "wait elsewhere (see their line)"
-                           : "are elsewhere") +
-                      ": find what holds " + who + " (see the other verdicts)";
+      v.explanation =
+          waiters + callText(v.classes[0].call) + " #" + std::to_string(v.seq) + " for " + who +
+          ", which never issued it and " +
+          (where.size() == 1 && where.begin()->second.size() == v.culprits.size() &&
+                   whereCall.begin()->second.op != OpKind::kUnknown
+               ? (one ? "waits elsewhere (see its line)" : "wait elsewhere (see their line)")
+               : (one ? "is elsewhere" : "are elsewhere")) +
+          ": find what holds " + who + " (see the other verdicts)";
     }
     restsOnTiming(v);
     verdicts_.push_back(std::move(v));

@@ -314,8 +314,8 @@ void JobAnalysis::checkP2p(Comm& comm) {
     // sizes no rule of "the usual size" can judge: exp24's a2a named ranks 0-1,3).
     if (sizePairs.size() >= 2) {
       std::set<int> inAll = {sizePairs.front().first, sizePairs.front().second};
-      for (const auto& [sender, receiver] : sizePairs) {
-        std::erase_if(inAll, [&](int rank) { return rank != sender && rank != receiver; });
+      for (const std::pair<int, int>& pair : sizePairs) {
+        std::erase_if(inAll, [&](int rank) { return rank != pair.first && rank != pair.second; });
       }
       if (inAll.size() == 1) {
         oneSideOfEvery = true;
@@ -419,9 +419,11 @@ void JobAnalysis::checkP2p(Comm& comm) {
   // first: the rank talking to it has the wrong peer. A ring whose rank 3 skips its receive and
   // a pipeline whose last stage sends "to the next stage", (rank + 1) % world, to rank 0, which
   // only ever sends, leave the same calls (exp24's pipewrap named rank 0 alone). Only where the
-  // silent rank's window holds its whole history; "" where it does not apply.
+  // silent rank's window holds its whole history, and one rank talks to it; "" where it does not
+  // apply.
   auto strangerReading = [&](int silent) -> std::string {
     std::string reading;
+    int talker = -1;
     for (const Item& item : items) {
       if (!item.field.empty() || item.held) continue;
       const Proc& proc = procs_[comm.members[item.side.member].proc];
@@ -434,6 +436,10 @@ void JobAnalysis::checkP2p(Comm& comm) {
                         return procs_[peer.proc].rec(i).op == otherSide;
                       });
       if (!stranger) return {};
+      // Several ranks sending to one that never receives are one pattern (a gather it does not
+      // join: exp24's gathermix), not each a wrong peer.
+      if (talker >= 0 && talker != proc.rank) return {};
+      talker = proc.rank;
       if (!reading.empty()) continue;
       std::string me = std::to_string(proc.rank), them = std::to_string(silent);
       reading = mine.op == OpKind::kSend

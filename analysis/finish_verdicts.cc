@@ -357,6 +357,10 @@ void JobAnalysis::addStackTops() {
         const Proc& proc = *found->second;
         rankClass.stackTop =
             stackTop(*hangDumpOf(*proc.file), rankClass.call.threadId, proc.file->header.pid);
+        // A thread caught inside the interpreter with no Python frame to name says nothing a
+        // user can act on ("in [Python: untrack_tuples at gcmodule.c:638]", exp24's dtype16,
+        // dumped while it ran on after a call that completed): the class's next rank may do.
+        if (rankClass.stackTop.starts_with("[Python: ")) rankClass.stackTop.clear();
         if (!rankClass.stackTop.empty()) break;
       }
     }

@@ -13,8 +13,8 @@ namespace ncclwatch::analysis {
 namespace {
 
 // Keeps the classes' torch.distributed functions where they differ, and says so in a mismatch's
-// explanation: rank 0's dist.barrier() against the others' all_reduce() reads as an AllReduce
-// whose count differs, which points the user at the wrong tensor.
+// or an unmatched transfer's explanation: rank 0's dist.barrier() against the others' all_reduce()
+// reads as an AllReduce whose count differs, which points the user at the wrong tensor.
 void nameDifferentApis(Verdict& verdict) {
   std::vector<std::pair<std::string, std::vector<int>>> ranksByApi;  // in class order
   for (const RankClass& rankClass : verdict.classes) {
@@ -30,7 +30,9 @@ void nameDifferentApis(Verdict& verdict) {
     return;
   }
   constexpr std::string_view kSaid = " (in Python: ";
-  if (verdict.kind != VerdictKind::kMismatch ||
+  // A rank that never posts its side of a transfer is often in another function altogether
+  // (exp24's gathermix: rank 0 in all_gather() where ranks 1-3 send to it in gather()).
+  if ((verdict.kind != VerdictKind::kMismatch && verdict.kind != VerdictKind::kUnmatchedP2p) ||
       verdict.explanation.find(kSaid) != std::string::npos) {
     return;
   }
@@ -84,8 +86,12 @@ void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files) {
             call.issuedAt = std::string(baseName(module)) + text;
             // In a Python process, say why there is no line (a C++ thread of the framework).
             if (runsPython(*file)) {
-              call.issuedAt += " (no Python frame on its thread" +
-                               (thread.empty() ? std::string() : " " + thread) + ")";
+              call.issuedAt +=
+                  " (no Python frame" +
+                  (thread.empty()                      ? std::string(" on its thread")
+                   : thread.starts_with("pt_autograd") ? " " + issuingThreadText(thread)
+                                                       : " on its thread " + thread) +
+                  ")";
             }
           }
           continue;
@@ -126,6 +132,14 @@ const trace::TraceFile* traceDescribing(const NewestTraces& newest, const std::v
     }
   }
   return nullptr;
+}
+
+std::string issuingThreadText(const std::string& thread) {
+  if (thread.starts_with("pt_autograd")) {
+    return "on PyTorch's autograd thread " + thread +
+           ", a gradient hook during backward() such as DDP's bucket all-reduce";
+  }
+  return "on thread " + thread;
 }
 
 bool runsPython(const trace::TraceFile& file) {

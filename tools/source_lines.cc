@@ -400,7 +400,7 @@ void SourceLines::annotateCallSites(analysis::Report& report,
           if (!text.empty()) {
             // In a Python process, the thread it came from (no Python frame on it).
             if (!thread.empty() && analysis::runsPython(*described)) {
-              text += " on thread " + thread;
+              text += " " + analysis::issuingThreadText(thread);
             }
             call.issuedAt = text;
             ++stats_.callSites;

@@ -772,7 +772,9 @@ TEST(IssuedAt, ANativeCallSiteIsItsModuleAndOffset) {
     ASSERT_NE(v, nullptr) << text(report);
     EXPECT_EQ(v->classes[0].call.issuedAt,
               std::string("libframework.so+0x1234") +
-                  (python ? " (no Python frame on its thread pt_autograd_0)" : ""))
+                  (python ? " (no Python frame on PyTorch's autograd thread pt_autograd_0, a "
+                            "gradient hook during backward() such as DDP's bucket all-reduce)"
+                          : ""))
         << text(report);
   }
 }
@@ -833,6 +835,38 @@ TEST(IssuedAt, AMismatchNamesTheTorchFunctionsWhereTheyDiffer) {
   report = analyze(traces, ended());
   EXPECT_EQ(text(report).find("issued by"), std::string::npos) << text(report);
   EXPECT_EQ(text(report).find("in Python:"), std::string::npos) << text(report);
+}
+
+// exp24's gathermix: rank 0 calls dist.all_gather() where ranks 1-3 call dist.gather(dst=0),
+// whose sends to rank 0 wait for receives it never posts: the verdict names both functions.
+TEST(IssuedAt, AnUnmatchedTransferNamesTheTorchFunctionsWhereTheyDiffer) {
+  const std::string torchDir = "/venv/lib/python3.11/site-packages/torch/distributed/";
+  auto site = [&](uint32_t number, const std::string& api, int line) {
+    return ncclwatch::trace::PythonSite{
+        number,
+        0,
+        {torchDir + "distributed_c10d.py:4000 " + api, "train.py:" + std::to_string(line) + " step",
+         "train.py:200 main"}};
+  };
+  auto ranks = world(4);
+  history(ranks, 2);
+  for (int r = 0; r < 4; ++r) {
+    ranks[r].file().pythonSites = {site(1, "all_gather", 68), site(2, "gather", 70)};
+    auto& call = r == 0 ? ranks[r].call(kWorld, OpKind::kBroadcast, 4, RecordState::kStarted,
+                                        10 * kMs, kF32, kSum, 0)
+                        : ranks[r].call(kWorld, OpKind::kSend, 4, RecordState::kStarted, 10 * kMs,
+                                        kF32, kSum, 0);
+    call.callSite = ncclwatch::trace::kPythonSiteTag | (r == 0 ? 1 : 2);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = firstIs(report, VerdictKind::kUnmatchedP2p, {0});
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_NE(v->explanation.find("(in Python: rank 0 all_gather(), ranks 1-3 gather())"),
+            std::string::npos)
+      << v->explanation;
+  // Three ranks sending to one that never receives are one pattern, not three wrong peers.
+  EXPECT_EQ(v->explanation.find("; or, as"), std::string::npos) << v->explanation;
 }
 
 // Rank 2 died right after a send its peer received: its own record of the send never saw the
