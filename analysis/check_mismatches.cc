@@ -563,6 +563,18 @@ void JobAnalysis::checkMismatches(Comm& comm) {
 // A split whose colours group ranks into children of unequal sizes, where a regular layout
 // (blocks of consecutive ranks, or strided) explains all but a few ranks: those chose a wrong
 // colour.
+void JobAnalysis::nameCulpritsAt(const Comm& comm, const std::vector<int>& commRanks,
+                                 uint64_t ordinal, Verdict& v) const {
+  int64_t divergence = INT64_MAX;
+  for (int r : commRanks) {
+    v.culprits.push_back(globalRank(comm, r));
+    const Member& m = comm.members[comm.byCommRank.find(r)];
+    divergence =
+        std::min(divergence, procs_[m.proc].wall(procs_[m.proc].rec(m.at(ordinal)).issueNs));
+  }
+  v.divergenceNs = divergence;
+}
+
 void JobAnalysis::checkColours(Comm& comm) {
   if (!comm.hasSplits || comm.members.empty()) return;  // spares a scan of a member's calls
   // A split is judged only where every member's window holds it, so the first member's window
@@ -634,14 +646,7 @@ void JobAnalysis::checkColours(Comm& comm) {
         }
         v.classes.push_back(std::move(rc));
       }
-      int64_t divergence = INT64_MAX;
-      for (int r : best) {
-        v.culprits.push_back(globalRank(comm, r));
-        const Member& mm = comm.members[comm.byCommRank.find(r)];
-        divergence =
-            std::min(divergence, procs_[mm.proc].wall(procs_[mm.proc].rec(mm.at(k)).issueNs));
-      }
-      v.divergenceNs = divergence;
+      nameCulpritsAt(comm, best, k, v);
       std::string sizesText;
       for (auto& [c, ranks] : byColour) {
         sizesText += (sizesText.empty() ? "" : ", ") + std::to_string(ranks.size());
@@ -761,15 +766,8 @@ bool JobAnalysis::checkGroupSplits(Comm& comm) {
     sizes += (sizes.empty() ? "" : ", ") + std::to_string(rc.ranks.size());
     v.classes.push_back(std::move(rc));
   }
-  int64_t divergence = INT64_MAX;
-  for (int r : culprits) {
-    v.culprits.push_back(globalRank(comm, r));
-    const Member& m = comm.members[comm.byCommRank.find(r)];
-    divergence =
-        std::min(divergence, procs_[m.proc].wall(procs_[m.proc].rec(m.at(d.ordinal)).issueNs));
-  }
+  nameCulpritsAt(comm, culprits, d.ordinal, v);
   std::sort(v.culprits.begin(), v.culprits.end());
-  v.divergenceNs = divergence;
   std::string calls;
   for (const Disagreement& each : found) {
     calls += (calls.empty() ? "#" : ", #") + std::to_string(each.seq);

@@ -322,6 +322,10 @@ class JobAnalysis {
                    CallDesc& call) const;
   uint64_t firstDivergentOrdinal(const Comm& comm, uint64_t lo, uint64_t hi) const;
   void checkColours(Comm& comm);
+  // The culprits (comm ranks) of a verdict at `ordinal` as global ranks, and its divergence: the
+  // earliest of their calls there.
+  void nameCulpritsAt(const Comm& comm, const std::vector<int>& commRanks, uint64_t ordinal,
+                      Verdict& v) const;
   // Splits issued by PyTorch's new_group() whose members passed two colours; true when it said so.
   bool checkGroupSplits(Comm& comm);
   // The torch.distributed function that issued record `index` of `proc` ("" when unknown).
