@@ -434,6 +434,25 @@ void printText(const Report& report, std::ostream& out, const TextStyle& style) 
   }
 }
 
+std::string withdrawalJson(const Verdict& v, const std::string& jobId, int attempt,
+                           const std::string& why) {
+  std::string out =
+      "{\"kind\":\"withdrawn\",\"withdraws\":\"" + std::string(kindName(v.kind)) + "\",\"job\":";
+  jsonString(out, jobId);
+  out += ",\"attempt\":" + std::to_string(attempt) + ",\"comm\":";
+  if (v.comm.hash != 0) {
+    jsonComm(out, v.comm);
+  } else {
+    out += "null";
+  }
+  out += ",\"seq\":" + std::to_string(v.seq) + ",\"culprits\":";
+  jsonRanks(out, v.culprits);
+  out += ",\"explanation\":";
+  jsonString(out, why);
+  out += '}';
+  return out;
+}
+
 std::string verdictJson(const Verdict& v, const std::string& jobId, int attempt) {
   std::string out = "{\"kind\":\"" + std::string(kindName(v.kind)) + "\",\"job\":";
   jsonString(out, jobId);

@@ -39,6 +39,11 @@ void printVerdictText(const Verdict& v, std::ostream& out, const TextStyle& styl
 
 // One JSON object per verdict, one per line (verdicts.jsonl).
 std::string verdictJson(const Verdict& v, const std::string& jobId, int attempt);
+// The line that withdraws a live verdict said earlier (a rank alive but silent that issued calls
+// again): {"kind":"withdrawn","withdraws":KIND,"job","attempt","comm","seq","culprits",
+// "explanation": why}. docs/verdicts.md, "Withdrawn verdicts".
+std::string withdrawalJson(const Verdict& v, const std::string& jobId, int attempt,
+                           const std::string& why);
 // The whole report as one JSON document: jobs with summary, processes, verdicts, comms.
 void printJson(const Report& report, std::ostream& out);
 

@@ -314,11 +314,16 @@ int runJob(const RunOptions& options, std::ostream& out, std::ostream& err) {
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
   collector.stop();
-  uint64_t verdicts = collector.counters().verdicts.load();
+  uint64_t said = collector.counters().verdicts.load();
   uint64_t afterAbort = collector.counters().verdictsAfterAbort.load();
+  uint64_t withdrawn = collector.counters().verdictsWithdrawn.load();
+  uint64_t verdicts = said - std::min(said, withdrawn);
   out << "[ncclwatch] " << verdicts << (verdicts == 1 ? " verdict" : " verdicts");
+  if (withdrawn > 0) {
+    out << " (and " << withdrawn << " withdrawn: a rank alive but silent issued calls again)";
+  }
   if (afterAbort > 0) out << " (" << afterAbort << " of them what the abort set off)";
-  if (verdicts > 0) out << " (" << directory << "/verdicts.jsonl)";
+  if (said > 0) out << " (" << directory << "/verdicts.jsonl)";
   out << "; run `ncclwatch inspect " << directory << "` for the whole picture\n" << std::flush;
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   // An aborted collective returns without its result: a job that does not look at its

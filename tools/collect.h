@@ -71,6 +71,8 @@ struct Counters {
   std::atomic<uint64_t> verdicts{0};     // verdicts reported
   // Of which said after --abort aborted their job: what the abort set off (Triage::report).
   std::atomic<uint64_t> verdictsAfterAbort{0};
+  // Of which withdrawn: a rank alive but silent issued calls again (Triage::checkSilentRanks).
+  std::atomic<uint64_t> verdictsWithdrawn{0};
   std::atomic<uint64_t> abortsSent{0};  // --abort: ABORT frames sent (one per rank and comm)
   // Trace files of a job that ended before this sidecar listened, read from its folder instead
   // (Triage::adoptOrphanedJob).

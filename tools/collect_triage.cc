@@ -16,6 +16,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <set>
 #include <sstream>
@@ -538,7 +539,7 @@ void Triage::closed(int index) {
 }
 
 void Triage::housekeeping(int64_t now) {
-  if (!silentRankAborts_.empty()) checkSilentRankAborts(now);
+  if (!silentRanks_.empty()) checkSilentRanks(now);
   if (!pendingAborts_.empty()) sendDueAborts(now);
   if (firstHousekeepingNs_ == 0) firstHousekeepingNs_ = now;
   if (now >= nextAdoptNs_) {
@@ -632,12 +633,14 @@ void Triage::report(analysis::Verdict verdict, const analysis::JobReport& job) {
       connections_->send(static_cast<size_t>(process.connection), frame);
     }
   }
-  if (!options_.abortOnVerdict || verdict.kind == analysis::VerdictKind::kStraggler) return;
   // A rank alive but silent while the others wait (a dead_rank on timing alone) may be a rank
-  // that saves a checkpoint or loads data for longer than the quiet time: the job is aborted
-  // for it only if it stays silent for silentRankAbortMs more (Triage::checkSilentRankAborts).
-  if (verdict.kind == analysis::VerdictKind::kDeadRank && !culpritsEnded(verdict, job)) {
-    SilentRankAbort held{verdict, job.jobId, {}, steadyNs() + options_.silentRankAbortMs * kMs};
+  // that saves a checkpoint or loads data for longer than the quiet time: its verdict is
+  // withdrawn if it issues calls again (Triage::checkSilentRanks), and under --abort the job is
+  // aborted for it only if it stays silent for silentRankAbortMs more.
+  const bool silentAlive = verdict.kind == analysis::VerdictKind::kDeadRank &&
+                           verdict.culpritAlive && !culpritsEnded(verdict, job);
+  if (silentAlive) {
+    SilentRank held{verdict, job.jobId, job.attempt, {}, steadyNs(), 0};
     for (size_t i = 0; i < processes_.size(); ++i) {
       const trace::RingHeader& header = files_[i].header;
       if (trace::jobIdOf(header) != job.jobId || processes_[i].ended()) continue;
@@ -645,39 +648,63 @@ void Triage::report(analysis::Verdict verdict, const analysis::JobReport& job) {
         if (header.rank == culprit) held.culprits.push_back({i, processes_[i].firstNewIndex});
       }
     }
-    out_ << "[ncclwatch] --abort: rank" << (verdict.culprits.size() > 1 ? "s " : " ")
-         << analysis::formatRanks(verdict.culprits)
-         << " alive; the job is aborted if no NCCL call comes from "
-         << (verdict.culprits.size() > 1 ? "them" : "it") << " within "
-         << options_.silentRankAbortMs / 1000.0
-         << " s (a checkpoint or data loading on one rank looks the same for a while)\n"
-         << std::flush;
-    silentRankAborts_.push_back(std::move(held));
-    return;
+    // Without a culprit process to watch (none known here), under --abort the job is aborted
+    // at once, as for any verdict.
+    if (!held.culprits.empty()) {
+      if (options_.abortOnVerdict) {
+        held.dueNs = held.saidNs + options_.silentRankAbortMs * kMs;
+        out_ << "[ncclwatch] --abort: rank" << (verdict.culprits.size() > 1 ? "s " : " ")
+             << analysis::formatRanks(verdict.culprits)
+             << " alive; the job is aborted if no NCCL call comes from "
+             << (verdict.culprits.size() > 1 ? "them" : "it") << " within "
+             << options_.silentRankAbortMs / 1000.0
+             << " s (a checkpoint or data loading on one rank looks the same for a while)\n"
+             << std::flush;
+      }
+      silentRanks_.push_back(std::move(held));
+      if (options_.abortOnVerdict) return;
+    }
   }
+  if (!options_.abortOnVerdict || verdict.kind == analysis::VerdictKind::kStraggler) return;
   scheduleAborts(verdict, job.jobId);
 }
 
-void Triage::checkSilentRankAborts(int64_t now) {
-  std::vector<SilentRankAbort> waiting;
-  for (SilentRankAbort& held : silentRankAborts_) {
+void Triage::checkSilentRanks(int64_t now) {
+  std::vector<SilentRank> waiting;
+  for (SilentRank& held : silentRanks_) {
     bool spoke = false, gone = true;
     for (const auto& [process, firstNewIndex] : held.culprits) {
       spoke |= processes_[process].firstNewIndex != firstNewIndex;
       gone &= processes_[process].ended();
     }
+    const analysis::Verdict& verdict = held.verdict;
     if (spoke) {
-      out_ << "[ncclwatch] rank" << (held.verdict.culprits.size() > 1 ? "s " : " ")
-           << analysis::formatRanks(held.verdict.culprits)
-           << " issued NCCL calls again: no abort for its verdict\n"
+      // Said at the quiet time, it was a long host step: the verdict is withdrawn, so that a
+      // healthy job's checkpoint does not stand as a finding (exp25's ckpt_pause: one rank
+      // 25 s in a checkpoint, "DEAD_RANK" the only verdict of a job that ended well).
+      const bool many = verdict.culprits.size() > 1;
+      std::ostringstream why;
+      why << (many ? "ranks " : "rank ") << analysis::formatRanks(verdict.culprits)
+          << " issued NCCL calls again " << std::fixed << std::setprecision(1)
+          << static_cast<double>(now - held.saidNs) / 1e9
+          << " s after this verdict: a long host step (a checkpoint, data loading), not a hang";
+      out_ << "[ncclwatch] " << analysis::upperCase(analysis::kindName(verdict.kind)) << " on comm "
+           << analysis::hashText(verdict.comm.hash).substr(0, 4) << "\u2026 at call #"
+           << verdict.seq << " withdrawn: " << why.str()
+           << (held.dueNs != 0 ? "; no abort for it" : "") << "\n"
            << std::flush;
-    } else if (gone || held.dueNs <= now) {
-      scheduleAborts(held.verdict, held.jobId);
-    } else {
+      if (!options_.directory.empty()) {
+        std::ofstream jsonl(options_.directory + "/verdicts.jsonl", std::ios::app);
+        jsonl << analysis::withdrawalJson(verdict, held.jobId, held.attempt, why.str()) << "\n";
+      }
+      counters_.verdictsWithdrawn++;
+    } else if (held.dueNs != 0 && (gone || held.dueNs <= now)) {
+      scheduleAborts(verdict, held.jobId);
+    } else if (!gone) {
       waiting.push_back(std::move(held));
     }
   }
-  silentRankAborts_ = std::move(waiting);
+  silentRanks_ = std::move(waiting);
 }
 
 // The communicators the verdict involves are aborted on every rank that has them, so that

@@ -186,8 +186,10 @@ class Triage : public FrameSink {
   void sendDueAborts(int64_t now);
   // Under --abort: the aborts a verdict calls for, on every rank of its job that has them.
   void scheduleAborts(const analysis::Verdict& verdict, const std::string& jobId);
-  // Held aborts of silent ranks: called off when one issues a call, sent when due or gone.
-  void checkSilentRankAborts(int64_t now);
+  // Verdicts on ranks alive but silent: withdrawn when one issues a call again (a checkpoint or
+  // data loading that outlasted the quiet time), and under --abort their held aborts sent when
+  // due or the rank is gone.
+  void checkSilentRanks(int64_t now);
 
   const Options& options_;
   Counters& counters_;
@@ -255,13 +257,15 @@ class Triage : public FrameSink {
   // A dead_rank verdict on ranks alive but silent, under --abort: its aborts wait until
   // `dueNs`, and are called off if a culprit issues another call first (its process's
   // firstNewIndex moves on).
-  struct SilentRankAbort {
+  struct SilentRank {
     analysis::Verdict verdict;
     std::string jobId;
+    int attempt = 0;
     std::vector<std::pair<size_t, uint64_t>> culprits;  // (process, firstNewIndex at the verdict)
-    int64_t dueNs = 0;
+    int64_t saidNs = 0;
+    int64_t dueNs = 0;  // under --abort: when the job is aborted for it; 0 without
   };
-  std::vector<SilentRankAbort> silentRankAborts_;
+  std::vector<SilentRank> silentRanks_;
   std::set<std::pair<size_t, uint64_t>> abortsAsked_;  // (process, comm) aborts already asked
   // Jobs aborted under --abort: the verdict it was for ("MISMATCH on comm … at call #3") and
   // when its aborts go out. Verdicts of the job said from then on are said as its consequences

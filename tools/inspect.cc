@@ -3,6 +3,7 @@
 #include <simdjson.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -24,7 +25,12 @@ namespace {
 void printLiveVerdicts(const std::string& directory, std::ostream& out) {
   std::ifstream in(std::filesystem::path(directory) / "verdicts.jsonl");
   if (!in) return;
-  std::vector<std::string> lines;
+  struct Line {
+    std::string kind, hash;
+    int64_t seq = 0;
+    std::string text;
+  };
+  std::vector<Line> lines;
   int unreadable = 0;
   simdjson::dom::parser parser;
   for (std::string line; std::getline(in, line);) {
@@ -43,6 +49,17 @@ void printLiveVerdicts(const std::string& directory, std::ostream& out) {
     }
     // A verdict on no communicator (an init nobody finished) has "comm": null.
     const bool onComm = !verdict["comm"]["hash"].get(hash);
+    // A withdrawal marks the verdict it withdraws (a rank alive but silent that resumed).
+    std::string_view withdraws;
+    if (kind == "withdrawn" && !verdict["withdraws"].get(withdraws)) {
+      auto said = std::find_if(lines.rbegin(), lines.rend(), [&](const Line& line) {
+        return line.kind == withdraws && line.hash == hash && line.seq == seq;
+      });
+      if (said != lines.rend()) {
+        said->text += " [withdrawn: " + std::string(explanation) + "]";
+        continue;
+      }
+    }
     if (verdict["comm"]["size"].get(size)) size = 0;
     std::string culprits;
     simdjson::dom::array list;
@@ -55,18 +72,20 @@ void printLiveVerdicts(const std::string& directory, std::ostream& out) {
     }
     bool primary = true;
     if (verdict["primary"].get(primary)) primary = true;  // older lines have no such field
-    lines.push_back("  " + analysis::upperCase(kind) +
-                    (onComm ? " on comm " + std::string(hash.substr(0, 4)) + "\u2026(" +
-                                  std::to_string(size) + " ranks) at call #" + std::to_string(seq)
-                            : std::string()) +
-                    (culprits.empty() ? "" : ", culprit " + culprits) +
-                    (primary ? "" : " [consequence]") + ": " + std::string(explanation));
+    lines.push_back(
+        {std::string(kind), std::string(onComm ? hash : std::string_view()), seq,
+         "  " + analysis::upperCase(kind) +
+             (onComm ? " on comm " + std::string(hash.substr(0, 4)) + "\u2026(" +
+                           std::to_string(size) + " ranks) at call #" + std::to_string(seq)
+                     : std::string()) +
+             (culprits.empty() ? "" : ", culprit " + culprits) + (primary ? "" : " [consequence]") +
+             ": " + std::string(explanation)});
   }
   if (lines.empty() && unreadable == 0) return;
   out << "Live verdicts, said while the job ran ("
       << (std::filesystem::path(directory) / "verdicts.jsonl").string()
       << "): the traces below may show what came after them (an abort, a teardown).\n";
-  for (const std::string& line : lines) out << line << "\n";
+  for (const Line& line : lines) out << line.text << "\n";
   if (unreadable > 0) out << "  (" << unreadable << " unreadable lines skipped)\n";
   out << "\n";
 }

@@ -69,11 +69,26 @@ TEST(LiveCollector, SkipBugIsNamedWhileTheJobHangsAndAbortEndsIt) {
 // it: a rank saving a checkpoint looks the same for a while. Before, the job was aborted as
 // soon as the quiet time ran out, a healthy job killed at its first long checkpoint.
 TEST(LiveCollector, ASilentRankIsAbortedOnlyIfItStaysSilent) {
-  auto runWithPause = [](const std::string& logs, int pauseMs, int holdMs) {
-    return shell("timeout 120 " + kCli + " run --abort --quiet-ms 500 --silent-rank-abort-ms " +
-                 std::to_string(holdMs) + " --dir " + logs + " -- " + kCli + " launch -n 4 -- " +
-                 build("examples/train_loop") + " --steps 12 --step-ms 20 --quiet --bug " +
+  auto runWithPause = [](const std::string& logs, int pauseMs, int holdMs, bool abort = true) {
+    return shell("timeout 120 " + kCli + " run " + (abort ? "--abort " : "") +
+                 "--quiet-ms 500 --silent-rank-abort-ms " + std::to_string(holdMs) + " --dir " +
+                 logs + " -- " + kCli + " launch -n 4 -- " + build("examples/train_loop") +
+                 " --steps 12 --step-ms 20 --quiet --bug " +
                  "pause:rank=0,step=3,ms=" + std::to_string(pauseMs));
+  };
+  // The verdict said at the quiet time is withdrawn once the rank issues calls again, live, in
+  // verdicts.jsonl and in inspect, so that a checkpoint does not stand as the finding of a job
+  // that ended well (exp25's ckpt_pause).
+  auto expectWithdrawn = [](const std::string& logs, const std::string& out) {
+    EXPECT_NE(out.find("withdrawn: rank 0 issued NCCL calls again"), std::string::npos) << out;
+    EXPECT_NE(out.find("[ncclwatch] 0 verdicts (and 1 withdrawn"), std::string::npos) << out;
+    std::string verdicts = readFile(logs + "/verdicts.jsonl");
+    EXPECT_NE(verdicts.find("\"kind\":\"withdrawn\",\"withdraws\":\"dead_rank\""),
+              std::string::npos)
+        << verdicts;
+    testsupport::Output inspect = testsupport::command(kCli + " inspect " + logs, "2>&1");
+    EXPECT_NE(inspect.text.find("[withdrawn: rank 0 issued NCCL calls again"), std::string::npos)
+        << inspect.text;
   };
   {
     SCOPED_TRACE("a 2.5 s pause, 20 s allowed");
@@ -85,10 +100,17 @@ TEST(LiveCollector, ASilentRankIsAbortedOnlyIfItStaysSilent) {
         out.find("rank 0 alive; the job is aborted if no NCCL call comes from it within 20 s"),
         std::string::npos)
         << out;
-    EXPECT_NE(out.find("rank 0 issued NCCL calls again: no abort for its verdict"),
-              std::string::npos)
-        << out;
+    EXPECT_NE(out.find("not a hang; no abort for it"), std::string::npos) << out;
     EXPECT_EQ(out.find("aborting comm"), std::string::npos) << out;
+    expectWithdrawn(logs, out);
+  }
+  {
+    SCOPED_TRACE("a 2.5 s pause, without --abort");
+    std::string logs = testsupport::freshDirectory("live-silent-resumes-watched");
+    auto [out, status] = runWithPause(logs, 2500, 20'000, false);
+    EXPECT_EQ(status, 0) << out;
+    EXPECT_NE(out.find("DEAD_RANK"), std::string::npos) << out;
+    expectWithdrawn(logs, out);
   }
   {
     SCOPED_TRACE("a 60 s pause, 1 s allowed");
