@@ -27,7 +27,9 @@ struct Options {
   // Under --abort, how much longer a rank that is alive but issues no NCCL call while the others
   // wait must stay silent before the job is aborted for it: one rank saving a checkpoint or
   // loading data looks the same for a while (a dead_rank verdict rests on timing alone there).
-  int64_t silentRankAbortMs = 60'000;
+  // Five minutes: a large model's checkpoint to network storage takes minutes (exp25's 75 s
+  // checkpoint was aborted at the 60 s of before), and PyTorch's own timeout is ten.
+  int64_t silentRankAbortMs = 300'000;
   bool colour = false;
   size_t maxAgents = 8192;
   // Call records kept for analysis, shared by the job's ranks: each keeps the newest
@@ -137,8 +139,8 @@ constexpr int kAbortedJobStatus = 1;
 struct RunOptions {
   std::string directory;  // NCCLWATCH_DIR for the job; default ./ncclwatch-logs/run-<pid>
   bool abortOnVerdict = false;
-  int64_t quietMs = 3000;              // the collector's quietMs
-  int64_t silentRankAbortMs = 60'000;  // the collector's silentRankAbortMs
+  int64_t quietMs = 3000;               // the collector's quietMs
+  int64_t silentRankAbortMs = 300'000;  // the collector's silentRankAbortMs
   std::string preload;  // libncclwatch.so; default: ../lib/libncclwatch.so beside the CLI
   // Load the library only as NCCL's profiler plugin (NCCL_PROFILER_PLUGIN), not LD_PRELOAD: for
   // programs whose NCCL is linked statically.

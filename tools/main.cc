@@ -258,7 +258,7 @@ Exit code: 0 nothing found, 1 findings (the injected bug), 2 usage or set-up err
 constexpr const char* kSilentRankAbortHelp =
     "with --abort: how much longer a rank alive but silent while the others wait must stay silent "
     "before the job is aborted for it, as a checkpoint or data loading on one rank looks the same "
-    "for a while (default 60000)";
+    "for a while (default 300000: a large checkpoint takes minutes)";
 
 void addRun(CLI::App& app, int& exitCode) {
   CLI::App* run = app.add_subcommand(

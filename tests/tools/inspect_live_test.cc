@@ -66,6 +66,32 @@ TEST_F(InspectLive, AVerdictOnNoCommunicatorIsRead) {
   EXPECT_EQ(text.find("unreadable"), std::string::npos) << text;
 }
 
+// A withdrawal marks the verdict it withdraws (a rank alive but silent that resumed: a long
+// checkpoint), the same comm and call; one with nothing to mark stands as its own line.
+TEST_F(InspectLive, AWithdrawalMarksTheVerdictItWithdraws) {
+  std::ofstream(dir_ + "/verdicts.jsonl")
+      << R"({"kind":"dead_rank","comm":{"hash":"b8f2d2058bdc190d","size":4},"seq":18,)"
+      << R"("culprits":[0],"explanation":"rank 0 is alive but stopped issuing NCCL calls"})"
+      << "\n"
+      << R"({"kind":"withdrawn","withdraws":"dead_rank","comm":{"hash":"b8f2d2058bdc190d",)"
+      << R"("size":4},"seq":18,"culprits":[0],"explanation":"rank 0 issued NCCL calls again"})"
+      << "\n"
+      << R"({"kind":"withdrawn","withdraws":"dead_rank","comm":{"hash":"0000d2058bdc190d",)"
+      << R"("size":4},"seq":5,"culprits":[1],"explanation":"rank 1 issued NCCL calls again"})"
+      << "\n";
+  std::string text = inspect();
+  EXPECT_NE(text.find("\n  DEAD_RANK on comm b8f2\u2026(4 ranks) at call #18, culprit 0: rank 0 is "
+                      "alive but stopped issuing NCCL calls [withdrawn: rank 0 issued NCCL calls "
+                      "again]\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\n  WITHDRAWN on comm 0000\u2026(4 ranks) at call #5, culprit 1: rank 1 "
+                      "issued NCCL calls again\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("unreadable"), std::string::npos) << text;
+}
+
 TEST_F(InspectLive, WithoutTheFileThereIsNoSuchSection) {
   EXPECT_EQ(inspect().find("Live verdicts"), std::string::npos);
 }
