@@ -307,12 +307,37 @@ void JobAnalysis::checkMismatches(Comm& comm) {
   // or both fit, nothing in the records decides it, and the verdict says so.
   bool undecided = false;
   std::string undecidedWhy, tieDoubt;
+  uint64_t aheadCalls = 0;      // a tie decided by a side n calls ahead (2 or 3), else 0
+  bool aheadIsCulprit = false;  // ... and whether that side made them (else the other skipped)
   if (classes.size() >= 2 && classes[0].second.size() == classes[1].second.size()) {
     int c0 = classes[0].second[0], c1 = classes[1].second[0];
     bool t0 = isTeardown(procs_[comm.members[c0].proc].rec(comm.members[c0].at(divergent)).op);
     bool t1 = isTeardown(procs_[comm.members[c1].proc].rec(comm.members[c1].at(divergent)).op);
     bool skip0 = shift(c0, c1) == -1, skip1 = shift(c1, c0) == -1;
     bool bothByCalls = skip0 && skip1;
+    // Only where both windows hold the communicator's whole history: calls a window dropped
+    // or a relay folded (the live collector behind relays never sees a host's settled calls)
+    // would read as never made, and a skip as an extra call (two_rank_skip behind relays).
+    auto wholeHistory = [&](int mi) {
+      const Member& m = comm.members[mi];
+      return m.base <= 1 && procs_[m.proc].file->foldedLatestNs == 0;
+    };
+    // How many calls (2 or 3) `ahead` is ahead of `other`: its call that many calls on is the
+    // other's call here, and the next ones agree where both windows hold them; 0 if none.
+    auto callsAhead = [&](int ahead, int other) -> uint64_t {
+      const uint64_t theirs = keyAt(other, divergent);
+      if (theirs == 0) return 0;
+      for (uint64_t n = 2; n <= 3; ++n) {
+        const uint64_t mine = keyAt(ahead, divergent + n);
+        if (mine == 0) return 0;  // not in its window (yet)
+        if (mine != theirs) continue;
+        const uint64_t nextMine = keyAt(ahead, divergent + n + 1),
+                       nextTheirs = keyAt(other, divergent + 1);
+        return nextMine == 0 || nextTheirs == 0 || nextMine == nextTheirs ? n : 0;
+      }
+      return 0;
+    };
+    const uint64_t ahead0 = callsAhead(c0, c1), ahead1 = callsAhead(c1, c0);
     if (bothByCalls) {
       skip0 = sameSite(comm, c0, divergent, c1, divergent + 1, divergent);
       skip1 = sameSite(comm, c1, divergent, c0, divergent + 1, divergent);
@@ -328,10 +353,6 @@ void JobAnalysis::checkMismatches(Comm& comm) {
       // Only where both windows hold the communicator's whole history: calls a window dropped
       // or a relay folded (the live collector behind relays never sees a host's settled calls)
       // would read as never made, and a skip as an extra call (two_rank_skip behind relays).
-      auto wholeHistory = [&](int mi) {
-        const Member& m = comm.members[mi];
-        return m.base <= 1 && procs_[m.proc].file->foldedLatestNs == 0;
-      };
       bool extra = shift(caller, skipper) == 1 && wholeHistory(skipper) && wholeHistory(caller) &&
                    !madeBefore(comm, keyAt(caller, divergent), {skipper, caller}, divergent);
       majorityIdx = (skipper == c0) != extra ? 1 : 0;
@@ -342,6 +363,24 @@ void JobAnalysis::checkMismatches(Comm& comm) {
                           "have skipped one");
     } else if (shift(c0, c1) == 2) {
       majorityIdx = 1;  // a swap: either side could be "the" wrong one; name the first
+    } else if ((ahead0 != 0) != (ahead1 != 0)) {
+      // Several calls ahead: one Python call is often several NCCL calls (broadcast_object_list
+      // broadcasts a size, then the data), so a side whose call n calls on is the other side's
+      // call here made n calls the other did not (exp25's bcast_obj_subset: "cannot be
+      // decided", ranks 0-3 named). As above: calls no rank made before are the extra ones,
+      // else the other side skipped them.
+      const int ahead = ahead0 != 0 ? c0 : c1, behind = ahead0 != 0 ? c1 : c0;
+      const uint64_t n = std::max(ahead0, ahead1);
+      const bool extra = wholeHistory(ahead) && wholeHistory(behind) &&
+                         !madeBefore(comm, keyAt(ahead, divergent), {ahead, behind}, divergent);
+      majorityIdx = (extra ? ahead : behind) == c0 ? 1 : 0;
+      tieDoubt = std::to_string(classes[0].second.size()) + " ranks on each side, no majority: " +
+                 (extra ? "the side whose " + std::to_string(n) +
+                              " calls here no rank made before is taken to have made them extra"
+                        : "the side whose call here is the other side's call " + std::to_string(n) +
+                              " calls on is taken to have skipped " + std::to_string(n));
+      aheadCalls = n;
+      aheadIsCulprit = extra;
     } else {
       undecided = classes.size() == 2;
       undecidedWhy = bothByCalls ? "each side's call here is the other's next call, from "
@@ -489,6 +528,19 @@ void JobAnalysis::checkMismatches(Comm& comm) {
                     " on each side there is no majority, and " + undecidedWhy +
                     ": which side is wrong cannot be decided from the records; compare both "
                     "sides' code at these calls";
+  } else if (aheadCalls != 0) {
+    const bool culpritsAhead = aheadIsCulprit;
+    const std::string n = std::to_string(aheadCalls);
+    const CallDesc& aheadCall = culpritsAhead ? culpritCall : majorityCall;
+    const std::string& aheadWho = culpritsAhead ? who : others;
+    const std::string& behindWho = culpritsAhead ? others : who;
+    v.explanation =
+        aheadWho + " made " + n + " calls from " + seqText + " on (the first " +
+        callText(aheadCall) + ") that " + behindWho + " did not: " +
+        (culpritsAhead ? "no rank made such a call before, so they are taken as extra calls on a "
+                         "rank-dependent path; issue them on every rank or none"
+                       : behindWho + " skipped them; look for rank-dependent control flow") +
+        " (one Python call may be several NCCL calls)";
   } else if (shiftKind == 2) {
     v.explanation = who + " issued " + callText(culpritCall) + " and " + callText(majorityCall) +
                     " in the opposite order of " + others + " (at " + seqText +

@@ -16,7 +16,7 @@ using ncclwatch::trace::OpKind;
 using ncclwatch::trace::RecordState;
 using ncclwatch::trace::TraceFile;
 
-constexpr int kF32 = 7, kF16 = 6, kSum = 0, kMax = 2;
+constexpr int kF32 = 7, kF16 = 6, kI64 = 4, kSum = 0, kMax = 2;
 constexpr int64_t kAnchorWall = 1'800'000'000'000'000'000;  // wall clock at monotonic 0
 
 class Rank {

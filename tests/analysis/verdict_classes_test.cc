@@ -16,6 +16,7 @@ namespace {
 
 using namespace ncclwatch::analysis;
 using synthetic::kF32;
+using synthetic::kI64;
 using synthetic::kMax;
 using synthetic::kSum;
 using synthetic::OpKind;
@@ -650,6 +651,52 @@ TEST(Ties, WithoutTheWholeHistoryATieIsReadAsASkip) {
   const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {0, 2});
   ASSERT_NE(v, nullptr);
   EXPECT_TRUE(contains(v->explanation, "ranks 0,2 skipped AllReduce 4")) << v->explanation;
+}
+
+// exp25's bcast_obj_subset: ranks 0 and 1 call dist.broadcast_object_list() (two NCCL
+// broadcasts: the size, then the data) where ranks 2 and 3 go on to the step's all_reduce. The
+// tie rule looked one call ahead only: "cannot be decided", ranks 0-3 named.
+Report analyzeTwoCallsOnHalf(std::vector<Rank>& ranks) {
+  for (int r : {0, 1}) {
+    ranks[r].call(kWorld, OpKind::kBroadcast, 1, RecordState::kStarted, 10 * kMs, kI64, kSum, 0);
+    ranks[r].call(kWorld, OpKind::kBroadcast, 64, RecordState::kIssued, 11 * kMs, kI64, kSum, 0);
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kIssued, 12 * kMs);
+  }
+  for (int r : {2, 3}) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+  }
+  auto traces = files(ranks);
+  return analyze(traces, ended());
+}
+
+TEST(Ties, HalfTheRanksTwoCallsAheadWithNewCallsMadeThem) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  Report report = analyzeTwoCallsOnHalf(ranks);
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {0, 1});
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_TRUE(contains(v->explanation, "ranks 0-1 made 2 calls from #4 on (the first Broadcast"))
+      << v->explanation;
+  ASSERT_FALSE(v->doubts.empty());
+  EXPECT_TRUE(contains(v->doubts[0], "no majority")) << v->doubts[0];
+}
+
+// The same where every rank made those broadcasts each step before: ranks 2 and 3 skipped them.
+TEST(Ties, HalfTheRanksTwoCallsBehindARegularPairSkippedIt) {
+  auto ranks = world(4);
+  for (int step = 0; step < 2; ++step) {
+    for (Rank& r : ranks) {
+      r.call(kWorld, OpKind::kBroadcast, 1, RecordState::kCompleted, (3 * step + 1) * kMs, kI64,
+             kSum, 0);
+      r.call(kWorld, OpKind::kBroadcast, 64, RecordState::kCompleted, (3 * step + 2) * kMs, kI64,
+             kSum, 0);
+      r.call(kWorld, OpKind::kAllReduce, 1024, RecordState::kCompleted, (3 * step + 3) * kMs);
+    }
+  }
+  Report report = analyzeTwoCallsOnHalf(ranks);
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {2, 3});
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_TRUE(contains(v->explanation, "ranks 2-3 skipped them")) << v->explanation;
 }
 
 // ----- confidence and evidence gaps -----
