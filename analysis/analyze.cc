@@ -223,6 +223,18 @@ bool runningHere(const trace::TraceFile& file) {
   return onThisHost(file) && stillRunning(file);
 }
 
+bool stoppedHere(const trace::TraceFile& file) {
+  if (!runningHere(file)) return false;
+  std::ifstream stat("/proc/" + std::to_string(file.header.pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  // "pid (comm) S ...": the command may hold spaces and parentheses; the state follows the last.
+  size_t close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return false;
+  char state = line[close + 2];
+  return state == 'T' || state == 't';
+}
+
 bool onThisHost(const trace::TraceFile& file) {
   return std::string(file.header.host, strnlen(file.header.host, sizeof file.header.host)) ==
          hostName();

@@ -221,6 +221,9 @@ inline bool isFailedCall(const trace::CallRecord& record) {
 // the mapping is not); onThisHost: whether it was written on this host at all.
 bool runningHere(const trace::TraceFile& file);
 bool onThisHost(const trace::TraceFile& file);
+// Whether the file's process runs on this host and is stopped (state T or t in /proc: SIGSTOP,
+// SIGTSTP, a debugger): alive, and nothing in it runs, its watchdog included.
+bool stoppedHere(const trace::TraceFile& file);
 
 // "0-4,6-7" from ranks in any order.
 std::string formatRanks(std::vector<int> ranks);

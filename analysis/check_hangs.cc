@@ -175,7 +175,12 @@ void JobAnalysis::checkDeadAndMissing() {
         !aliveThen && !proc.clean && fatalSignal == 0 && proc.file->endRecorded;
     const std::string signalName =
         fatalSignal > 0 ? std::to_string(fatalSignal) + " (" + signalText(fatalSignal) + ")" : "";
-    if (aliveThen) {
+    // Stopped (SIGSTOP, a debugger), nothing of it runs: its watchdog neither sends its last
+    // calls nor dumps, and an abort cannot reach it (exp25's sigstop read as any silent rank).
+    const bool stopped = proc.alive && stoppedHere(*proc.file);
+    if (stopped) {
+      dead.call.note = "alive but stopped (state T): nothing in it runs";
+    } else if (aliveThen) {
       dead.call.note = "alive but silent: no NCCL call for a while";
     } else if (!proc.clean && fatalSignal > 0) {
       dead.call.note = "process died of signal " + signalName;
@@ -210,6 +215,15 @@ void JobAnalysis::checkDeadAndMissing() {
                       " ended normally while the others wait for it in #" + std::to_string(v.seq) +
                       ": it left the job early (an early return or exit on a rank-dependent "
                       "path); every rank must make the same collectives before it leaves";
+    } else if (stopped) {
+      v.explanation = "rank " + std::to_string(proc.rank) + " (pid " +
+                      std::to_string(proc.file->header.pid) +
+                      ") is stopped (state T: SIGSTOP, SIGTSTP or a debugger) while the others "
+                      "wait for it in #" +
+                      std::to_string(v.seq) +
+                      ": nothing in it runs, not its dump nor an abort, and its last calls may "
+                      "not have reached ncclwatch; `kill -CONT " +
+                      std::to_string(proc.file->header.pid) + "` resumes it";
     } else if (aliveThen) {
       // Alive: no exit status or core dump to look at. Where it is now says which it is: a
       // long host step (a checkpoint, a data loader) ends by itself, a wait outside NCCL does

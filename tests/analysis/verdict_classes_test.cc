@@ -4,7 +4,16 @@
 // evidence gaps, ncclCommShrink's excluded ranks, and a hang an abort ended.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <sstream>
 
 #include "analysis/analyze.h"
@@ -719,6 +728,50 @@ TEST(Confidence, AVerdictOnTimingAloneIsMediumAndSaysWhy) {
   EXPECT_TRUE(contains(verdictJson(*v, "j", 0), "\"confidence_level\":\"medium\""));
   // The headline says the rank is alive: DEAD_RANK alone reads as a crash.
   EXPECT_TRUE(contains(text(report), "DEAD_RANK (alive but silent) on comm")) << text(report);
+}
+
+// exp25's sigstop: a rank stopped by SIGSTOP (or a debugger) is alive, and nothing in it runs,
+// its watchdog included: said as such, with the pid to resume, where the collector's host sees
+// its state. Here a forked child maps a file named as rank 3's trace and stops itself.
+TEST(DeadRank, AStoppedRankIsSaidStopped) {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const std::string path = "/tmp/nw-stopped-" + std::to_string(getpid()) + ".ncclwatch";
+  { std::ofstream(path) << std::string(4096, 'x'); }
+  pid_t child = fork();
+  if (child == 0) {
+    int fd = open(path.c_str(), O_RDONLY);
+    if (fd < 0 || mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0) == MAP_FAILED) _exit(1);
+    raise(SIGSTOP);
+    _exit(0);
+  }
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, WUNTRACED), child);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (int r : {0, 1, 2}) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+  }
+  auto traces = files(ranks);
+  traces[3].path = path;
+  traces[3].header.pid = child;
+  std::strncpy(traces[3].header.host, host, sizeof traces[3].header.host - 1);
+  EXPECT_TRUE(stoppedHere(traces[3]));
+  Report report = analyze(traces, running({0, 1, 2, 3}, 4000, 10));
+  kill(child, SIGKILL);
+  waitpid(child, &status, 0);
+  std::remove(path.c_str());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kDeadRank, {3});
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_TRUE(contains(v->explanation, "rank 3 (pid " + std::to_string(child) +
+                                           ") is stopped (state T: SIGSTOP, SIGTSTP or a "
+                                           "debugger)"))
+      << v->explanation;
+  EXPECT_TRUE(contains(v->explanation, "`kill -CONT " + std::to_string(child) + "`"))
+      << v->explanation;
+  EXPECT_FALSE(stoppedHere(traces[3]));  // gone
 }
 
 TEST(Confidence, LostRecordsUntracedRanksAndUntrackedCallsLowerItAndTheSummarySaysWhere) {
