@@ -139,6 +139,43 @@ void JobAnalysis::checkDeadAndMissing() {
         continue;
       }
     }
+    // A collective every other member completed was made by this rank too: its records of it
+    // never arrived (a stopped process's watchdog sends nothing; a killed one's last poll may
+    // not have gone out). The others wait further on: the first call not all of them completed
+    // (exp25's sigstop said "wait for it in #2", a call they had completed).
+    uint64_t unreportedThrough = 0;  // the seq of the last such call, 0 if none
+    if (leftWaiting == nullptr) {
+      uint64_t k = whereOrdinal;
+      for (;; ++k) {
+        bool completedByAll = true, held = false;
+        for (const Member& m : where->members) {
+          if (m.proc == p) continue;
+          uint32_t i = m.at(k);
+          if (i == kNone) {
+            completedByAll = false;
+            break;
+          }
+          const CallRecord& r = procs_[m.proc].rec(i);
+          held = true;
+          // Not a broadcast: its last hops need nothing of a non-root rank, and a small one
+          // may complete on the others before that rank takes part.
+          completedByAll &= trace::isCollective(r.op) && r.op != OpKind::kBroadcast &&
+                            r.state == RecordState::kCompleted;
+        }
+        if (!held || !completedByAll) break;
+      }
+      // Only where some member has a call there to wait in.
+      bool waitsThere = false;
+      for (const Member& m : where->members) waitsThere |= m.proc != p && m.at(k) != kNone;
+      if (k > whereOrdinal && waitsThere) {
+        for (const Member& m : where->members) {
+          if (m.proc == p || m.at(k - 1) == kNone) continue;
+          unreportedThrough = procs_[m.proc].rec(m.at(k - 1)).seq;
+          break;
+        }
+        whereOrdinal = k;
+      }
+    }
     bool blamed = false;
     for (const Verdict& other : verdicts_) {
       blamed |= std::find(other.culprits.begin(), other.culprits.end(), proc.rank) !=
@@ -249,6 +286,11 @@ void JobAnalysis::checkDeadAndMissing() {
       v.explanation = "rank " + std::to_string(proc.rank) +
                       " is gone while the others wait for it in #" + std::to_string(v.seq) +
                       ": look at its exit status, core dump or log";
+    }
+    if (unreportedThrough != 0) {
+      v.explanation += "; its calls through #" + std::to_string(unreportedThrough) +
+                       " went through (the others completed them with it), but its records of "
+                       "them never reached ncclwatch";
     }
     restsOnTiming(v);
     verdicts_.push_back(std::move(v));

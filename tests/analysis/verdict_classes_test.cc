@@ -774,6 +774,30 @@ TEST(DeadRank, AStoppedRankIsSaidStopped) {
   EXPECT_FALSE(stoppedHere(traces[3]));  // gone
 }
 
+// A rank whose last records never reached the collector (stopped, or killed before its
+// watchdog's last poll went out) reads as behind a call the others completed with it: they wait
+// in the next one, and the verdict says that one (exp25's sigstop said "#2", which they had
+// completed).
+TEST(DeadRank, TheCallTheOthersWaitInIsPastTheOnesTheyCompletedWithIt) {
+  auto ranks = world(4);
+  history(ranks, 3);
+  for (int r : {0, 1, 2}) {
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kCompleted, 10 * kMs);
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 11 * kMs);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, running({0, 1, 2, 3}, 4000, 11));  // rank 3 alive, silent
+  const Verdict* v = onlyPrimary(report, VerdictKind::kDeadRank, {3});
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_EQ(v->seq, 5u) << text(report);
+  EXPECT_TRUE(contains(v->explanation, "wait for it in #5")) << v->explanation;
+  EXPECT_TRUE(contains(v->explanation,
+                       "its calls through #4 went through (the others completed "
+                       "them with it), but its records of them never reached "
+                       "ncclwatch"))
+      << v->explanation;
+}
+
 TEST(Confidence, LostRecordsUntracedRanksAndUntrackedCallsLowerItAndTheSummarySaysWhere) {
   auto ranks = world(4);
   history(ranks, 3);
