@@ -669,6 +669,13 @@ void Triage::report(analysis::Verdict verdict, const analysis::JobReport& job) {
   scheduleAborts(verdict, job.jobId);
 }
 
+// The learned quiet time's cap: PyTorch's own collective timeout is ten minutes.
+constexpr int64_t kLongestLearnedQuietNs = 600'000 * kMs;
+
+int64_t Triage::quietNs() const {
+  return std::max(options_.quietMs * kMs, learnedQuietNs_);
+}
+
 void Triage::checkSilentRanks(int64_t now) {
   std::vector<SilentRank> waiting;
   for (SilentRank& held : silentRanks_) {
@@ -688,11 +695,19 @@ void Triage::checkSilentRanks(int64_t now) {
           << " issued NCCL calls again " << std::fixed << std::setprecision(1)
           << static_cast<double>(now - held.saidNs) / 1e9
           << " s after this verdict: a long host step (a checkpoint, data loading), not a hang";
+      // The silence it came back from: the quiet time before the verdict and the time since.
+      const int64_t silence = quietNs() + (now - held.saidNs);
+      const int64_t before = quietNs();
+      learnedQuietNs_ = std::min(kLongestLearnedQuietNs, std::max(learnedQuietNs_, 2 * silence));
       out_ << "[ncclwatch] " << analysis::upperCase(analysis::kindName(verdict.kind)) << " on comm "
            << analysis::hashText(verdict.comm.hash).substr(0, 4) << "\u2026 at call #"
            << verdict.seq << " withdrawn: " << why.str()
-           << (held.dueNs != 0 ? "; no abort for it" : "") << "\n"
-           << std::flush;
+           << (held.dueNs != 0 ? "; no abort for it" : "");
+      if (quietNs() > before) {
+        out_ << "; verdicts on timing alone now wait " << std::fixed << std::setprecision(1)
+             << static_cast<double>(quietNs()) / 1e9 << " s of silence (twice this one)";
+      }
+      out_ << "\n" << std::flush;
       if (!options_.directory.empty()) {
         std::ofstream jsonl(options_.directory + "/verdicts.jsonl", std::ios::app);
         jsonl << analysis::withdrawalJson(verdict, held.jobId, held.attempt, why.str()) << "\n";
@@ -795,7 +810,7 @@ void Triage::maybeAnalyze(int64_t now) {
   nextCheckNs_ = now + options_.analyzeEveryMs * kMs;
   // Time-based verdicts (missing, stuck, deadlock, dead rank) need passes while nothing moves.
   bool quiet = counters_.connected.load() > 0 && triage_.lastActivityNs() > 0 &&
-               realtimeNs() - triage_.lastActivityNs() >= options_.quietMs * kMs;
+               realtimeNs() - triage_.lastActivityNs() >= quietNs();
   int64_t since = now - lastAnalysisNs_;
   // Each pass's cost paces the next: a divergence, a failed call, a settling verdict or a quiet
   // job may use a quarter of a core; plain activity a twentieth. What only an activity pass
@@ -878,7 +893,7 @@ void Triage::maybeAnalyze(int64_t now) {
 void Triage::analyze(int64_t now, bool final, const std::set<uint64_t>* first) {
   analysis::Options analysisOptions;
   analysisOptions.nowNs = realtimeNs();
-  analysisOptions.quietNs = options_.quietMs * kMs;
+  analysisOptions.quietNs = quietNs();
   analysisOptions.initPatienceNs = initPatienceNs();
   analysisOptions.probeProcesses = false;
   analysisOptions.threads =

@@ -266,6 +266,12 @@ class Triage : public FrameSink {
     int64_t dueNs = 0;  // under --abort: when the job is aborted for it; 0 without
   };
   std::vector<SilentRank> silentRanks_;
+  // Learned from withdrawn verdicts: twice the longest silence a rank came back from, capped at
+  // kLongestLearnedQuietNs; verdicts on timing alone wait this long, not the quiet time, once a
+  // job has shown host steps that long (a rank 4 s slower each step said DEAD_RANK and withdrew
+  // it every step: exp26's straggler_long). 0 until then.
+  int64_t learnedQuietNs_ = 0;
+  int64_t quietNs() const;
   std::set<std::pair<size_t, uint64_t>> abortsAsked_;  // (process, comm) aborts already asked
   // Jobs aborted under --abort: the verdict it was for ("MISMATCH on comm … at call #3") and
   // when its aborts go out. Verdicts of the job said from then on are said as its consequences

@@ -105,6 +105,25 @@ TEST(LiveCollector, ASilentRankIsAbortedOnlyIfItStaysSilent) {
     expectWithdrawn(logs, out);
   }
   {
+    // A job that came back from one long host step is not told of the next as long (exp26's
+    // straggler_long: a DEAD_RANK and its withdrawal every step): twice the silence it showed.
+    SCOPED_TRACE("two 2.5 s pauses: the second is not said");
+    std::string logs = testsupport::freshDirectory("live-silent-twice");
+    auto [out, status] =
+        shell("timeout 120 " + kCli + " run --quiet-ms 500 --dir " + logs + " -- " + kCli +
+              " launch -n 4 -- " + build("examples/train_loop") +
+              " --steps 14 --step-ms 20 --quiet --bug pause:rank=0,step=3,ms=2500 --bug "
+              "pause:rank=0,step=9,ms=2500");
+    EXPECT_EQ(status, 0) << out;
+    EXPECT_NE(out.find("verdicts on timing alone now wait"), std::string::npos) << out;
+    size_t said = 0;
+    for (size_t at = out.find("DEAD_RANK (alive but silent)"); at != std::string::npos;
+         at = out.find("DEAD_RANK (alive but silent)", at + 1)) {
+      ++said;
+    }
+    EXPECT_EQ(said, 1u) << out;
+  }
+  {
     SCOPED_TRACE("a 2.5 s pause, without --abort");
     std::string logs = testsupport::freshDirectory("live-silent-resumes-watched");
     auto [out, status] = runWithPause(logs, 2500, 20'000, false);
