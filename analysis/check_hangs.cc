@@ -208,8 +208,16 @@ void JobAnalysis::checkDeadAndMissing() {
     // How an unclean end came: a fatal signal its handler saw, or (its ring says none) one no
     // handler sees: SIGKILL, which the OOM killer and launchers send, or _exit().
     const int fatalSignal = proc.file->header.fatalSignal;
+    // SIGTERM is no fatal signal to the handler, but its dump says it came (a launcher stopping
+    // the job, a timeout, a scheduler's time limit): read as SIGKILL, it sent users to dmesg
+    // (exp26's loader_spin, stopped by `timeout` while it spun in its data loader).
+    const trace::Dump* sigterm = nullptr;
+    for (const trace::Dump& dump : proc.file->dumps) {
+      if (dump.trigger == "sigterm") sigterm = &dump;
+    }
+    const bool terminated = !aliveThen && !proc.clean && fatalSignal == 0 && sigterm != nullptr;
     const bool killedUnseen =
-        !aliveThen && !proc.clean && fatalSignal == 0 && proc.file->endRecorded;
+        !aliveThen && !proc.clean && fatalSignal == 0 && !terminated && proc.file->endRecorded;
     const std::string signalName =
         fatalSignal > 0 ? std::to_string(fatalSignal) + " (" + signalText(fatalSignal) + ")" : "";
     // Stopped (SIGSTOP, a debugger), nothing of it runs: its watchdog neither sends its last
@@ -221,6 +229,8 @@ void JobAnalysis::checkDeadAndMissing() {
       dead.call.note = "alive but silent: no NCCL call for a while";
     } else if (!proc.clean && fatalSignal > 0) {
       dead.call.note = "process died of signal " + signalName;
+    } else if (terminated) {
+      dead.call.note = "process terminated by SIGTERM (a launcher, a timeout, a scheduler)";
     } else if (killedUnseen) {
       dead.call.note =
           "process ended with no exit() and no fatal signal a handler saw: killed by SIGKILL (the "
@@ -276,6 +286,21 @@ void JobAnalysis::checkDeadAndMissing() {
                       " while the others wait for it in #" + std::to_string(v.seq) +
                       ": its crash is the cause; its dump (`ncclwatch stacks`), core dump or "
                       "log say where";
+    } else if (terminated) {
+      // Silent for the quiet time before the SIGTERM: the silence is the cause, the SIGTERM
+      // what ended the wait (its dump's stack says where the rank was).
+      const bool silentBefore = proc.wall(sigterm->timeNs) - proc.lastActivity >= options_.quietNs;
+      v.explanation =
+          "rank " + std::to_string(proc.rank) +
+          (silentBefore ? " stopped issuing NCCL calls while the others wait for it in #" +
+                              std::to_string(v.seq) +
+                              ", and was then terminated by SIGTERM (a launcher, a timeout, a "
+                              "scheduler): where it was before, in the stack of its SIGTERM "
+                              "dump (`ncclwatch stacks`), is the cause"
+                        : " was terminated by SIGTERM (a launcher, a timeout, a scheduler) while "
+                          "the others wait for it in #" +
+                              std::to_string(v.seq) +
+                              ": what stopped it (its launcher's log, the scheduler's) says why");
     } else if (killedUnseen) {
       v.explanation = "rank " + std::to_string(proc.rank) +
                       " ended while the others wait for it in #" + std::to_string(v.seq) +

@@ -680,17 +680,28 @@ TEST(DeadRank, ItsEndIsSaidAsFarAsItsTraceTells) {
     bool endRecorded;
     const char* note;
     const char* explanation;
+    bool sigtermDump = false;  // a SIGTERM its handler dumped for (exp26's loader_spin)
   };
-  for (const Case& c : {Case{11, true, "process died of signal 11 (SIGSEGV)",
-                             "rank 2 died of signal 11 (SIGSEGV) while the others wait"},
-                        Case{0, true, "killed by SIGKILL (the OOM killer, a launcher) or ended by",
-                             "look for the OOM killer in the kernel log"},
-                        Case{0, false, "process ended without a clean shutdown (crashed or exited)",
-                             "rank 2 is gone while the others wait"}}) {
+  for (const Case& c :
+       {Case{11, true, "process died of signal 11 (SIGSEGV)",
+             "rank 2 died of signal 11 (SIGSEGV) while the others wait"},
+        Case{0, true, "killed by SIGKILL (the OOM killer, a launcher) or ended by",
+             "look for the OOM killer in the kernel log"},
+        Case{0, false, "process ended without a clean shutdown (crashed or exited)",
+             "rank 2 is gone while the others wait"},
+        Case{0, true, "process terminated by SIGTERM (a launcher, a timeout, a scheduler)",
+             "rank 2 stopped issuing NCCL calls while the others wait for it in #4, and was then "
+             "terminated by SIGTERM",
+             true}}) {
     auto ranks = world(4);
     history(ranks, 3);
     ranks[2].file().header.fatalSignal = c.signal;
     ranks[2].file().endRecorded = c.endRecorded;
+    if (c.sigtermDump) {
+      ranks[2].file().dumps.push_back({});
+      ranks[2].file().dumps.back().trigger = "sigterm";
+      ranks[2].file().dumps.back().timeNs = ranks[2].file().header.anchorMonotonicNs + 60'000 * kMs;
+    }
     for (int r : {0, 1, 3}) {
       ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
     }
