@@ -307,6 +307,11 @@ void JobAnalysis::checkMismatches(Comm& comm) {
   // or both fit, nothing in the records decides it, and the verdict says so.
   bool undecided = false;
   std::string undecidedWhy, tieDoubt;
+  // Three or more ranks and no two of them agree (exp26's reduce_dst: each rank passed itself
+  // as the root): there is no majority to quote against, so every rank is named with its call.
+  const bool noneAgree = classes.size() >= 3 && absent.empty() &&
+                         std::all_of(classes.begin(), classes.end(),
+                                     [](const auto& c) { return c.second.size() == 1; });
   uint64_t aheadCalls = 0;      // a tie decided by a side n calls ahead (2 or 3), else 0
   bool aheadIsCulprit = false;  // ... and whether that side made them (else the other skipped)
   if (classes.size() >= 2 && classes[0].second.size() == classes[1].second.size()) {
@@ -412,7 +417,7 @@ void JobAnalysis::checkMismatches(Comm& comm) {
     for (int mi : classes[c].second) rc.ranks.push_back(procs_[comm.members[mi].proc].rank);
     if (rc.call.op == OpKind::kSplit) noteColours(comm, classes[c].second, divergent, rc.call);
     calls.push_back(rc.call);
-    if (c != majorityIdx || undecided) {
+    if (c != majorityIdx || undecided || noneAgree) {
       for (int mi : classes[c].second) {
         const Member& m = comm.members[mi];
         v.culprits.push_back(procs_[m.proc].rank);
@@ -514,6 +519,26 @@ void JobAnalysis::checkMismatches(Comm& comm) {
                     (fewer.empty() ? "" : ": it issued " + fewer) +
                     "; it left before the others were done (an early return, or identical "
                     "calls hid a skipped one): look for rank-dependent control flow";
+  } else if (noneAgree) {
+    std::string each, f;
+    bool ownRank = true;  // every rank passed its own rank as the root or peer
+    size_t listed = 0;
+    for (const RankClass& rc : v.classes) {
+      if (listed++ < 4) {
+        each += (each.empty() ? "" : ", ") + std::string("rank ") + formatRanks(rc.ranks) + " " +
+                callText(rc.call);
+      }
+      ownRank &= rc.call.rootOrPeer >= 0 && rc.ranks.size() == 1 &&
+                 globalRank(comm, rc.call.rootOrPeer) == rc.ranks.front();
+    }
+    if (listed > 4) each += " and " + std::to_string(listed - 4) + " more";
+    for (const std::string& field : v.fields) f += (f.empty() ? "" : ", ") + field;
+    v.explanation =
+        "no two ranks agree at " + seqText + " (" + f + " differ): " + each +
+        (ownRank && std::find(v.fields.begin(), v.fields.end(), "root") != v.fields.end()
+             ? "; each rank passes itself as the root: the root is computed from the "
+               "rank (dst=rank, src=rank) where one fixed rank was meant"
+             : "; every rank must issue the same collective with the same arguments");
   } else if (undecided) {
     std::string f;
     for (const std::string& field : v.fields) f += (f.empty() ? "" : ", ") + field;

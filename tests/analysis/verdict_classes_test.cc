@@ -708,6 +708,26 @@ TEST(Ties, HalfTheRanksTwoCallsBehindARegularPairSkippedIt) {
   EXPECT_TRUE(contains(v->explanation, "ranks 2-3 skipped them")) << v->explanation;
 }
 
+// exp26's reduce_dst: each rank passes itself as dist.reduce's dst. No two ranks agree, so there
+// is no majority to quote: it said "ranks 1-3 called Reduce ... root=3 where rank 0 called ...
+// root=0", as if three ranks had passed 3.
+TEST(Mismatch, NoTwoRanksAgreeingNamesEachAndTheOwnRankRoot) {
+  auto ranks = world(4);
+  history(ranks, 2);
+  for (int r = 0; r < 4; ++r) {
+    ranks[r].call(kWorld, OpKind::kReduce, 4, RecordState::kStarted, 10 * kMs, kF32, kSum, r);
+  }
+  auto traces = files(ranks);
+  Report report = analyze(traces, ended());
+  const Verdict* v = onlyPrimary(report, VerdictKind::kMismatch, {0, 1, 2, 3});
+  ASSERT_NE(v, nullptr) << text(report);
+  EXPECT_TRUE(contains(v->explanation,
+                       "no two ranks agree at #3 (root differ): rank 0 Reduce 4 x "
+                       "f32 sum root=0, rank 1 Reduce"))
+      << v->explanation;
+  EXPECT_TRUE(contains(v->explanation, "each rank passes itself as the root")) << v->explanation;
+}
+
 // ----- confidence and evidence gaps -----
 
 TEST(Confidence, AVerdictOnTimingAloneIsMediumAndSaysWhy) {
