@@ -612,7 +612,37 @@ void JobAnalysis::breakMissingCycles() {
       }
       const bool aNovel = novel(a);
       const bool bNovel = novel(b);
-      if (aNovel == bNovel) continue;
+      if (aNovel == bNovel) {
+        // Neither side broke its order: the two wait for each other through the host, a call
+        // one rank never issued because a thread of its own holds it (a lock held across a
+        // synchronize, one thread per communicator). Said once, on the fewer absent ranks (the
+        // others are held by them), each verdict having sent the user to the other before
+        // (exp26's sync_lock).
+        if (a.culprits.size() == b.culprits.size()) continue;
+        Verdict& cause = a.culprits.size() < b.culprits.size() ? a : b;
+        Verdict& consequence = a.culprits.size() < b.culprits.size() ? b : a;
+        const std::string who =
+            (cause.culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(cause.culprits);
+        const std::vector<int>& theirs = consequence.culprits;  // whom the cause's ranks wait for
+        cause.explanation =
+            cause.explanation.substr(0, cause.explanation.find(": find what holds"));
+        cause.explanation += "; and " + who + " wait" + (cause.culprits.size() == 1 ? "s" : "") +
+                             " in #" + std::to_string(consequence.seq) + " on comm " +
+                             hashText(consequence.comm.hash) + " for " +
+                             (theirs.size() == 1 ? "rank " : "ranks ") + formatRanks(theirs) +
+                             ", which wait here: the two wait for each other, a cycle no order of "
+                             "NCCL calls explains: " +
+                             who +
+                             " issues one of the two from a thread that another of its threads "
+                             "holds (a lock held across a synchronize or a wait, a queue): its "
+                             "stacks (`ncclwatch stacks`) show both threads";
+        consequence.primary = false;
+        consequence.explanation =
+            consequence.explanation.substr(0, consequence.explanation.find(": find what holds")) +
+            " (a consequence: the other half of the cycle said on comm " +
+            hashText(cause.comm.hash) + ")";
+        continue;
+      }
       Verdict& cause = aNovel ? a : b;
       Verdict& consequence = aNovel ? b : a;
       const std::string who =

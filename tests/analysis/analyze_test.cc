@@ -312,6 +312,46 @@ TEST(Missing, AHeldRankWhosePeerQueuedTheCallIsADeadlock) {
   EXPECT_EQ(find(onlyJob(report), VerdictKind::kMissing), nullptr) << text(report);
 }
 
+// exp26's sync_lock: rank 1's main thread holds a lock across the synchronize of the world's
+// #3, and its other thread needs that lock to issue its call on A; ranks 0, 2 and 3 wait in A's
+// call, so never issue the world's #3. Two missing verdicts, each blaming the other's waiters and
+// sending the user to "the other verdicts": the cycle is said once, on rank 1.
+TEST(Missing, TwoMissingCallsThatHoldEachOtherAreOneCycle) {
+  std::vector<Rank> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.emplace_back(r, 4);
+    ranks.back().comm(kWorld, 4, r);
+    ranks.back().comm(kA, 4, r);
+  }
+  // No order kept before to break: the first time either side goes on from A's first call.
+  for (Rank& rank : ranks) {
+    rank.call(kWorld, OpKind::kAllReduce, 64, RecordState::kCompleted, kMs);
+    rank.call(kA, OpKind::kAllReduce, 4, RecordState::kCompleted, 2 * kMs);
+  }
+  ranks[1].call(kWorld, OpKind::kAllReduce, 64, RecordState::kStarted, 10 * kMs);
+  for (int r : {0, 2, 3}) ranks[r].call(kA, OpKind::kAllReduce, 4, RecordState::kStarted, 10 * kMs);
+  auto traces = files(ranks);
+  Options options = ended();
+  options.aliveRanks = {0, 1, 2, 3};
+  options.quietNs = 3000 * kMs;
+  options.nowNs = synthetic::kAnchorWall + 5000 * kMs;
+  Report report = analyze(traces, options);
+  std::vector<const Verdict*> primary;
+  for (const Verdict& v : onlyJob(report).verdicts) {
+    if (v.primary && v.kind != VerdictKind::kStraggler) primary.push_back(&v);
+  }
+  ASSERT_EQ(primary.size(), 1u) << text(report);
+  const Verdict& v = *primary.front();
+  EXPECT_EQ(v.kind, VerdictKind::kMissing) << text(report);
+  EXPECT_EQ(v.comm.hash, kA) << text(report);
+  EXPECT_EQ(v.culprits, std::vector<int>{1}) << text(report);
+  EXPECT_NE(v.explanation.find("; and rank 1 waits in #2 on comm 0000000000001111 for ranks "
+                               "0,2-3, which wait here: the two wait for each other"),
+            std::string::npos)
+      << v.explanation;
+  EXPECT_EQ(v.explanation.find("see the other verdicts"), std::string::npos) << v.explanation;
+}
+
 // Asynchronous ranks: a running job with calls in flight and ranks a few calls apart is fine.
 TEST(Asynchronous, RanksAFewCallsApartGiveNoVerdict) {
   auto ranks = world(4);
