@@ -651,7 +651,14 @@ void Triage::report(analysis::Verdict verdict, const analysis::JobReport& job) {
     // Without a culprit process to watch (none known here), under --abort the job is aborted
     // at once, as for any verdict.
     if (!held.culprits.empty()) {
-      if (options_.abortOnVerdict) {
+      // A rank stopped (state T) saves no checkpoint: under --abort its job is aborted at once,
+      // as for any verdict (exp25's sigstop waited for it; the abort frees the others).
+      bool allStopped = true;
+      for (const auto& [process, firstNewIndex] : held.culprits) {
+        allStopped &= analysis::stoppedHere(files_[process]);
+      }
+      const bool holdAbort = options_.abortOnVerdict && !allStopped;
+      if (holdAbort) {
         held.dueNs = held.saidNs + options_.silentRankAbortMs * kMs;
         out_ << "[ncclwatch] --abort: rank" << (verdict.culprits.size() > 1 ? "s " : " ")
              << analysis::formatRanks(verdict.culprits)
@@ -662,7 +669,7 @@ void Triage::report(analysis::Verdict verdict, const analysis::JobReport& job) {
              << std::flush;
       }
       silentRanks_.push_back(std::move(held));
-      if (options_.abortOnVerdict) return;
+      if (holdAbort) return;
     }
   }
   if (!options_.abortOnVerdict || verdict.kind == analysis::VerdictKind::kStraggler) return;
@@ -681,8 +688,12 @@ void Triage::checkSilentRanks(int64_t now) {
   for (SilentRank& held : silentRanks_) {
     bool spoke = false, gone = true;
     for (const auto& [process, firstNewIndex] : held.culprits) {
-      spoke |= processes_[process].firstNewIndex != firstNewIndex;
-      gone &= processes_[process].ended();
+      // New records from a live agent, or its last ones before a clean end (BYE). Not those
+      // read back from the ring of a process that died (a stopped rank killed by its launcher:
+      // exp25's sigstop was "withdrawn ... issued NCCL calls again" when its file was reread).
+      const Process& culprit = processes_[process];
+      spoke |= culprit.firstNewIndex != firstNewIndex && (!culprit.ended() || culprit.saidBye);
+      gone &= culprit.ended();
     }
     const analysis::Verdict& verdict = held.verdict;
     if (spoke) {
