@@ -309,9 +309,13 @@ void JobAnalysis::checkMismatches(Comm& comm) {
   std::string undecidedWhy, tieDoubt;
   // Three or more ranks and no two of them agree (exp26's reduce_dst: each rank passed itself
   // as the root): there is no majority to quote against, so every rank is named with its call.
-  const bool noneAgree = classes.size() >= 3 && absent.empty() &&
-                         std::all_of(classes.begin(), classes.end(),
-                                     [](const auto& c) { return c.second.size() == 1; });
+  // (Not where a rank is at teardown: that one left early, said below.)
+  const bool noneAgree =
+      classes.size() >= 3 && absent.empty() &&
+      std::all_of(classes.begin(), classes.end(), [&](const auto& c) {
+        const Member& m = comm.members[c.second[0]];
+        return c.second.size() == 1 && !isTeardown(procs_[m.proc].rec(m.at(divergent)).op);
+      });
   uint64_t aheadCalls = 0;      // a tie decided by a side n calls ahead (2 or 3), else 0
   bool aheadIsCulprit = false;  // ... and whether that side made them (else the other skipped)
   if (classes.size() >= 2 && classes[0].second.size() == classes[1].second.size()) {
