@@ -311,6 +311,10 @@ bool Report::hasFindings() const {
   return false;
 }
 
+std::string namedRanks(const std::vector<int>& ranks) {
+  return (ranks.size() == 1 ? "rank " : "ranks ") + formatRanks(ranks);
+}
+
 std::string formatRanks(std::vector<int> ranks) {
   if (!std::is_sorted(ranks.begin(), ranks.end())) std::sort(ranks.begin(), ranks.end());
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());

@@ -100,6 +100,8 @@ struct Verdict {
   // dead_rank only: the culprit's process is still running, silent (its headline says so: the
   // kind's name alone reads as a crash).
   bool culpritAlive = false;
+  // ... and stopped (state T on the analysing host: SIGSTOP, a debugger): nothing in it runs.
+  bool culpritStopped = false;
   // How sure the analysis is (1: the records show it; lower when records were lost, ranks have
   // no trace, the verdict rests on timing alone, or completion was not tracked for its calls),
   // and each reason it is less sure, in words.
@@ -227,6 +229,8 @@ bool stoppedHere(const trace::TraceFile& file);
 
 // "0-4,6-7" from ranks in any order.
 std::string formatRanks(std::vector<int> ranks);
+// "rank 3" or "ranks 0-2,5": the ranks as a verdict's text names them.
+std::string namedRanks(const std::vector<int>& ranks);
 
 // "high", "medium" or "low" for a verdict's confidence.
 const char* confidenceLevel(double confidence);

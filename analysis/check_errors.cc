@@ -152,7 +152,7 @@ void JobAnalysis::checkErrors() {
     std::sort(v.culprits.begin(), v.culprits.end());
     v.divergenceNs = procs_[failures[0].proc].wall(first.issueNs);
     const Proc& firstProc = procs_[failures[0].proc];
-    std::string who = (v.culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(v.culprits);
+    std::string who = namedRanks(v.culprits);
     std::string call = first.op == OpKind::kInit
                            ? std::string("ncclCommInit* of comm ") + shortHash(hash) + " (" +
                                  std::to_string(first.count) + " ranks)"
@@ -172,7 +172,7 @@ void JobAnalysis::checkErrors() {
     std::string othersText =
         waiting.empty()
             ? ""
-            : "; " + std::string(waiting.size() == 1 ? "rank " : "ranks ") + formatRanks(waiting) +
+            : "; " + namedRanks(waiting) +
                   (first.op == OpKind::kInit ? " never finished creating that communicator"
                    : waiting.size() == 1     ? " waits for its part there"
                                              : " wait for its part there");

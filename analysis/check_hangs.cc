@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 #include <unordered_set>
@@ -64,6 +65,10 @@ uint64_t JobAnalysis::leftBehind(const Comm& comm, const Member& gone) const {
   }
   return first;
 }
+
+// A missing verdict's last clause, which sends the user to the verdicts that hold its absent
+// ranks; breakMissingCycles drops it where those verdicts are this one's other half.
+constexpr std::string_view kFindWhatHolds = ": find what holds ";
 
 void JobAnalysis::checkDeadAndMissing() {
   // A process that ended without a clean shutdown while live ones wait is evidence enough: it
@@ -249,6 +254,7 @@ void JobAnalysis::checkDeadAndMissing() {
     v.classes.push_back(std::move(dead));
     v.culprits = {proc.rank};
     v.culpritAlive = proc.alive;
+    v.culpritStopped = stopped;
     v.divergenceNs = proc.lastActivity;
     if (failedExit && !aliveThen) {
       v.explanation = "rank " + std::to_string(proc.rank) + " failed (exit status " +
@@ -385,11 +391,10 @@ void JobAnalysis::checkDeadAndMissing() {
               [](const RankClass& a, const RankClass& b) { return a.ranks < b.ranks; });
     std::sort(v.culprits.begin(), v.culprits.end());
     v.divergenceNs = since == INT64_MAX ? 0 : since;
-    std::string who = (v.culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(v.culprits);
+    std::string who = namedRanks(v.culprits);
     const std::vector<int>& waitingRanks = v.classes[0].ranks;
-    const std::string waiters = (waitingRanks.size() == 1 ? "rank " : "ranks ") +
-                                formatRanks(waitingRanks) +
-                                (waitingRanks.size() == 1 ? " waits in " : " wait in ");
+    const std::string waiters =
+        namedRanks(waitingRanks) + (waitingRanks.size() == 1 ? " waits in " : " wait in ");
     const bool one = v.culprits.size() == 1;
     if (lifecycle) {
       v.explanation = waiters + trace::opName(v.classes[0].call.op) + " #" + std::to_string(v.seq) +
@@ -402,7 +407,7 @@ void JobAnalysis::checkDeadAndMissing() {
                    whereCall.begin()->second.op != OpKind::kUnknown
                ? (one ? "waits elsewhere (see its line)" : "wait elsewhere (see their line)")
                : (one ? "is elsewhere" : "are elsewhere")) +
-          ": find what holds " + who + " (see the other verdicts)";
+          std::string(kFindWhatHolds) + who + " (see the other verdicts)";
     }
     restsOnTiming(v);
     verdicts_.push_back(std::move(v));
@@ -513,8 +518,7 @@ bool JobAnalysis::cycleThroughAHeldHost(const Comm& comm, const RankClass& waiti
   v.culprits = culprits;
   v.divergenceNs = procs_[x].wall(held.issueNs);
   const std::string xText = "rank " + std::to_string(procs_[x].rank);
-  const std::string qText =
-      (queuedRanks.size() == 1 ? "rank " : "ranks ") + formatRanks(queuedRanks);
+  const std::string qText = namedRanks(queuedRanks);
   v.explanation = xText + " waits in " + callText(heldCall) + " #" + std::to_string(heldCall.seq) +
                   " on " + shortHash(other.hash) + " for " + qText + ", whose #" +
                   std::to_string(heldCall.seq) + " there is queued behind its " +
@@ -621,15 +625,12 @@ void JobAnalysis::breakMissingCycles() {
         if (a.culprits.size() == b.culprits.size()) continue;
         Verdict& cause = a.culprits.size() < b.culprits.size() ? a : b;
         Verdict& consequence = a.culprits.size() < b.culprits.size() ? b : a;
-        const std::string who =
-            (cause.culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(cause.culprits);
+        const std::string who = namedRanks(cause.culprits);
         const std::vector<int>& theirs = consequence.culprits;  // whom the cause's ranks wait for
-        cause.explanation =
-            cause.explanation.substr(0, cause.explanation.find(": find what holds"));
+        cause.explanation = cause.explanation.substr(0, cause.explanation.find(kFindWhatHolds));
         cause.explanation += "; and " + who + " wait" + (cause.culprits.size() == 1 ? "s" : "") +
                              " in #" + std::to_string(consequence.seq) + " on comm " +
-                             hashText(consequence.comm.hash) + " for " +
-                             (theirs.size() == 1 ? "rank " : "ranks ") + formatRanks(theirs) +
+                             hashText(consequence.comm.hash) + " for " + namedRanks(theirs) +
                              ", which wait here: the two wait for each other, a cycle no order of "
                              "NCCL calls explains: " +
                              who +
@@ -638,23 +639,21 @@ void JobAnalysis::breakMissingCycles() {
                              "stacks (`ncclwatch stacks`) show both threads";
         consequence.primary = false;
         consequence.explanation =
-            consequence.explanation.substr(0, consequence.explanation.find(": find what holds")) +
+            consequence.explanation.substr(0, consequence.explanation.find(kFindWhatHolds)) +
             " (a consequence: the other half of the cycle said on comm " +
             hashText(cause.comm.hash) + ")";
         continue;
       }
       Verdict& cause = aNovel ? a : b;
       Verdict& consequence = aNovel ? b : a;
-      const std::string who =
-          (cause.culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(cause.culprits);
+      const std::string who = namedRanks(cause.culprits);
       cause.explanation += "; " + who +
                            " broke the order of calls it kept until here (it went on to a call "
                            "it never made at this point before), so it is the side that skipped";
       consequence.primary = false;
-      consequence.explanation +=
-          " (a consequence: " + std::string(consequence.culprits.size() == 1 ? "rank " : "ranks ") +
-          formatRanks(consequence.culprits) + " wait in #" + std::to_string(cause.seq) +
-          " on comm " + hashText(cause.comm.hash) + ", which " + who + " skipped)";
+      consequence.explanation += " (a consequence: " + namedRanks(consequence.culprits) +
+                                 " wait in #" + std::to_string(cause.seq) + " on comm " +
+                                 hashText(cause.comm.hash) + ", which " + who + " skipped)";
     }
   }
 }

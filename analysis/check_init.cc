@@ -50,7 +50,7 @@ void JobAnalysis::checkInit() {
     absent.call.note = "no communicator: still in ncclCommInit*, or never called it";
     v.classes.push_back(absent);
     std::sort(v.culprits.begin(), v.culprits.end());
-    std::string who = (v.culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(v.culprits);
+    std::string who = namedRanks(v.culprits);
     v.explanation = root == nullptr
                         ? "no rank finished creating a communicator: ncclCommInitRank waits for "
                           "ranks that never joined (check the unique id exchange, world size, "
@@ -186,16 +186,15 @@ bool JobAnalysis::checkRootInitWait(const std::vector<int>& none) {
                     "rank alike (check how the id is shared: a store key, a file, MPI)"
               : std::string(one ? "it never called" : "they never called") +
                     " this init: the stack says where";
-    why = (one ? "rank " : "ranks ") + formatRanks(missing) + ", which never joined: " + why;
+    why = namedRanks(missing) + ", which never joined: " + why;
   } else {
     why = std::string(missing.size() == 1 ? "comm rank " : "comm ranks ") + formatRanks(missing) +
           ", which never joined (the joined processes' comm ranks are not their job ranks, so "
           "which job ranks those are is not known)";
   }
   const std::vector<int>& held = v.classes.front().ranks;
-  v.explanation = (held.size() == 1 ? "rank " : "ranks ") + formatRanks(held) +
-                  (held.size() == 1 ? " waits" : " wait") + " in the init of a " +
-                  std::to_string(w.nranks) + "-rank communicator for " + why;
+  v.explanation = namedRanks(held) + (held.size() == 1 ? " waits" : " wait") +
+                  " in the init of a " + std::to_string(w.nranks) + "-rank communicator for " + why;
   restsOnTiming(v);
   verdicts_.push_back(std::move(v));
   return true;

@@ -231,7 +231,10 @@ void JobAnalysis::noteColours(const Comm& comm, const std::vector<int>& members,
 
 void JobAnalysis::checkMismatches(Comm& comm) {
   if (comm.members.size() < 2) return;
-  if (!checkGroupSplits(comm)) checkColours(comm);
+  if (comm.hasSplits) {
+    const std::vector<SplitColours> splits = splitsHeldByAll(comm);
+    if (!checkGroupSplits(comm, splits)) checkColours(comm, splits);
+  }
   uint64_t lo = UINT64_MAX, hi = 0;
   for (const Member& m : comm.members) {
     if (m.coll.empty()) continue;
@@ -461,10 +464,8 @@ void JobAnalysis::checkMismatches(Comm& comm) {
   std::sort(v.culprits.begin(), v.culprits.end());
   v.fields = differingFields(calls);
   v.divergenceNs = divergence == INT64_MAX ? 0 : divergence;
-  std::string culprits = formatRanks(v.culprits);
-  std::string who = (v.culprits.size() == 1 ? "rank " : "ranks ") + culprits;
-  std::string others =
-      (v.classes[0].ranks.size() == 1 ? "rank " : "ranks ") + formatRanks(v.classes[0].ranks);
+  std::string who = namedRanks(v.culprits);
+  std::string others = namedRanks(v.classes[0].ranks);
   std::string seqText = "#" + std::to_string(majorityCall.seq);
   // A member of the last class outside the majority (-1: none), the one the texts compare.
   int culpritMember = -1;
@@ -656,92 +657,101 @@ void JobAnalysis::nameCulpritsAt(const Comm& comm, const std::vector<int>& commR
   v.divergenceNs = divergence;
 }
 
-void JobAnalysis::checkColours(Comm& comm) {
-  if (!comm.hasSplits || comm.members.empty()) return;  // spares a scan of a member's calls
+std::vector<JobAnalysis::SplitColours> JobAnalysis::splitsHeldByAll(const Comm& comm) const {
+  std::vector<SplitColours> splits;
+  if (!comm.hasSplits || comm.members.empty()) return splits;  // spares a scan of their calls
   // A split is judged only where every member's window holds it, so the first member's window
   // names every ordinal worth a look: scanning each member's (it was, each pass) cost 8% of the
   // collector's triage thread at 2048 ranks, for ordinals the others' windows had long dropped.
-  {
-    const Member& first = comm.members.front();
-    for (uint32_t idx = 0; idx < first.coll.size(); ++idx) {
-      uint32_t fi = first.coll[idx];
-      if (fi == kNone || procs_[first.proc].rec(fi).op != OpKind::kSplit) continue;
-      uint64_t k = first.base + idx;
-      std::map<int, int> colourOf;  // comm rank -> colour
-      bool all = true;
-      for (const Member& m : comm.members) {
-        uint32_t i = m.at(k);
-        if (i == kNone || procs_[m.proc].rec(i).op != OpKind::kSplit) {
-          all = false;
-          break;
-        }
-        int colour = procs_[m.proc].rec(i).rootOrPeer;
-        if (colour >= 0) colourOf[m.commRank] = colour;
+  const Member& first = comm.members.front();
+  for (uint32_t idx = 0; idx < first.coll.size(); ++idx) {
+    uint32_t fi = first.coll[idx];
+    if (fi == kNone || procs_[first.proc].rec(fi).op != OpKind::kSplit) continue;
+    SplitColours split;
+    split.ordinal = first.base + idx;
+    split.seq = procs_[first.proc].rec(fi).seq;
+    bool all = true;
+    for (const Member& m : comm.members) {
+      uint32_t i = m.at(split.ordinal);
+      if (i == kNone || procs_[m.proc].rec(i).op != OpKind::kSplit) {
+        all = false;
+        break;
       }
-      if (!all || colourOf.size() < 3) continue;
-      std::map<int, int> sizes;
-      for (auto& [r, c] : colourOf) ++sizes[c];
-      std::map<int, int> sizeVotes;
-      for (auto& [c, s] : sizes) sizeVotes[s] += s;
-      if (sizeVotes.size() < 2) continue;  // every child the same size: deliberate
-      int n = static_cast<int>(colourOf.size());
-      int groupSize = std::max_element(sizeVotes.begin(), sizeVotes.end(), [](auto& a, auto& b) {
-                        return a.second < b.second;
-                      })->first;
-      if (groupSize <= 0 || n % groupSize != 0) continue;
-      std::vector<int> best;
-      bool found = false;
-      for (int pattern = 0; pattern < 2; ++pattern) {
-        auto group = [&](int r) { return pattern == 0 ? r / groupSize : r % (n / groupSize); };
-        std::map<int, std::map<int, int>> votes;  // expected group -> colour -> count
-        for (auto& [r, c] : colourOf) ++votes[group(r)][c];
-        std::vector<int> deviants;
-        for (auto& [r, c] : colourOf) {
-          auto& v = votes[group(r)];
-          int top = std::max_element(v.begin(), v.end(), [](auto& a, auto& b) {
+      int colour = procs_[m.proc].rec(i).rootOrPeer;
+      if (colour >= 0) split.colourOf[m.commRank] = colour;
+    }
+    if (all) splits.push_back(std::move(split));
+  }
+  return splits;
+}
+
+void JobAnalysis::addColourClasses(const Comm& comm, const SplitColours& split, Verdict& v) const {
+  std::map<int, std::vector<int>> commRanksOf;  // colour -> its members, ascending comm ranks
+  for (const auto& [commRank, colour] : split.colourOf) commRanksOf[colour].push_back(commRank);
+  for (const auto& [colour, commRanks] : commRanksOf) {
+    RankClass rc;
+    for (int commRank : commRanks) rc.ranks.push_back(globalRank(comm, commRank));
+    const Member& m = comm.members[comm.byCommRank.find(commRanks.front())];
+    rc.call = describe(procs_[m.proc], m.at(split.ordinal));
+    v.classes.push_back(std::move(rc));
+  }
+}
+
+void JobAnalysis::checkColours(Comm& comm, const std::vector<SplitColours>& splits) {
+  for (const SplitColours& split : splits) {
+    const uint64_t k = split.ordinal;
+    const std::map<int, int>& colourOf = split.colourOf;  // comm rank -> colour
+    if (colourOf.size() < 3) continue;
+    std::map<int, int> sizes;
+    for (auto& [r, c] : colourOf) ++sizes[c];
+    std::map<int, int> sizeVotes;
+    for (auto& [c, s] : sizes) sizeVotes[s] += s;
+    if (sizeVotes.size() < 2) continue;  // every child the same size: deliberate
+    int n = static_cast<int>(colourOf.size());
+    int groupSize = std::max_element(sizeVotes.begin(), sizeVotes.end(), [](auto& a, auto& b) {
                       return a.second < b.second;
                     })->first;
-          if (c != top) deviants.push_back(r);
-        }
-        if (!found || deviants.size() < best.size()) {
-          best = deviants;
-          found = true;
-        }
+    if (groupSize <= 0 || n % groupSize != 0) continue;
+    std::vector<int> best;
+    bool found = false;
+    for (int pattern = 0; pattern < 2; ++pattern) {
+      auto group = [&](int r) { return pattern == 0 ? r / groupSize : r % (n / groupSize); };
+      std::map<int, std::map<int, int>> votes;  // expected group -> colour -> count
+      for (auto& [r, c] : colourOf) ++votes[group(r)][c];
+      std::vector<int> deviants;
+      for (auto& [r, c] : colourOf) {
+        auto& v = votes[group(r)];
+        int top = std::max_element(v.begin(), v.end(), [](auto& a, auto& b) {
+                    return a.second < b.second;
+                  })->first;
+        if (c != top) deviants.push_back(r);
       }
-      if (best.empty() || static_cast<int>(best.size()) * 2 >= n) continue;
-      Verdict v = make(VerdictKind::kMismatch, &comm, procs_[first.proc].rec(fi).seq);
-      v.fields = {"color"};
-      // Ranks in the wrong child combine the wrong ranks' data (or hang later, which the job's
-      // own state says): nothing hangs at the split itself.
-      v.effect = Effect::kSilentDataCorruption;
-      std::map<int, std::vector<int>> byColour;
-      for (auto& [r, c] : colourOf) byColour[c].push_back(globalRank(comm, r));
-      for (auto& [c, ranks] : byColour) {
-        RankClass rc;
-        rc.ranks = ranks;
-        for (auto& [r, cc] : colourOf) {
-          if (cc != c) continue;
-          const Member& mm = comm.members[comm.byCommRank.find(r)];
-          rc.call = describe(procs_[mm.proc], mm.at(k));
-          break;
-        }
-        v.classes.push_back(std::move(rc));
+      if (!found || deviants.size() < best.size()) {
+        best = deviants;
+        found = true;
       }
-      nameCulpritsAt(comm, best, k, v);
-      std::string sizesText;
-      for (auto& [c, ranks] : byColour) {
-        sizesText += (sizesText.empty() ? "" : ", ") + std::to_string(ranks.size());
-      }
-      std::string who = (v.culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(v.culprits);
-      v.explanation = who +
-                      " passed a split colour that breaks the layout of the others: the "
-                      "children have sizes " +
-                      sizesText + " instead of " + std::to_string(groupSize) +
-                      " each, so their collectives combine the wrong ranks; check how " + who +
-                      " computes its colour";
-      verdicts_.push_back(std::move(v));
-      return;
     }
+    if (best.empty() || static_cast<int>(best.size()) * 2 >= n) continue;
+    Verdict v = make(VerdictKind::kMismatch, &comm, split.seq);
+    v.fields = {"color"};
+    // Ranks in the wrong child combine the wrong ranks' data (or hang later, which the job's
+    // own state says): nothing hangs at the split itself.
+    v.effect = Effect::kSilentDataCorruption;
+    addColourClasses(comm, split, v);
+    nameCulpritsAt(comm, best, k, v);
+    std::string sizesText;
+    for (const RankClass& rc : v.classes) {
+      sizesText += (sizesText.empty() ? "" : ", ") + std::to_string(rc.ranks.size());
+    }
+    std::string who = namedRanks(v.culprits);
+    v.explanation = who +
+                    " passed a split colour that breaks the layout of the others: the "
+                    "children have sizes " +
+                    sizesText + " instead of " + std::to_string(groupSize) +
+                    " each, so their collectives combine the wrong ranks; check how " + who +
+                    " computes its colour";
+    verdicts_.push_back(std::move(v));
+    return;
   }
 }
 
@@ -762,38 +772,22 @@ std::string JobAnalysis::pythonApiAt(const Proc& proc, uint32_t index) const {
 // the collectives on it combine the wrong ranks, or none, without an error (exp24's grouporder:
 // rank 3 made its data-parallel groups before its tensor-parallel ones; no verdict before). Only
 // new_group(): split_group(), a device mesh or plain NCCL make several groups in one split.
-bool JobAnalysis::checkGroupSplits(Comm& comm) {
-  if (!comm.hasSplits || comm.members.empty()) return false;
+bool JobAnalysis::checkGroupSplits(Comm& comm, const std::vector<SplitColours>& splits) {
   struct Disagreement {
-    uint64_t ordinal = 0;
-    uint64_t seq = 0;
+    const SplitColours* split = nullptr;
     std::map<int, std::vector<int>> commRanksByColour;
   };
   std::vector<Disagreement> found;
-  const Member& first = comm.members.front();
-  for (uint32_t idx = 0; idx < first.coll.size(); ++idx) {
-    uint32_t fi = first.coll[idx];
-    if (fi == kNone || procs_[first.proc].rec(fi).op != OpKind::kSplit) continue;
-    Disagreement d;
-    d.ordinal = first.base + idx;
-    d.seq = procs_[first.proc].rec(fi).seq;
-    bool all = true;
-    for (const Member& m : comm.members) {
-      uint32_t i = m.at(d.ordinal);
-      if (i == kNone || procs_[m.proc].rec(i).op != OpKind::kSplit) {
-        all = false;
-        break;
-      }
-      int colour = procs_[m.proc].rec(i).rootOrPeer;
-      if (colour >= 0) d.commRanksByColour[colour].push_back(m.commRank);
+  for (const SplitColours& split : splits) {
+    Disagreement d{&split, {}};
+    for (const auto& [commRank, colour] : split.colourOf) {
+      d.commRanksByColour[colour].push_back(commRank);
     }
-    if (!all || d.commRanksByColour.size() < 2) continue;
+    if (d.commRanksByColour.size() < 2) continue;
     bool byNewGroup = true;
-    for (const auto& [colour, commRanks] : d.commRanksByColour) {
-      for (int r : commRanks) {
-        const Member& m = comm.members[comm.byCommRank.find(r)];
-        byNewGroup &= pythonApiAt(procs_[m.proc], m.at(d.ordinal)) == "new_group";
-      }
+    for (const auto& [commRank, colour] : split.colourOf) {
+      const Member& m = comm.members[comm.byCommRank.find(commRank)];
+      byNewGroup &= pythonApiAt(procs_[m.proc], m.at(split.ordinal)) == "new_group";
     }
     if (byNewGroup) found.push_back(std::move(d));
   }
@@ -828,32 +822,25 @@ bool JobAnalysis::checkGroupSplits(Comm& comm) {
     if (!both.empty()) culprits = std::move(both);
   }
 
-  const Disagreement& d = found.front();
-  Verdict v = make(VerdictKind::kMismatch, &comm, d.seq);
+  const SplitColours& first = *found.front().split;
+  Verdict v = make(VerdictKind::kMismatch, &comm, first.seq);
   v.fields = {"color"};
   v.effect = Effect::kSilentDataCorruption;
-  auto named = [](const std::vector<int>& ranks) {
-    return (ranks.size() == 1 ? "rank " : "ranks ") + formatRanks(ranks);
-  };
+  addColourClasses(comm, first, v);
   std::string sizes, colours;
-  for (const auto& [colour, commRanks] : d.commRanksByColour) {
-    RankClass rc;
-    for (int r : commRanks) rc.ranks.push_back(globalRank(comm, r));
-    const Member& m = comm.members[comm.byCommRank.find(commRanks.front())];
-    rc.call = describe(procs_[m.proc], m.at(d.ordinal));
+  for (RankClass& rc : v.classes) {
     std::sort(rc.ranks.begin(), rc.ranks.end());
-    colours +=
-        (colours.empty() ? "" : ", ") + named(rc.ranks) + " colour " + std::to_string(colour);
+    colours += (colours.empty() ? "" : ", ") + namedRanks(rc.ranks) + " colour " +
+               std::to_string(rc.call.rootOrPeer);
     sizes += (sizes.empty() ? "" : ", ") + std::to_string(rc.ranks.size());
-    v.classes.push_back(std::move(rc));
   }
-  nameCulpritsAt(comm, culprits, d.ordinal, v);
+  nameCulpritsAt(comm, culprits, first.ordinal, v);
   std::sort(v.culprits.begin(), v.culprits.end());
   std::string calls;
   for (const Disagreement& each : found) {
-    calls += (calls.empty() ? "#" : ", #") + std::to_string(each.seq);
+    calls += (calls.empty() ? "#" : ", #") + std::to_string(each.split->seq);
   }
-  std::string who = named(v.culprits);
+  std::string who = namedRanks(v.culprits);
   v.explanation =
       "the ranks disagree on the group that one new_group() call makes (" + colours +
       "): new_group() makes one group, whose members all pass the same colour, so each colour "

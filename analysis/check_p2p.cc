@@ -379,7 +379,7 @@ void JobAnalysis::checkP2p(Comm& comm) {
   v.fields.assign(fields.begin(), fields.end());
   v.culprits.assign(culprits.begin(), culprits.end());
   v.divergenceNs = divergence == INT64_MAX ? 0 : divergence;
-  std::string who = (v.culprits.size() == 1 ? "rank " : "ranks ") + formatRanks(v.culprits);
+  std::string who = namedRanks(v.culprits);
   // A rank that sends to (receives from) one peer where another waits for that transfer: the
   // two unmatched sides of the same size, one of them the culprit's.
   auto wrongPeerText = [&](int culprit) -> std::string {

@@ -295,13 +295,12 @@ void JobAnalysis::checkGraph() {
               [](const RankClass& a, const RankClass& b) { return a.ranks < b.ranks; });
     std::string cycle;
     for (const RankClass& rc : v.classes) {
-      cycle += (cycle.empty() ? "" : ", ") +
-               std::string(rc.ranks.size() == 1 ? "rank " : "ranks ") + formatRanks(rc.ranks) +
-               " in " + trace::opName(rc.call.op) + " #" + std::to_string(rc.call.seq) + " on " +
+      cycle += (cycle.empty() ? "" : ", ") + namedRanks(rc.ranks) + " in " +
+               trace::opName(rc.call.op) + " #" + std::to_string(rc.call.seq) + " on " +
                shortHash(rc.call.commHash);
     }
     const bool one = culprits.size() == 1;
-    std::string who = (one ? "rank " : "ranks ") + formatRanks(culprits);
+    std::string who = namedRanks(culprits);
     v.explanation = "a wait-for cycle across communicators (" + cycle +
                     "): each waits for a call the other has queued behind its own on one "
                     "stream; " +
@@ -378,8 +377,7 @@ void JobAnalysis::checkGraph() {
     } else {
       v.culprits = notStarted;
       v.explanation = "every rank issued " + callText(call) + " #" + std::to_string(call.seq) +
-                      " and none completed it; it never started on " +
-                      (notStarted.size() == 1 ? "rank " : "ranks ") + formatRanks(notStarted) +
+                      " and none completed it; it never started on " + namedRanks(notStarted) +
                       ": GPU work queued before it on that stream never finished";
     }
     restsOnTiming(v);
@@ -463,12 +461,11 @@ void JobAnalysis::checkStuckP2p(const Comm& comm, const std::vector<std::vector<
   if (!notStarted.empty()) {
     v.culprits = notStarted;
     v.explanation = pairText + " issued on both sides and never completed; they never started on " +
-                    std::string(notStarted.size() == 1 ? "rank " : "ranks ") +
-                    formatRanks(notStarted) +
+                    namedRanks(notStarted) +
                     ": GPU work queued before them on that stream never finished";
   } else if (!inEvery.empty()) {
     v.culprits = inEvery;
-    std::string who = (inEvery.size() == 1 ? "rank " : "ranks ") + formatRanks(inEvery);
+    std::string who = namedRanks(inEvery);
     v.explanation = pairText +
                     " started on both sides and never completed, every one of them "
                     "with " +

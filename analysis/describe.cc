@@ -357,7 +357,7 @@ void printVerdictText(const Verdict& v, std::ostream& out, const TextStyle& styl
   size_t width = 0;
   std::vector<std::string> labels;
   for (const RankClass& rc : v.classes) {
-    std::string label = (rc.ranks.size() == 1 ? "rank " : "ranks ") + formatRanks(rc.ranks);
+    std::string label = namedRanks(rc.ranks);
     width = std::max(width, label.size());
     labels.push_back(label);
   }
@@ -423,7 +423,7 @@ void printText(const Report& report, std::ostream& out, const TextStyle& style) 
       }
       out << ", members " << formatRanks(c.ranks) << ", " << c.calls << " calls\n";
       for (const CommSummary::Progress& p : c.progress) {
-        std::string label = (p.ranks.size() == 1 ? "rank " : "ranks ") + formatRanks(p.ranks);
+        std::string label = namedRanks(p.ranks);
         out << "    " << label << std::string(label.size() < 16 ? 16 - label.size() : 1, ' ')
             << "issued #" << p.issuedSeq << ", completed through #" << p.completedSeq;
         if (p.pending > 0) out << ", " << p.pending << " pending";

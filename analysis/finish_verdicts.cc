@@ -135,9 +135,8 @@ void JobAnalysis::finishVerdicts() {
         });
         if (held && v.primary) {
           v.primary = false;
-          v.explanation += " (a consequence of the failed call of " +
-                           std::string(error.culprits.size() == 1 ? "rank " : "ranks ") +
-                           formatRanks(error.culprits) + ")";
+          v.explanation +=
+              " (a consequence of the failed call of " + namedRanks(error.culprits) + ")";
         }
       }
     }
@@ -228,18 +227,14 @@ void JobAnalysis::assessConfidence() {
     auto known = commIndex_.find(v.comm.hash);
     int members =
         known == commIndex_.end() ? 0 : static_cast<int>(comms_[known->second].members.size());
-    // "rank 3" or "ranks 0-2": a user reads "ranks 3 ... have" as a typo.
-    auto named = [](const std::vector<int>& ranks) {
-      return (ranks.size() == 1 ? "rank " : "ranks ") + formatRanks(ranks);
-    };
     if (known != commIndex_.end() && members < v.comm.size) {
       int missing = v.comm.size - members;
       doubt(0.5, std::to_string(missing) + " of the communicator's " + std::to_string(v.comm.size) +
                      " ranks " + (missing == 1 ? "has" : "have") + " no trace (" +
-                     (untraced.empty() ? "not recorded" : named(untraced)) + "): what " +
+                     (untraced.empty() ? "not recorded" : namedRanks(untraced)) + "): what " +
                      (missing == 1 ? "it" : "they") + " did is unknown");
     } else if (!untraced.empty()) {
-      doubt(0.8, named(untraced) + " of the job " + (untraced.size() == 1 ? "has" : "have") +
+      doubt(0.8, namedRanks(untraced) + " of the job " + (untraced.size() == 1 ? "has" : "have") +
                      " no trace");
     }
     std::vector<int> involved = involvedRanks(v);
@@ -256,7 +251,7 @@ void JobAnalysis::assessConfidence() {
       }
     }
     if (!lossy.empty()) {
-      doubt(0.6, std::to_string(lost) + " records of " + named(lossy) +
+      doubt(0.6, std::to_string(lost) + " records of " + namedRanks(lossy) +
                      " were lost: calls between the ones kept are unknown");
     }
     // Completion tracking: each class's first rank's record of its call stands for the class.
@@ -276,9 +271,7 @@ void JobAnalysis::assessConfidence() {
       }
     }
     if (!untracked.empty()) {
-      doubt(0.75, "completion was not tracked for the calls of " +
-                      std::string(untracked.size() == 1 ? "rank " : "ranks ") +
-                      formatRanks(untracked) +
+      doubt(0.75, "completion was not tracked for the calls of " + namedRanks(untracked) +
                       " (captured in a CUDA graph, or events off): whether they ran and finished "
                       "is unknown");
     }
@@ -288,8 +281,7 @@ void JobAnalysis::assessConfidence() {
 void JobAnalysis::noteEvidenceGaps(JobReport& report) const {
   std::vector<int> untraced = untracedRanks(report.world), noEvents, wrapped;
   if (!untraced.empty()) {
-    report.evidenceGaps.push_back((untraced.size() == 1 ? "rank " : "ranks ") +
-                                  formatRanks(untraced) + " left no trace");
+    report.evidenceGaps.push_back(namedRanks(untraced) + " left no trace");
   }
   for (const Proc& proc : procs_) {
     const trace::TraceFile& file = *proc.file;
@@ -311,14 +303,12 @@ void JobAnalysis::noteEvidenceGaps(JobReport& report) const {
     }
   }
   if (!noEvents.empty()) {
-    report.evidenceGaps.push_back("completion was not tracked on " +
-                                  std::string(noEvents.size() == 1 ? "rank " : "ranks ") +
-                                  formatRanks(noEvents) + " (events off or unavailable)");
+    report.evidenceGaps.push_back("completion was not tracked on " + namedRanks(noEvents) +
+                                  " (events off or unavailable)");
   }
   if (!wrapped.empty()) {
-    report.evidenceGaps.push_back(
-        "the rings of " + std::string(wrapped.size() == 1 ? "rank " : "ranks ") +
-        formatRanks(wrapped) + " overwrote their oldest calls (NCCLWATCH_TRACE=full keeps all)");
+    report.evidenceGaps.push_back("the rings of " + namedRanks(wrapped) +
+                                  " overwrote their oldest calls (NCCLWATCH_TRACE=full keeps all)");
   }
 }
 

@@ -46,8 +46,7 @@ void nameDifferentApis(Verdict& verdict) {
   std::string said;
   for (auto& [api, ranks] : ranksByApi) {
     std::sort(ranks.begin(), ranks.end());
-    said += (said.empty() ? "" : ", ") + std::string(ranks.size() == 1 ? "rank " : "ranks ") +
-            formatRanks(ranks) + " " + api + "()";
+    said += (said.empty() ? "" : ", ") + namedRanks(ranks) + " " + api + "()";
   }
   verdict.explanation += std::string(kSaid) + said + ")";
 }
@@ -86,12 +85,10 @@ void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files) {
             call.issuedAt = std::string(baseName(module)) + text;
             // In a Python process, say why there is no line (a C++ thread of the framework).
             if (runsPython(*file)) {
-              call.issuedAt +=
-                  " (no Python frame" +
-                  (thread.empty()                      ? std::string(" on its thread")
-                   : thread.starts_with("pt_autograd") ? " " + issuingThreadText(thread)
-                                                       : " on its thread " + thread) +
-                  ")";
+              call.issuedAt += " (no Python frame " +
+                               (thread.empty() ? std::string("on its thread")
+                                               : issuingThreadText(thread, "on its thread ")) +
+                               ")";
             }
           }
           continue;
@@ -134,12 +131,12 @@ const trace::TraceFile* traceDescribing(const NewestTraces& newest, const std::v
   return nullptr;
 }
 
-std::string issuingThreadText(const std::string& thread) {
+std::string issuingThreadText(const std::string& thread, std::string_view plain) {
   if (thread.starts_with("pt_autograd")) {
     return "on PyTorch's autograd thread " + thread +
            ", a gradient hook during backward() such as DDP's bucket all-reduce";
   }
-  return "on thread " + thread;
+  return std::string(plain) + thread;
 }
 
 bool runsPython(const trace::TraceFile& file) {

@@ -4,6 +4,7 @@
 #pragma once
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -21,9 +22,10 @@ void annotateIssuedAt(Report& report, std::span<const trace::TraceFile> files);
 // Whether the process ran Python (its trace has Python sites).
 bool runsPython(const trace::TraceFile& file);
 // How a verdict names the thread, without a Python frame, that issued a call in a Python process:
-// "on thread NAME", and for PyTorch's autograd threads what runs there (DDP's and FSDP's
-// gradient hooks, during backward()), which a user would not guess from "pt_autograd_0".
-std::string issuingThreadText(const std::string& thread);
+// `plain` and its name ("on thread NAME"), and for PyTorch's autograd threads what runs there
+// (DDP's and FSDP's gradient hooks, during backward()), which a user would not guess from
+// "pt_autograd_0".
+std::string issuingThreadText(const std::string& thread, std::string_view plain = "on thread ");
 // The module path and offset of the native site line for `callSite` in `file`; false when it
 // has none. `thread`, when given: the name of the thread of the site's first call ("" when
 // unknown).

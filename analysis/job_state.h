@@ -14,7 +14,7 @@
 // State comes in two kinds, so that a later pass can redo only what changed:
 //  - per communicator (`Comm`): its members' aligned calls and its completed-ordinal watermark.
 //    The structural checks with a per-comm entry point (checkMismatches(Comm&),
-//    checkColours(Comm&), checkP2p(Comm&), checkStuckP2p(const Comm&, ...)) read only their
+//    checkColours(Comm&, ...), checkP2p(Comm&), checkStuckP2p(const Comm&, ...)) read only their
 //    comm's state and the records of its members.
 //  - per job: the processes, the comm index, pending ordinals per process, the pending and
 //    completed p2p transfer keys, whether the job stalled, and the verdicts. The hang checks
@@ -321,13 +321,25 @@ class JobAnalysis {
   void noteColours(const Comm& comm, const std::vector<int>& members, uint64_t ordinal,
                    CallDesc& call) const;
   uint64_t firstDivergentOrdinal(const Comm& comm, uint64_t lo, uint64_t hi) const;
-  void checkColours(Comm& comm);
+  // A split every member's window holds: its ordinal, the first member's seq of it, and the
+  // colour each member passed (comm rank -> colour; NCCL_SPLIT_NOCOLOR left out). Read once a
+  // pass for checkGroupSplits and checkColours.
+  struct SplitColours {
+    uint64_t ordinal = 0;
+    uint64_t seq = 0;
+    std::map<int, int> colourOf;
+  };
+  std::vector<SplitColours> splitsHeldByAll(const Comm& comm) const;
+  // One class per colour of `split`, in colour order: its members' global ranks (in comm rank
+  // order) and the call of the first.
+  void addColourClasses(const Comm& comm, const SplitColours& split, Verdict& v) const;
+  void checkColours(Comm& comm, const std::vector<SplitColours>& splits);
   // The culprits (comm ranks) of a verdict at `ordinal` as global ranks, and its divergence: the
   // earliest of their calls there.
   void nameCulpritsAt(const Comm& comm, const std::vector<int>& commRanks, uint64_t ordinal,
                       Verdict& v) const;
   // Splits issued by PyTorch's new_group() whose members passed two colours; true when it said so.
-  bool checkGroupSplits(Comm& comm);
+  bool checkGroupSplits(Comm& comm, const std::vector<SplitColours>& splits);
   // The torch.distributed function that issued record `index` of `proc` ("" when unknown).
   std::string pythonApiAt(const Proc& proc, uint32_t index) const;
   // The most common difference between two members' call sites over the calls before

@@ -579,6 +579,12 @@ void Triage::finish() {
   analyze(steadyNs(), true);
 }
 
+void Triage::appendVerdictLine(const std::string& json) {
+  if (options_.directory.empty()) return;
+  std::ofstream jsonl(options_.directory + "/verdicts.jsonl", std::ios::app);
+  jsonl << json << "\n";
+}
+
 void Triage::report(analysis::Verdict verdict, const analysis::JobReport& job) {
   // Under --abort, what the job does once its communicators are aborted (a rank that exits, a
   // split that fails, a rank left waiting in another communicator) is what the abort set off:
@@ -600,10 +606,7 @@ void Triage::report(analysis::Verdict verdict, const analysis::JobReport& job) {
     text << "  (reported " << (verdict.detectionNs - verdict.divergenceNs) / kMs
          << " ms after the divergent call)\n";
   }
-  if (!options_.directory.empty()) {
-    std::ofstream jsonl(options_.directory + "/verdicts.jsonl", std::ios::app);
-    jsonl << analysis::verdictJson(verdict, job.jobId, job.attempt) << "\n";
-  }
+  appendVerdictLine(analysis::verdictJson(verdict, job.jobId, job.attempt));
   out_ << text.str() << std::flush;
   // Every involved rank dumps, so that its trace file shows where each one was. Not after the
   // abort: the ranks are being torn down, and a dump of their teardown (an interpreter
@@ -653,11 +656,7 @@ void Triage::report(analysis::Verdict verdict, const analysis::JobReport& job) {
     if (!held.culprits.empty()) {
       // A rank stopped (state T) saves no checkpoint: under --abort its job is aborted at once,
       // as for any verdict (exp25's sigstop waited for it; the abort frees the others).
-      bool allStopped = true;
-      for (const auto& [process, firstNewIndex] : held.culprits) {
-        allStopped &= analysis::stoppedHere(files_[process]);
-      }
-      const bool holdAbort = options_.abortOnVerdict && !allStopped;
+      const bool holdAbort = options_.abortOnVerdict && !verdict.culpritStopped;
       if (holdAbort) {
         held.dueNs = held.saidNs + options_.silentRankAbortMs * kMs;
         out_ << "[ncclwatch] --abort: rank" << (verdict.culprits.size() > 1 ? "s " : " ")
@@ -700,15 +699,13 @@ void Triage::checkSilentRanks(int64_t now) {
       // Said at the quiet time, it was a long host step: the verdict is withdrawn, so that a
       // healthy job's checkpoint does not stand as a finding (exp25's ckpt_pause: one rank
       // 25 s in a checkpoint, "DEAD_RANK" the only verdict of a job that ended well).
-      const bool many = verdict.culprits.size() > 1;
       std::ostringstream why;
-      why << (many ? "ranks " : "rank ") << analysis::formatRanks(verdict.culprits)
-          << " issued NCCL calls again " << std::fixed << std::setprecision(1)
-          << static_cast<double>(now - held.saidNs) / 1e9
+      why << analysis::namedRanks(verdict.culprits) << " issued NCCL calls again " << std::fixed
+          << std::setprecision(1) << static_cast<double>(now - held.saidNs) / 1e9
           << " s after this verdict: a long host step (a checkpoint, data loading), not a hang";
       // The silence it came back from: the quiet time before the verdict and the time since.
-      const int64_t silence = quietNs() + (now - held.saidNs);
       const int64_t before = quietNs();
+      const int64_t silence = before + (now - held.saidNs);
       learnedQuietNs_ = std::min(kLongestLearnedQuietNs, std::max(learnedQuietNs_, 2 * silence));
       out_ << "[ncclwatch] " << analysis::upperCase(analysis::kindName(verdict.kind)) << " on comm "
            << analysis::hashText(verdict.comm.hash).substr(0, 4) << "\u2026 at call #"
@@ -719,10 +716,7 @@ void Triage::checkSilentRanks(int64_t now) {
              << static_cast<double>(quietNs()) / 1e9 << " s of silence (twice this one)";
       }
       out_ << "\n" << std::flush;
-      if (!options_.directory.empty()) {
-        std::ofstream jsonl(options_.directory + "/verdicts.jsonl", std::ios::app);
-        jsonl << analysis::withdrawalJson(verdict, held.jobId, held.attempt, why.str()) << "\n";
-      }
+      appendVerdictLine(analysis::withdrawalJson(verdict, held.jobId, held.attempt, why.str()));
       counters_.verdictsWithdrawn++;
     } else if (held.dueNs != 0 && (gone || held.dueNs <= now)) {
       scheduleAborts(verdict, held.jobId);

@@ -182,6 +182,8 @@ class Triage : public FrameSink {
   bool jobMissesRanks() const;
   bool sameAttempt(const trace::RingHeader& header) const;
   void report(analysis::Verdict verdict, const analysis::JobReport& job);
+  // One line at the end of verdicts.jsonl in the folder (none without a folder).
+  void appendVerdictLine(const std::string& json);
   bool culpritsEnded(const analysis::Verdict& verdict, const analysis::JobReport& job) const;
   void sendDueAborts(int64_t now);
   // Under --abort: the aborts a verdict calls for, on every rank of its job that has them.

@@ -604,17 +604,36 @@ TEST(TwoRanks, WithoutAShiftItSaysItCannotDecide) {
   EXPECT_TRUE(contains(v->explanation, "neither skipped a call")) << v->explanation;
 }
 
-// Ranks 1 and 3 all-reduce 4 values (then the step's 1024), ranks 0 and 2 only the 1024.
-Report analyzeBranchOnHalf(std::vector<Rank>& ranks) {
-  for (int r : {1, 3}) {
-    ranks[r].call(kWorld, OpKind::kAllReduce, 4, RecordState::kStarted, 10 * kMs);
-    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kIssued, 11 * kMs);
-  }
-  for (int r : {0, 2}) {
-    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
+// Half the ranks ahead of the others: `ahead` make `extra` calls on the world (the first started,
+// the rest issued), then the step's all-reduce of 1024 values; the others that all-reduce alone.
+struct Extra {
+  OpKind op;
+  uint64_t count;
+  int dtype = kF32;
+  int root = -1;
+};
+Report analyzeHalfAhead(std::vector<Rank>& ranks, std::initializer_list<int> ahead,
+                        std::initializer_list<Extra> extra) {
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
+    int64_t at = 10;
+    if (std::find(ahead.begin(), ahead.end(), r) != ahead.end()) {
+      for (const Extra& e : extra) {
+        ranks[r].call(kWorld, e.op, e.count,
+                      at == 10 ? RecordState::kStarted : RecordState::kIssued, at * kMs, e.dtype,
+                      kSum, e.root);
+        ++at;
+      }
+    }
+    ranks[r].call(kWorld, OpKind::kAllReduce, 1024,
+                  at == 10 ? RecordState::kStarted : RecordState::kIssued, at * kMs);
   }
   auto traces = files(ranks);
   return analyze(traces, ended());
+}
+
+// Ranks 1 and 3 all-reduce 4 values (then the step's 1024), ranks 0 and 2 only the 1024.
+Report analyzeBranchOnHalf(std::vector<Rank>& ranks) {
+  return analyzeHalfAhead(ranks, {1, 3}, {{OpKind::kAllReduce, 4}});
 }
 
 // Two ranks against two: ranks 1 and 3 took `if loss > x: all_reduce(stats)` (a call no rank
@@ -666,16 +685,8 @@ TEST(Ties, WithoutTheWholeHistoryATieIsReadAsASkip) {
 // broadcasts: the size, then the data) where ranks 2 and 3 go on to the step's all_reduce. The
 // tie rule looked one call ahead only: "cannot be decided", ranks 0-3 named.
 Report analyzeTwoCallsOnHalf(std::vector<Rank>& ranks) {
-  for (int r : {0, 1}) {
-    ranks[r].call(kWorld, OpKind::kBroadcast, 1, RecordState::kStarted, 10 * kMs, kI64, kSum, 0);
-    ranks[r].call(kWorld, OpKind::kBroadcast, 64, RecordState::kIssued, 11 * kMs, kI64, kSum, 0);
-    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kIssued, 12 * kMs);
-  }
-  for (int r : {2, 3}) {
-    ranks[r].call(kWorld, OpKind::kAllReduce, 1024, RecordState::kStarted, 10 * kMs);
-  }
-  auto traces = files(ranks);
-  return analyze(traces, ended());
+  return analyzeHalfAhead(ranks, {0, 1},
+                          {{OpKind::kBroadcast, 1, kI64, 0}, {OpKind::kBroadcast, 64, kI64, 0}});
 }
 
 TEST(Ties, HalfTheRanksTwoCallsAheadWithNewCallsMadeThem) {
